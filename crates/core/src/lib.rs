@@ -1,0 +1,15 @@
+//! mpquic-core: everything in mpquic that decides, with no sockets, no async runtime and an
+//! injected clock (`now: Instant` arguments). The I/O shell in the `mpquic` crate feeds it events;
+//! the deterministic simulator in `tests/sim.rs` feeds it modelled links in virtual time.
+
+pub mod bond;
+pub mod drops;
+pub mod flow;
+pub mod health;
+pub mod packet;
+pub mod wire;
+
+pub use bond::{Bond, PathCounters, PathSpec, Policy, ProbeDue, Transition};
+pub use drops::{DropReason, Drops};
+pub use health::{HealthConfig, PathHealth, PathState};
+pub use packet::PacketInfo;
