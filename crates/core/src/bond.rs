@@ -231,12 +231,27 @@ impl Bond {
         }
     }
 
-    /// A packet the policy had placed on `path` was dropped by the shell.
-    pub fn drop_on(&mut self, path: usize, reason: DropReason) {
+    /// A packet of `len` bytes the policy had placed on `path` could not be sent.
+    pub fn drop_tx(&mut self, path: usize, len: usize, reason: DropReason) {
         if let Some(p) = self.paths.get_mut(path) {
             p.drops.add(reason);
             p.counters.tx_packets = p.counters.tx_packets.saturating_sub(1);
+            p.counters.tx_bytes = p.counters.tx_bytes.saturating_sub(len as u64);
         }
+    }
+
+    /// A packet received on `path` was refused (spoofed source, malformed, TUN full...).
+    pub fn drop_rx(&mut self, path: usize, reason: DropReason) {
+        if let Some(p) = self.paths.get_mut(path) {
+            p.drops.add(reason);
+        }
+    }
+
+    /// How long `path` has been unusable: down, or connected but never answered. `None` when it
+    /// is up or has no connection (the shell reconnects on a long unusable spell).
+    pub fn unusable_for(&self, path: usize, now: Instant) -> Option<Duration> {
+        let h = self.paths.get(path)?.health.as_ref()?;
+        (h.state() != PathState::Up).then(|| now.saturating_duration_since(h.since()))
     }
 
     /// Paths eligible for traffic: those that are up or, when none is, any connected path

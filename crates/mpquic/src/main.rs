@@ -1,1 +1,162 @@
-fn main(){}
+//! mpquic: multipath QUIC VPN. See README.md and docs/.
+
+mod client;
+mod config;
+mod control;
+mod hello;
+mod pki;
+mod quic;
+mod runtime;
+mod server;
+mod status;
+mod tls;
+mod tun;
+mod tunnel;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use config::{Config, RoleConfig};
+
+#[derive(Parser)]
+#[command(name = "mpquic", version, about = "Multipath QUIC VPN: bond and fail over WAN links through one tunnel")]
+struct Cli {
+    /// Run the instance described by this YAML file (same as `mpquic run --config FILE`).
+    #[arg(long, short, global = false)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run an instance (client or server, from the file's `role`).
+    Run {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Validate a configuration file; exit status 0 when it is usable.
+    CheckConfig { file: PathBuf },
+    /// Issue the CA, server and client certificates.
+    Pki {
+        #[command(subcommand)]
+        cmd: PkiCmd,
+    },
+    /// Show the paths of a running instance.
+    Status {
+        /// Control socket (default: the only one in /run/mpquic).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum PkiCmd {
+    /// Create DIR/ca.crt and DIR/ca.key.
+    Init {
+        #[arg(long)]
+        dir: PathBuf,
+        /// Replace an existing CA (invalidates every certificate it signed).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Issue DIR/NAME.crt and DIR/NAME.key for a server.
+    Server {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        name: String,
+        /// Extra DNS name or IP address the server is reached by (repeatable).
+        #[arg(long)]
+        san: Vec<String>,
+    },
+    /// Issue DIR/NAME.crt and DIR/NAME.key for a client; NAME is its identity.
+    Client {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        name: String,
+    },
+}
+
+fn init_logging(level: &str) {
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .unwrap_or_else(|| format!("warn,mpquic={level},mpquic_core={level}"));
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_target(false)
+        .init();
+}
+
+fn run_instance(path: &std::path::Path) -> anyhow::Result<()> {
+    let cfg = Config::load(path)?;
+    init_logging(&cfg.log_level);
+    for w in &cfg.warnings {
+        tracing::warn!("{w}");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        match cfg.role.clone() {
+            RoleConfig::Client(c) => client::run(cfg, c).await,
+            RoleConfig::Server(s) => server::run(cfg, s).await,
+        }
+    })?;
+    // Background tasks (blocked reads) must not delay exit.
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match (cli.cmd, cli.config) {
+        (Some(Cmd::Run { config }), _) | (None, Some(config)) => run_instance(&config),
+        (Some(Cmd::CheckConfig { file }), _) => match Config::load(&file) {
+            Ok(cfg) => {
+                for w in &cfg.warnings {
+                    eprintln!("{}: warning: {w}", file.display());
+                }
+                println!("{}: ok", file.display());
+                Ok(())
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::from(2);
+            }
+        },
+        (Some(Cmd::Pki { cmd }), _) => match cmd {
+            PkiCmd::Init { dir, force } => pki::init(&dir, force),
+            PkiCmd::Server { dir, name, san } => pki::issue(&dir, &name, pki::Kind::Server { sans: san }).map(|_| ()),
+            PkiCmd::Client { dir, name } => pki::issue(&dir, &name, pki::Kind::Client).map(|_| ()),
+        },
+        (Some(Cmd::Status { socket, json }), _) => (|| {
+            let socket = match socket {
+                Some(s) => s,
+                None => control::default_socket()?,
+            };
+            let body = control::get_over_socket(&socket, "/status")?;
+            if json {
+                println!("{body}");
+            } else {
+                let r: status::StatusReport = serde_json::from_str(&body)?;
+                print!("{}", r.render());
+            }
+            Ok(())
+        })(),
+        (None, None) => {
+            eprintln!("mpquic: give --config FILE or a command; see mpquic --help");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mpquic: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! The client (site) side: one QUIC connection per WAN path, each on its own socket bound to its
+//! interface, all feeding one `Tunnel`. A path whose connection dies, or that stays unusable
+//! (black-holed, server restarted), is reconnected in the background while the others carry on.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use mpquic_core::{packet, PacketInfo, PathSpec};
+use tokio::sync::mpsc;
+use tracing::{error, info, warn};
+
+use crate::config::{parse_cidr, ClientConfig, Config};
+use crate::hello::{self, Hello, HelloAck};
+use crate::status::StatusReport;
+use crate::tun::Tun;
+use crate::tunnel::{close, NewLink, Tunnel};
+use crate::{quic, runtime, tls};
+
+/// Reconnect a path that has been unusable this long, keeping the old connection meanwhile.
+const RECONNECT_AFTER: Duration = Duration::from_millis(1000);
+/// Bound on socket setup + handshake + hello for one attempt.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+const BACKOFF_MIN: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+struct Client {
+    cfg: Config,
+    ccfg: ClientConfig,
+    session: u64,
+    tun: Arc<Tun>,
+    tunnel: Arc<Tunnel>,
+    quic_client: quinn::ClientConfig,
+    /// The address the server gave us (set on the TUN device).
+    addr: Mutex<Option<(Ipv4Addr, u8)>>,
+    /// A refusal from the server that retrying cannot fix (e.g. address not allowed).
+    fatal: mpsc::UnboundedSender<String>,
+    mtu: u32,
+}
+
+pub async fn run(cfg: Config, ccfg: ClientConfig) -> Result<()> {
+    let link_mtu = ccfg.paths.iter().map(|p| quic::link_mtu(&p.bind)).min().unwrap_or(quic::DEFAULT_LINK_MTU);
+    let mtu = runtime::tun_mtu(&cfg, link_mtu);
+    let tun = Arc::new(Tun::create(&cfg.tun_name)?);
+    tun.set_mtu(mtu)?;
+    let tunnel = Tunnel::new(cfg.tun_name.clone(), tun.clone(), cfg.mode, ccfg.policy);
+    for p in &ccfg.paths {
+        tunnel.path(PathSpec {
+            name: p.name.clone(),
+            priority: p.priority,
+            weight: p.weight,
+        });
+    }
+    let cert_key = match (&cfg.cert_file, &cfg.key_file) {
+        (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+        _ => None,
+    };
+    let crypto = tls::client_crypto(ccfg.ca_file.as_deref(), ccfg.insecure_skip_verify, cert_key)?;
+    let mut quic_client = quinn::ClientConfig::new(Arc::new(
+        quinn::crypto::rustls::QuicClientConfig::try_from(crypto).context("TLS config unusable for QUIC")?,
+    ));
+    quic_client.transport_config(quic::transport(cfg.congestion, link_mtu));
+    let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel();
+    let client = Arc::new(Client {
+        session: runtime::random_u64(),
+        tun: tun.clone(),
+        tunnel: tunnel.clone(),
+        quic_client,
+        addr: Mutex::new(None),
+        fatal: fatal_tx,
+        mtu,
+        cfg,
+        ccfg,
+    });
+    info!(tun = %client.cfg.tun_name, mtu, paths = client.ccfg.paths.len(), policy = client.ccfg.policy.as_str(), "client starting");
+
+    let started = Instant::now();
+    let status_client = client.clone();
+    crate::control::serve(
+        &client.cfg.control_socket,
+        client.cfg.metrics_listen,
+        Arc::new(move || status_client.status(started)),
+    )
+    .await?;
+
+    for i in 0..client.ccfg.paths.len() {
+        let c = client.clone();
+        tokio::spawn(async move { c.path_task(i).await });
+    }
+    let t = tunnel.clone();
+    tokio::spawn(runtime::ticker(move || t.tick()));
+    let c = client.clone();
+    tokio::spawn(async move { c.tun_reader().await });
+
+    let result = tokio::select! {
+        _ = runtime::shutdown_signal() => Ok(()),
+        msg = fatal_rx.recv() => Err(anyhow!(msg.unwrap_or_default())),
+    };
+    tunnel.close_all(close::SHUTDOWN, "client shutting down");
+    // Give the close frames a moment to leave; the TUN device goes with the process.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    info!("client stopped");
+    result
+}
+
+impl Client {
+    fn status(&self, started: Instant) -> StatusReport {
+        let addr = *self.addr.lock().unwrap_or_else(|e| e.into_inner());
+        StatusReport {
+            role: "client".into(),
+            tun_name: self.cfg.tun_name.clone(),
+            tun_mtu: self.mtu,
+            version: env!("CARGO_PKG_VERSION").into(),
+            uptime_s: started.elapsed().as_secs_f64(),
+            tunnels: vec![self.tunnel.status(addr.map(|(a, p)| format!("{a}/{p}")))],
+            drops: Default::default(),
+        }
+    }
+
+    async fn tun_reader(&self) {
+        let mss = runtime::mss_for(self.mtu);
+        let mut buf = vec![0u8; 65_536];
+        loop {
+            let n = match self.tun.recv(&mut buf).await {
+                Ok(n) => n,
+                Err(e) => {
+                    error!(error = %e, "TUN read failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let pkt = &mut buf[..n];
+            packet::clamp_mss(pkt, mss);
+            let info = PacketInfo::parse(pkt);
+            self.tunnel.send_packet(pkt, info.as_ref());
+        }
+    }
+
+    /// Keep path `idx` connected for the life of the process.
+    async fn path_task(self: Arc<Self>, idx: usize) {
+        let name = &self.ccfg.paths[idx].name;
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            match self.connect(idx).await {
+                Ok(link) => {
+                    backoff = BACKOFF_MIN;
+                    self.supervise(idx, link).await;
+                }
+                Err(e) => {
+                    warn!(path = %name, error = %format!("{e:#}"), retry_in_ms = backoff.as_millis() as u64, "path connect failed");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    /// Watch an installed connection; replace it when it has been unusable for too long.
+    async fn supervise(&self, idx: usize, link: NewLink) {
+        let name = &self.ccfg.paths[idx].name;
+        let mut conn = link.conn.clone();
+        let mut generation = self.tunnel.install(idx, link);
+        loop {
+            tokio::select! {
+                reason = conn.closed() => {
+                    self.tunnel.remove(idx, generation);
+                    info!(path = %name, reason = %reason, "path connection closed");
+                    return;
+                }
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {
+                    if self.tunnel.unusable_for(idx).is_some_and(|d| d >= RECONNECT_AFTER) {
+                        match self.connect(idx).await {
+                            Ok(new) => {
+                                info!(path = %name, "path unusable; replaced its connection");
+                                conn = new.conn.clone();
+                                generation = self.tunnel.install(idx, new);
+                            }
+                            Err(e) => info!(path = %name, error = %format!("{e:#}"), "path still unusable; reconnect failed"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn connect(&self, idx: usize) -> Result<NewLink> {
+        tokio::time::timeout(CONNECT_TIMEOUT, self.connect_inner(idx))
+            .await
+            .map_err(|_| anyhow!("no answer from the server within {CONNECT_TIMEOUT:?}"))?
+    }
+
+    async fn connect_inner(&self, idx: usize) -> Result<NewLink> {
+        let p = &self.ccfg.paths[idx];
+        let remote: SocketAddr = tokio::net::lookup_host((p.remote_addr.as_str(), p.remote_port))
+            .await
+            .with_context(|| format!("cannot resolve {}", p.remote_addr))?
+            .next()
+            .ok_or_else(|| anyhow!("{} has no address", p.remote_addr))?;
+        let socket = quic::client_socket(&p.bind, remote)?;
+        let endpoint = quinn::Endpoint::new(
+            quinn::EndpointConfig::default(),
+            None,
+            socket,
+            Arc::new(quinn::TokioRuntime),
+        )?;
+        let conn = endpoint
+            .connect_with(self.quic_client.clone(), remote, &self.ccfg.server_name)?
+            .await
+            .with_context(|| format!("handshake with {remote} failed"))?;
+        let (mut send, mut recv) = conn.open_bi().await?;
+        let requested = self.addr.lock().unwrap_or_else(|e| e.into_inner()).or(self.ccfg.requested);
+        let h = Hello {
+            session: self.session,
+            path: p.name.clone(),
+            priority: p.priority,
+            weight: p.weight,
+            policy: self.ccfg.policy.as_str().into(),
+            mode: self.cfg.mode,
+            addr: requested.map(|(a, l)| format!("{a}/{l}")),
+        };
+        hello::write(&mut send, &h).await?;
+        let ack: HelloAck = hello::read(&mut recv).await.context("no hello answer from the server")?;
+        if !ack.ok {
+            let msg = ack.error.unwrap_or_else(|| "refused without a reason".into());
+            let _ = self.fatal.send(format!("server refused this client: {msg}"));
+            bail!("server refused: {msg}");
+        }
+        let (a, l) = ack
+            .addr
+            .as_deref()
+            .and_then(parse_cidr)
+            .ok_or_else(|| anyhow!("server sent no usable address"))?;
+        self.set_address(a, l)?;
+        Ok(NewLink {
+            conn,
+            send,
+            recv,
+            endpoint: Some(endpoint),
+        })
+    }
+
+    fn set_address(&self, a: Ipv4Addr, l: u8) -> Result<()> {
+        let mut cur = self.addr.lock().unwrap_or_else(|e| e.into_inner());
+        if *cur != Some((a, l)) {
+            self.tun.set_ipv4(a, l).context("cannot set the tunnel address")?;
+            info!(address = %format!("{a}/{l}"), tun = %self.cfg.tun_name, "tunnel address assigned");
+            *cur = Some((a, l));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,87 @@
+//! The control exchange at the start of every path connection (docs/PROTOCOL.md): the client
+//! opens a bidirectional stream and sends a `Hello`; the server answers with a `HelloAck`. In
+//! reliable mode the same stream then carries the path's packets.
+//!
+//! Framing: version byte (1), 2-byte big-endian length, JSON body of at most 4096 bytes.
+
+use anyhow::{bail, Result};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use crate::config::TransportMode;
+
+pub const VERSION: u8 = 1;
+const MAX_BODY: usize = 4096;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Hello {
+    /// Random per client process: a new value means a restarted client (old state is dropped).
+    pub session: u64,
+    pub path: String,
+    pub priority: u32,
+    pub weight: u32,
+    pub policy: String,
+    pub mode: TransportMode,
+    /// The tunnel address the client asks for, "a.b.c.d/len"; the server decides.
+    pub addr: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct HelloAck {
+    pub ok: bool,
+    pub error: Option<String>,
+    /// The client's tunnel address, "a.b.c.d/len".
+    pub addr: Option<String>,
+    pub server_addr: Option<String>,
+    pub mtu: Option<u32>,
+}
+
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>> {
+    let body = serde_json::to_vec(msg)?;
+    if body.len() > MAX_BODY {
+        bail!("control message too large");
+    }
+    let mut out = Vec::with_capacity(3 + body.len());
+    out.push(VERSION);
+    out.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+pub async fn write<T: Serialize>(s: &mut quinn::SendStream, msg: &T) -> Result<()> {
+    s.write_all(&encode(msg)?).await?;
+    Ok(())
+}
+
+pub async fn read<T: DeserializeOwned>(r: &mut quinn::RecvStream) -> Result<T> {
+    let mut head = [0u8; 3];
+    r.read_exact(&mut head).await?;
+    if head[0] != VERSION {
+        bail!("peer speaks control protocol version {}, this build speaks {VERSION}", head[0]);
+    }
+    let len = usize::from(u16::from_be_bytes([head[1], head[2]]));
+    if len > MAX_BODY {
+        bail!("control message of {len} bytes exceeds {MAX_BODY}");
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).await?;
+    Ok(serde_json::from_slice(&body)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vector() {
+        let ack = HelloAck {
+            ok: false,
+            error: Some("x".into()),
+            ..Default::default()
+        };
+        let b = encode(&ack).unwrap();
+        assert_eq!(b[0], 1);
+        let body = br#"{"ok":false,"error":"x","addr":null,"server_addr":null,"mtu":null}"#;
+        assert_eq!(&b[1..3], &(body.len() as u16).to_be_bytes());
+        assert_eq!(&b[3..], body);
+    }
+}

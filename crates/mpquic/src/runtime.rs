@@ -1,0 +1,56 @@
+//! Small pieces of the process shell shared by client and server.
+
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::quic;
+
+/// Health tick: probe timing resolution and the cadence of failure detection.
+pub const TICK: Duration = Duration::from_millis(10);
+
+/// TUN MTU: as configured, or the link MTU minus the tunnel overhead.
+pub fn tun_mtu(cfg: &Config, link_mtu: u32) -> u32 {
+    cfg.tun_mtu.unwrap_or(link_mtu.saturating_sub(quic::OVERHEAD).max(576))
+}
+
+/// TCP MSS that fits the TUN MTU (IPv4 + TCP headers without options; IPv6 SYNs are clamped to
+/// the same value, 20 bytes more conservative than needed).
+pub fn mss_for(mtu: u32) -> u16 {
+    mtu.saturating_sub(40).min(u32::from(u16::MAX)) as u16
+}
+
+pub async fn ticker(mut f: impl FnMut()) {
+    let mut iv = tokio::time::interval(TICK);
+    iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        iv.tick().await;
+        f();
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// 64 random bits from the kernel (session ids).
+pub fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom(2) writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != 8 {
+        // Unreachable on Linux >= 3.17; fall back to time and pid rather than fail.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos() as u64;
+        return t ^ (u64::from(std::process::id()) << 32);
+    }
+    u64::from_ne_bytes(b)
+}

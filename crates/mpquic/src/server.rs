@@ -1,0 +1,375 @@
+//! The server (VPS) side: one UDP port, many clients, one TUN device. A client is the identity
+//! in its certificate; its paths are grouped by that identity and its session id, so NAT
+//! rebinding, new ports and reconnections just work. Inner packets from the TUN device are routed
+//! to the client that owns the destination address.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context, Result};
+use mpquic_core::{packet, DropReason, Drops, PacketInfo, PathSpec, Policy};
+use tracing::{error, info, warn};
+
+use crate::config::{mask, parse_cidr, Config, ServerConfig};
+use crate::hello::{self, Hello, HelloAck};
+use crate::status::StatusReport;
+use crate::tun::Tun;
+use crate::tunnel::{close, NewLink, Tunnel};
+use crate::{quic, runtime, tls};
+
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// A session with no connected path for this long is forgotten (its address becomes free).
+const SESSION_LINGER: Duration = Duration::from_secs(120);
+
+struct Session {
+    name: String,
+    id: u64,
+    addr: Ipv4Addr,
+    tunnel: Arc<Tunnel>,
+    /// Last time the session had a connected path.
+    last_connected: Mutex<Instant>,
+}
+
+#[derive(Default)]
+struct Registry {
+    by_name: HashMap<String, Arc<Session>>,
+    by_addr: HashMap<Ipv4Addr, Arc<Session>>,
+    /// Last address each client had, so a reconnecting client gets it back.
+    remembered: HashMap<String, Ipv4Addr>,
+}
+
+struct Server {
+    cfg: Config,
+    scfg: ServerConfig,
+    tun: Arc<Tun>,
+    mtu: u32,
+    registry: RwLock<Registry>,
+    drops: Mutex<Drops>,
+}
+
+pub async fn run(cfg: Config, scfg: ServerConfig) -> Result<()> {
+    let cert = cfg.cert_file.clone().context("tls_cert_file is required")?;
+    let key = cfg.key_file.clone().context("tls_key_file is required")?;
+    let crypto = tls::server_crypto(&cert, &key, &scfg.client_ca_file)?;
+    let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(
+        quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(crypto)).context("TLS config unusable for QUIC")?,
+    ));
+    server_config.transport_config(quic::transport(cfg.congestion, quic::DEFAULT_LINK_MTU));
+    let socket = quic::server_socket(scfg.listen)?;
+    let endpoint = quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(server_config),
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )?;
+
+    let mtu = runtime::tun_mtu(&cfg, quic::DEFAULT_LINK_MTU);
+    let tun = Arc::new(Tun::create(&cfg.tun_name)?);
+    tun.set_mtu(mtu)?;
+    tun.set_ipv4(scfg.tun_addr, scfg.prefix)?;
+    info!(listen = %scfg.listen, tun = %cfg.tun_name, address = %format!("{}/{}", scfg.tun_addr, scfg.prefix), mtu, "server listening");
+
+    let server = Arc::new(Server {
+        cfg,
+        scfg,
+        tun,
+        mtu,
+        registry: RwLock::new(Registry::default()),
+        drops: Mutex::new(Drops::default()),
+    });
+    let started = Instant::now();
+    let s = server.clone();
+    crate::control::serve(
+        &server.cfg.control_socket,
+        server.cfg.metrics_listen,
+        Arc::new(move || s.status(started)),
+    )
+    .await?;
+
+    let s = server.clone();
+    tokio::spawn(runtime::ticker(move || s.tick()));
+    let s = server.clone();
+    tokio::spawn(async move { s.tun_reader().await });
+    let ep = endpoint.clone();
+    let s = server.clone();
+    tokio::spawn(async move {
+        while let Some(incoming) = ep.accept().await {
+            let s = s.clone();
+            tokio::spawn(async move { s.handle(incoming).await });
+        }
+    });
+
+    runtime::shutdown_signal().await;
+    info!("server shutting down");
+    let sessions: Vec<Arc<Session>> = server.read().by_name.values().cloned().collect();
+    for sess in sessions {
+        sess.tunnel.close_all(close::SHUTDOWN, "server shutting down");
+    }
+    endpoint.close(close::SHUTDOWN.into(), b"server shutting down");
+    let _ = tokio::time::timeout(Duration::from_millis(300), endpoint.wait_idle()).await;
+    info!("server stopped");
+    Ok(())
+}
+
+impl Server {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Registry> {
+        self.registry.read().unwrap_or_else(|e| e.into_inner())
+    }
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Registry> {
+        self.registry.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn status(&self, started: Instant) -> StatusReport {
+        let mut sessions: Vec<Arc<Session>> = self.read().by_name.values().cloned().collect();
+        sessions.sort_by(|a, b| a.name.cmp(&b.name));
+        StatusReport {
+            role: "server".into(),
+            tun_name: self.cfg.tun_name.clone(),
+            tun_mtu: self.mtu,
+            version: env!("CARGO_PKG_VERSION").into(),
+            uptime_s: started.elapsed().as_secs_f64(),
+            tunnels: sessions
+                .iter()
+                .map(|s| s.tunnel.status(Some(format!("{}/{}", s.addr, self.scfg.prefix))))
+                .collect(),
+            drops: self
+                .drops
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .map(|(r, n)| (r.as_str().to_string(), n))
+                .collect(),
+        }
+    }
+
+    fn drop_packet(&self, r: DropReason) {
+        self.drops.lock().unwrap_or_else(|e| e.into_inner()).add(r);
+    }
+
+    /// Health for every session; forget sessions that have been without paths for long.
+    fn tick(&self) {
+        let sessions: Vec<Arc<Session>> = self.read().by_name.values().cloned().collect();
+        let now = Instant::now();
+        let mut stale = Vec::new();
+        for s in sessions {
+            s.tunnel.tick();
+            let mut last = s.last_connected.lock().unwrap_or_else(|e| e.into_inner());
+            if s.tunnel.connected_paths() > 0 {
+                *last = now;
+            } else if now.duration_since(*last) > SESSION_LINGER {
+                stale.push(s.clone());
+            }
+        }
+        if !stale.is_empty() {
+            let mut reg = self.write();
+            for s in stale {
+                if reg.by_name.get(&s.name).is_some_and(|cur| Arc::ptr_eq(cur, &s)) {
+                    info!(client = %s.name, address = %s.addr, "session expired");
+                    reg.by_name.remove(&s.name);
+                    reg.by_addr.remove(&s.addr);
+                }
+            }
+        }
+    }
+
+    async fn tun_reader(&self) {
+        let mss = runtime::mss_for(self.mtu);
+        let mut buf = vec![0u8; 65_536];
+        loop {
+            let n = match self.tun.recv(&mut buf).await {
+                Ok(n) => n,
+                Err(e) => {
+                    error!(error = %e, "TUN read failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let pkt = &mut buf[..n];
+            packet::clamp_mss(pkt, mss);
+            let Some(info) = PacketInfo::parse(pkt) else {
+                self.drop_packet(DropReason::Malformed);
+                continue;
+            };
+            let IpAddr::V4(dst) = info.dst else {
+                self.drop_packet(DropReason::NoRoute);
+                continue;
+            };
+            let session = self.read().by_addr.get(&dst).cloned();
+            match session {
+                Some(s) => s.tunnel.send_packet(pkt, Some(&info)),
+                None => self.drop_packet(DropReason::NoRoute),
+            }
+        }
+    }
+
+    /// One incoming connection: handshake, identity, hello, then it becomes a path.
+    async fn handle(&self, incoming: quinn::Incoming) {
+        let remote = incoming.remote_address();
+        let conn = match incoming.await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(%remote, error = %e, "handshake failed; client refused");
+                return;
+            }
+        };
+        let Some(name) = tls::peer_common_name(&conn) else {
+            warn!(%remote, "client certificate has no common name; refused");
+            conn.close(close::REFUSED.into(), b"certificate has no common name");
+            return;
+        };
+        let hello = tokio::time::timeout(HELLO_TIMEOUT, async {
+            let (send, mut recv) = conn.accept_bi().await?;
+            let h: Hello = hello::read(&mut recv).await?;
+            anyhow::Ok((send, recv, h))
+        })
+        .await;
+        let (mut send, recv, h) = match hello {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => {
+                warn!(client = %name, %remote, error = %e, "bad hello; connection closed");
+                conn.close(close::PROTOCOL.into(), b"bad hello");
+                return;
+            }
+            Err(_) => {
+                warn!(client = %name, %remote, "no hello within {HELLO_TIMEOUT:?}; connection closed");
+                conn.close(close::PROTOCOL.into(), b"no hello");
+                return;
+            }
+        };
+        match self.join(&name, &h) {
+            Ok((session, path)) => {
+                let ack = HelloAck {
+                    ok: true,
+                    addr: Some(format!("{}/{}", session.addr, self.scfg.prefix)),
+                    server_addr: Some(self.scfg.tun_addr.to_string()),
+                    mtu: Some(self.mtu),
+                    ..Default::default()
+                };
+                if let Err(e) = hello::write(&mut send, &ack).await {
+                    warn!(client = %name, error = %e, "cannot answer hello");
+                    return;
+                }
+                let link = NewLink {
+                    conn,
+                    send,
+                    recv,
+                    endpoint: None,
+                };
+                session.tunnel.install(path, link);
+            }
+            Err(msg) => {
+                warn!(client = %name, %remote, reason = %msg, "client refused");
+                let ack = HelloAck {
+                    ok: false,
+                    error: Some(msg.clone()),
+                    ..Default::default()
+                };
+                let _ = hello::write(&mut send, &ack).await;
+                let _ = send.finish();
+                // Let the refusal reach the client before the close frame.
+                let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
+                conn.close(close::REFUSED.into(), msg.as_bytes());
+            }
+        }
+    }
+
+    /// Attach a path to the client's session, creating or replacing the session as needed.
+    fn join(&self, name: &str, h: &Hello) -> Result<(Arc<Session>, usize), String> {
+        let policy = Policy::parse(&h.policy).ok_or_else(|| format!("unknown policy `{}`", h.policy))?;
+        let mut reg = self.write();
+        let existing = reg.by_name.get(name).cloned();
+        let session = match existing {
+            Some(s) if s.id == h.session => s,
+            other => {
+                // A new session id from a known identity: the client restarted. Drop the old
+                // session at once so nothing stale lingers, then assign afresh.
+                if let Some(old) = other {
+                    info!(client = %name, "client restarted; replacing its old session");
+                    reg.by_name.remove(name);
+                    reg.by_addr.remove(&old.addr);
+                    old.tunnel.close_all(close::REPLACED, "replaced by a new session");
+                }
+                let addr = self.assign(&reg, name, h.addr.as_deref())?;
+                let tunnel = Tunnel::new(name.to_string(), self.tun.clone(), h.mode, policy);
+                tunnel.set_expected_source(Some(addr));
+                let s = Arc::new(Session {
+                    name: name.to_string(),
+                    id: h.session,
+                    addr,
+                    tunnel,
+                    last_connected: Mutex::new(Instant::now()),
+                });
+                reg.by_name.insert(name.to_string(), s.clone());
+                reg.by_addr.insert(addr, s.clone());
+                reg.remembered.insert(name.to_string(), addr);
+                info!(client = %name, address = %addr, policy = policy.as_str(), mode = h.mode.as_str(), "client session started");
+                s
+            }
+        };
+        let path = session.tunnel.path(PathSpec {
+            name: h.path.clone(),
+            priority: h.priority,
+            weight: h.weight.max(1),
+        });
+        Ok((session, path))
+    }
+
+    /// The tunnel address for client `name`: its reserved one from `clients:`, else the one it
+    /// asks for when free and allowed, else the one it had before, else the lowest free one.
+    fn assign(&self, reg: &Registry, name: &str, requested: Option<&str>) -> Result<Ipv4Addr, String> {
+        let net = u32::from(self.scfg.tun_addr) & mask(self.scfg.prefix);
+        let bcast = net | !mask(self.scfg.prefix);
+        let reserved_for = |a: Ipv4Addr| self.scfg.clients.iter().find(|(_, r)| *r == a).map(|(n, _)| n.as_str());
+        let usable = |a: Ipv4Addr| {
+            let x = u32::from(a);
+            x & mask(self.scfg.prefix) == net && x != net && x != bcast && a != self.scfg.tun_addr
+        };
+        let free = |a: Ipv4Addr| !reg.by_addr.contains_key(&a) && reserved_for(a).is_none_or(|n| n == name);
+        let requested = match requested {
+            Some(r) => Some(
+                parse_cidr(r)
+                    .map(|(a, _)| a)
+                    .ok_or_else(|| format!("requested address `{r}` is not a.b.c.d/len"))?,
+            ),
+            None => None,
+        };
+        if let Some((_, fixed)) = self.scfg.clients.iter().find(|(n, _)| n == name) {
+            if let Some(r) = requested.filter(|r| r != fixed) {
+                return Err(format!(
+                    "this client's address is {fixed} (server `clients:` list); it asked for {r}: change its tun_cidr or remove it"
+                ));
+            }
+            if reg.by_addr.contains_key(fixed) {
+                return Err(format!("address {fixed} is in use by another session"));
+            }
+            return Ok(*fixed);
+        }
+        if let Some(r) = requested {
+            if !usable(r) {
+                return Err(format!(
+                    "requested address {r} is not a usable host address in the server's {}/{}",
+                    Ipv4Addr::from(net),
+                    self.scfg.prefix
+                ));
+            }
+            if let Some(owner) = reserved_for(r) {
+                return Err(format!("requested address {r} is reserved for client `{owner}`"));
+            }
+            if let Some(s) = reg.by_addr.get(&r) {
+                return Err(format!("requested address {r} is in use by client `{}`", s.name));
+            }
+            return Ok(r);
+        }
+        if let Some(prev) = reg.remembered.get(name).copied().filter(|a| free(*a)) {
+            return Ok(prev);
+        }
+        let taken_by_memory = |a: Ipv4Addr| reg.remembered.iter().any(|(n, r)| *r == a && n != name);
+        (net + 1..bcast)
+            .map(Ipv4Addr::from)
+            .find(|a| usable(*a) && free(*a) && !taken_by_memory(*a))
+            .or_else(|| (net + 1..bcast).map(Ipv4Addr::from).find(|a| usable(*a) && free(*a)))
+            .ok_or_else(|| anyhow!("address pool {}/{} is exhausted", Ipv4Addr::from(net), self.scfg.prefix).to_string())
+    }
+}
