@@ -241,6 +241,11 @@ fn yaml_problem(e: &serde_yaml_ng::Error) -> Problem {
         .unwrap_or(&full)
         .to_string();
     let hint = unknown_name_hint(&msg);
+    // With a "did you mean", the full list of valid names is noise.
+    let msg = match (&hint, msg.find(", expected one of")) {
+        (Some(h), Some(i)) if h.starts_with("did you mean") => msg[..i].to_string(),
+        _ => msg,
+    };
     Problem {
         line,
         column,

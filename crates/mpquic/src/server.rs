@@ -68,6 +68,7 @@ pub async fn run(cfg: Config, scfg: ServerConfig) -> Result<()> {
     let mtu = runtime::tun_mtu(&cfg, quic::DEFAULT_LINK_MTU);
     let tun = Arc::new(Tun::create(&cfg.tun_name)?);
     tun.set_mtu(mtu)?;
+    tun.disable_ipv6();
     tun.set_ipv4(scfg.tun_addr, scfg.prefix)?;
     info!(listen = %scfg.listen, tun = %cfg.tun_name, address = %format!("{}/{}", scfg.tun_addr, scfg.prefix), mtu, "server listening");
 

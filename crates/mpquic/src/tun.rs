@@ -126,6 +126,14 @@ impl Tun {
         })
     }
 
+    /// The tunnel carries IPv4 only for now: without this the kernel would send IPv6 router
+    /// solicitations and MLD reports into the tunnel, which the server counts as spoofed.
+    pub fn disable_ipv6(&self) {
+        let path = format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", self.name);
+        // Absent when the kernel has no IPv6; nothing to do then.
+        let _ = std::fs::write(path, "1");
+    }
+
     pub fn set_mtu(&self, mtu: u32) -> io::Result<()> {
         let s = ctl_socket()?;
         let mut r = IfReq::new(&self.name)?;

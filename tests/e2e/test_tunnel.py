@@ -1,0 +1,112 @@
+"""Traffic through the tunnel, several clients, authentication, MTU: real namespaces, TUN, TLS."""
+
+import os
+import time
+
+import pytest
+
+from conftest import report
+from lab import topo
+
+
+@pytest.mark.parametrize("mode", ["datagram", "reliable"])
+def test_ping_tcp_both_directions_and_udp(make_lab, mode):
+    lab = make_lab(paths=2, mode=mode)
+    lab.pki()
+    lab.start_server()
+    lab.start_client()
+    lab.wait_tunnel()
+    p = lab.ping(count=20, interval=0.05)
+    assert len(p["received"]) == 20, p
+    lab.iperf_server()
+    up = lab.iperf(seconds=4)["end"]["sum_received"]["bits_per_second"] / 1e6
+    down = lab.iperf(seconds=4, reverse=True)["end"]["sum_received"]["bits_per_second"] / 1e6
+    udp = lab.iperf(seconds=4, udp_mbit=100)["end"]["sum"]
+    report(f"{mode}: ping 20/20 rtt avg {sum(p['rtts']) / len(p['rtts']):.2f} ms; TCP up {up:.0f} Mbit/s, "
+           f"down {down:.0f} Mbit/s; UDP 100 Mbit/s offered: {udp['bits_per_second'] / 1e6:.0f} Mbit/s, "
+           f"lost {udp['lost_percent']:.2f}%")
+    assert up > 50 and down > 50, (up, down)
+    assert udp["lost_percent"] < 2.0, udp
+    # Every packet is accounted for: the client sent on its paths what the server received.
+    cli = lab.status("client0")["tunnels"][0]
+    srv = lab.status("server")["tunnels"][0]
+    assert sum(x["tx_packets"] for x in cli["paths"]) > 0
+    assert srv["peer"] == "site1" and srv["address"] == "10.200.17.1/24"
+
+
+def test_two_clients_own_addresses_and_spoofed_source_dropped(make_lab):
+    lab = make_lab(paths=1, clients=2)
+    lab.pki()
+    lab.start_server()
+    lab.start_client(0)
+    lab.start_client(1)
+    lab.wait_tunnel(0)
+    lab.wait_tunnel(1)
+    for c in (0, 1):
+        p = lab.ping(count=5, interval=0.05, c=c)
+        assert len(p["received"]) == 5, (c, p)
+    st = {t["peer"]: t for t in lab.status("server")["tunnels"]}
+    assert st["site1"]["address"] == "10.200.17.1/24"
+    assert st["site2"]["address"] == "10.200.17.2/24"
+    # site1 sends packets claiming site2's address: dropped by the server, counted.
+    ns = lab.client_ns(0)
+    # (without the lab's LAN masquerade, which would rewrite the forged source to site1's own)
+    lab.sh(ns, "nft delete table ip mqnat && ip addr add 10.200.17.2/32 dev lo")
+    r = lab.sh(ns, "ping -n -c 5 -i 0.05 -W 1 -I 10.200.17.2 10.200.17.254", check=False)
+    assert " 0 received" in r.stdout, r.stdout
+    st = {t["peer"]: t for t in lab.status("server")["tunnels"]}
+    spoofed = sum(x["drops"]["spoofed_source"] for x in st["site1"]["paths"])
+    report(f"two clients: site1=10.200.17.1 site2=10.200.17.2; spoofed packets from site1 dropped: {spoofed}")
+    assert spoofed >= 5
+    assert sum(x["drops"]["spoofed_source"] for x in st["site2"]["paths"]) == 0
+    # A client asking for an address outside the server's network gets a clear error and stops.
+    bad = lab.client_yaml(1).replace("tun_cidr: 10.200.17.2/24", "tun_cidr: 10.99.99.1/24")
+    lab.stop("client1")
+    key = lab.start_client(1, yaml=bad, key="client1-bad")
+    rc = lab.procs[key].wait(timeout=15)
+    log = lab.log(key)
+    assert rc != 0, log
+    assert "not a usable host address" in log, log
+
+
+def test_foreign_ca_and_missing_certificate_are_refused(make_lab):
+    lab = make_lab(paths=1)
+    d = lab.pki()
+    other = os.path.join(lab.dir, "other-pki")
+    topo.run([topo.BIN, "pki", "init", "--dir", other])
+    topo.run([topo.BIN, "pki", "client", "--dir", other, "--name", "site1"])
+    lab.start_server()
+    foreign = lab.client_yaml(0).replace(f"{d}/site1.crt", f"{other}/site1.crt").replace(f"{d}/site1.key", f"{other}/site1.key")
+    lab.start_client(0, yaml=foreign, key="foreign")
+    time.sleep(2.5)
+    lab.stop("foreign")
+    lab.start_client(0, yaml=lab.client_yaml(0, cert=False), key="nocert")
+    time.sleep(2.5)
+    lab.stop("nocert")
+    srv = lab.log("server")
+    assert lab.status("server")["tunnels"] == []
+    report("server log on refusals: " + " | ".join(l.split("WARN")[-1].strip() for l in srv.splitlines() if "refused" in l)[:600])
+    report("foreign client log: " + next((l for l in lab.log("foreign").splitlines() if "failed" in l), "")[-300:])
+    report("no-cert client log: " + next((l for l in lab.log("nocert").splitlines() if "failed" in l), "")[-300:])
+    refusals = [l for l in srv.splitlines() if "handshake failed; client refused" in l]
+    assert any("invalid peer certificate" in l for l in refusals), srv
+    assert any("peer sent no certificates" in l for l in refusals), srv
+    assert "path connect failed" in lab.log("foreign") and "certificate" in lab.log("foreign").lower()
+    assert "path connect failed" in lab.log("nocert") and "certificate" in lab.log("nocert").lower()
+
+
+def test_oversized_packet_is_counted_not_fatal(make_lab):
+    lab = make_lab(paths=1)
+    lab.pki()
+    lab.start_server()
+    # A TUN MTU larger than the path can carry lets an oversized packet reach the tunnel.
+    lab.start_client(yaml=lab.client_yaml(0).replace("log_level: info", "log_level: info\ntun_mtu: 1500"))
+    lab.wait_tunnel()
+    ns = lab.client_ns(0)
+    r = lab.sh(ns, "ping -n -c 3 -i 0.1 -W 1 -M do -s 1472 10.200.17.254", check=False)
+    assert " 0 received" in r.stdout, r.stdout
+    path = lab.path_status("client0", "wan1")
+    report(f"oversized: {path['drops']['oversized']} dropped and counted; tunnel state {path['state']}")
+    assert path["drops"]["oversized"] >= 3
+    p = lab.ping(count=5, interval=0.05)
+    assert len(p["received"]) == 5
