@@ -85,10 +85,12 @@ pub async fn run(cfg: Config, ccfg: ClientConfig) -> Result<()> {
     )
     .await?;
 
-    for i in 0..client.ccfg.paths.len() {
-        let c = client.clone();
-        tokio::spawn(async move { c.path_task(i).await });
-    }
+    let path_tasks: Vec<_> = (0..client.ccfg.paths.len())
+        .map(|i| {
+            let c = client.clone();
+            tokio::spawn(async move { c.path_task(i).await })
+        })
+        .collect();
     let t = tunnel.clone();
     tokio::spawn(runtime::ticker(move || t.tick()));
     let c = client.clone();
@@ -98,6 +100,10 @@ pub async fn run(cfg: Config, ccfg: ClientConfig) -> Result<()> {
         _ = runtime::shutdown_signal() => Ok(()),
         msg = fatal_rx.recv() => Err(anyhow!(msg.unwrap_or_default())),
     };
+    // Stop reconnecting first, or the closed paths would be dialled again at once.
+    for t in &path_tasks {
+        t.abort();
+    }
     tunnel.close_all(close::SHUTDOWN, "client shutting down");
     // Give the close frames a moment to leave; the TUN device goes with the process.
     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -1,0 +1,81 @@
+"""Failover: ping every 10 ms from the LAN host while WAN 1 fails in three ways, then is repaired."""
+
+import signal
+import time
+
+import pytest
+
+from conftest import report
+from lab import topo
+
+INTERVAL = 0.01
+
+
+def path_tx(lab, key, name):
+    return lab.path_status(key, name)["tx_packets"]
+
+
+def wait_using(lab, key, name, timeout, t0):
+    """Seconds from `t0` until path `name` is up and carrying traffic on instance `key`, or None."""
+    last = path_tx(lab, key, name)
+    while time.monotonic() - t0 < timeout:
+        time.sleep(0.05)
+        p = lab.path_status(key, name)
+        if p["state"] == "up" and p["tx_packets"] > last:
+            return time.monotonic() - t0
+        last = p["tx_packets"]
+    return None
+
+
+def fmt(t):
+    return "never" if t is None else f"{t:.2f} s"
+
+
+FAULTS = {
+    "link_down": (lambda lab: lab.link_down(0), lambda lab: lab.link_up(0)),
+    "block_both": (lambda lab: lab.block(0, "both"), lambda lab: lab.unblock(0)),
+    "block_server_to_client": (lambda lab: lab.block(0, "down"), lambda lab: lab.unblock(0)),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_failover_and_return(make_lab, fault):
+    lab = make_lab(paths=2, policy="failover")
+    lab.pki()
+    lab.start_server()
+    lab.start_client()
+    lab.wait_tunnel()
+    assert lab.ping(count=3, interval=0.05)["received"] == [1, 2, 3]
+    inject, repair = FAULTS[fault]
+
+    lab.start_ping("ping", interval=INTERVAL)
+    t_start = time.monotonic()
+    time.sleep(1.5)
+    assert path_tx(lab, "client0", "wan1") > 50, "traffic starts on the primary"
+    t_fail = time.monotonic()
+    inject(lab)
+    to_backup_cli = wait_using(lab, "client0", "wan2", 5, t_fail)
+    to_backup_srv = wait_using(lab, "server", "wan2", 5, t_fail)
+    time.sleep(max(0.0, 3.0 - (time.monotonic() - t_fail)))
+    t_repair = time.monotonic()
+    repair(lab)
+    back_cli = wait_using(lab, "client0", "wan1", 8, t_repair)
+    back_srv = wait_using(lab, "server", "wan1", 8, t_repair)
+    time.sleep(1.0)
+    lab.stop("ping", sig=signal.SIGINT)
+    out = lab.log("ping")
+    ping = topo.parse_ping(out)
+    lost, longest = topo.gaps(ping["received"], ping["sent"], INTERVAL)
+    # Sequence numbers sent after the failover settled (1 s after the fault) until the end.
+    settled = int((t_fail - t_start + 1.0) / INTERVAL)
+    lost_after = [s for s in lost if s > settled]
+    report(f"failover {fault}: longest ping gap {longest * 1000:.0f} ms, {len(lost)} of {ping['sent']} pings lost; "
+           f"on wan2 after {fmt(to_backup_cli)} (client) / {fmt(to_backup_srv)} (server); "
+           f"back on wan1 {fmt(back_cli)} / {fmt(back_srv)} after repair; "
+           f"lost after failover settled: {len(lost_after)}")
+    assert to_backup_cli is not None and to_backup_cli < 1.0, to_backup_cli
+    assert to_backup_srv is not None and to_backup_srv < 1.0, to_backup_srv
+    assert longest < 1.0, f"gap {longest}s"
+    assert back_cli is not None and back_cli < 5.0, (back_cli, lab.log("client0")[-3000:])
+    assert back_srv is not None and back_srv < 5.0, (back_srv, lab.log("server")[-3000:])
+    assert lost_after == [], (lost_after, t_repair - t_start)
