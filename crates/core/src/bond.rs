@@ -159,7 +159,12 @@ impl Bond {
     }
 
     /// Advance time: collects due probes into `probes` and state changes into `changes`.
-    pub fn poll(&mut self, now: Instant, probes: &mut Vec<ProbeDue>, changes: &mut Vec<Transition>) {
+    pub fn poll(
+        &mut self,
+        now: Instant,
+        probes: &mut Vec<ProbeDue>,
+        changes: &mut Vec<Transition>,
+    ) {
         for (i, p) in self.paths.iter_mut().enumerate() {
             let Some(h) = p.health.as_mut() else { continue };
             let before = h.state();
@@ -179,7 +184,10 @@ impl Bond {
                 self.flows.release_path(c.path);
             }
         }
-        if self.last_expire.is_none_or(|t| now >= t + Duration::from_secs(1)) {
+        if self
+            .last_expire
+            .is_none_or(|t| now >= t + Duration::from_secs(1))
+        {
             self.flows.expire(now);
             self.last_expire = Some(now);
         }
@@ -261,7 +269,13 @@ impl Bond {
         self.paths
             .iter()
             .enumerate()
-            .filter(move |(_, p)| if any_up { p.is_up() } else { p.health.is_some() })
+            .filter(move |(_, p)| {
+                if any_up {
+                    p.is_up()
+                } else {
+                    p.health.is_some()
+                }
+            })
             .map(|(i, _)| i)
     }
 
@@ -270,7 +284,8 @@ impl Bond {
     }
 
     fn best_by_priority(&self) -> Option<usize> {
-        self.candidates().min_by_key(|&i| (self.paths[i].spec.priority, i))
+        self.candidates()
+            .min_by_key(|&i| (self.paths[i].spec.priority, i))
     }
 
     fn balanced(&mut self, info: Option<&PacketInfo>, now: Instant) -> Option<usize> {
@@ -358,7 +373,11 @@ mod tests {
             let info = PacketInfo::parse(&pkt).unwrap();
             let first = b.route(Some(&info), pkt.len(), t0).unwrap();
             for _ in 0..5 {
-                assert_eq!(b.route(Some(&info), pkt.len(), t0), Some(first), "flow pinned");
+                assert_eq!(
+                    b.route(Some(&info), pkt.len(), t0),
+                    Some(first),
+                    "flow pinned"
+                );
             }
             placed[first] += 1;
         }

@@ -230,11 +230,7 @@ impl PathHealth {
                 self.rttvar = sample / 2;
             }
             Some(srtt) => {
-                let diff = if srtt > sample {
-                    srtt - sample
-                } else {
-                    sample - srtt
-                };
+                let diff = srtt.abs_diff(sample);
                 self.rttvar = (3 * self.rttvar + diff) / 4;
                 self.srtt = Some((7 * srtt + sample) / 8);
             }
@@ -251,7 +247,13 @@ mod tests {
     }
 
     /// Drive a path for `dur` with replies after `rtt` when `answer` is true.
-    fn run(h: &mut PathHealth, start: Instant, dur: Duration, rtt: Duration, answer: bool) -> Instant {
+    fn run(
+        h: &mut PathHealth,
+        start: Instant,
+        dur: Duration,
+        rtt: Duration,
+        answer: bool,
+    ) -> Instant {
         let mut t = start;
         let mut pending: Vec<(Instant, u32)> = Vec::new();
         while t < start + dur {

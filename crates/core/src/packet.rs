@@ -260,7 +260,13 @@ pub(crate) mod tests {
     }
 
     /// An IPv4 TCP packet with valid checksums.
-    pub fn tcp4(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, syn_mss: Option<u16>) -> Vec<u8> {
+    pub fn tcp4(
+        src: [u8; 4],
+        dst: [u8; 4],
+        sport: u16,
+        dport: u16,
+        syn_mss: Option<u16>,
+    ) -> Vec<u8> {
         let mut tcp = vec![0u8; 20];
         tcp[0..2].copy_from_slice(&sport.to_be_bytes());
         tcp[2..4].copy_from_slice(&dport.to_be_bytes());

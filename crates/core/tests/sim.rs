@@ -52,7 +52,9 @@ struct Sim {
 
 fn ip_packet(flow_port: u16, seq: u32) -> Vec<u8> {
     // Minimal IPv4/UDP packet; the sequence number rides in the payload.
-    let mut p = vec![0x45, 0, 0, 32, 0, 0, 0x40, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2];
+    let mut p = vec![
+        0x45, 0, 0, 32, 0, 0, 0x40, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+    ];
     p.extend_from_slice(&flow_port.to_be_bytes());
     p.extend_from_slice(&5201u16.to_be_bytes());
     p.extend_from_slice(&[0, 12, 0, 0]);
@@ -141,16 +143,22 @@ impl Sim {
                 let mut probes: Vec<ProbeDue> = Vec::new();
                 self.bond(side).poll(now, &mut probes, &mut Vec::new());
                 for p in probes {
-                    self.send(side, p.path, wire::encode_probe(wire::PROBE, p.seq).to_vec());
+                    self.send(
+                        side,
+                        p.path,
+                        wire::encode_probe(wire::PROBE, p.seq).to_vec(),
+                    );
                 }
             }
             while self.queue.peek().is_some_and(|m| m.0.at <= self.now) {
                 let m = self.queue.pop().unwrap().0;
                 let now = self.t0 + self.now;
                 match wire::decode(&m.bytes).expect("sim sends only valid datagrams") {
-                    Datagram::Probe(seq) => {
-                        self.send(m.to, m.path, wire::encode_probe(wire::PROBE_REPLY, seq).to_vec())
-                    }
+                    Datagram::Probe(seq) => self.send(
+                        m.to,
+                        m.path,
+                        wire::encode_probe(wire::PROBE_REPLY, seq).to_vec(),
+                    ),
                     Datagram::ProbeReply(seq) => {
                         self.bond(m.to).on_probe_reply(m.path, seq, now);
                     }

@@ -40,7 +40,12 @@ struct Client {
 }
 
 pub async fn run(cfg: Config, ccfg: ClientConfig) -> Result<()> {
-    let link_mtu = ccfg.paths.iter().map(|p| quic::link_mtu(&p.bind)).min().unwrap_or(quic::DEFAULT_LINK_MTU);
+    let link_mtu = ccfg
+        .paths
+        .iter()
+        .map(|p| quic::link_mtu(&p.bind))
+        .min()
+        .unwrap_or(quic::DEFAULT_LINK_MTU);
     let mtu = runtime::tun_mtu(&cfg, link_mtu);
     let tun = Arc::new(Tun::create(&cfg.tun_name)?);
     tun.set_mtu(mtu)?;
@@ -59,7 +64,8 @@ pub async fn run(cfg: Config, ccfg: ClientConfig) -> Result<()> {
     };
     let crypto = tls::client_crypto(ccfg.ca_file.as_deref(), ccfg.insecure_skip_verify, cert_key)?;
     let mut quic_client = quinn::ClientConfig::new(Arc::new(
-        quinn::crypto::rustls::QuicClientConfig::try_from(crypto).context("TLS config unusable for QUIC")?,
+        quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
+            .context("TLS config unusable for QUIC")?,
     ));
     quic_client.transport_config(quic::transport(cfg.congestion, link_mtu));
     let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel();
@@ -216,7 +222,11 @@ impl Client {
             .await
             .with_context(|| format!("handshake with {remote} failed"))?;
         let (mut send, mut recv) = conn.open_bi().await?;
-        let requested = self.addr.lock().unwrap_or_else(|e| e.into_inner()).or(self.ccfg.requested);
+        let requested = self
+            .addr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .or(self.ccfg.requested);
         let h = Hello {
             session: self.session,
             path: p.name.clone(),
@@ -227,10 +237,16 @@ impl Client {
             addr: requested.map(|(a, l)| format!("{a}/{l}")),
         };
         hello::write(&mut send, &h).await?;
-        let ack: HelloAck = hello::read(&mut recv).await.context("no hello answer from the server")?;
+        let ack: HelloAck = hello::read(&mut recv)
+            .await
+            .context("no hello answer from the server")?;
         if !ack.ok {
-            let msg = ack.error.unwrap_or_else(|| "refused without a reason".into());
-            let _ = self.fatal.send(format!("server refused this client: {msg}"));
+            let msg = ack
+                .error
+                .unwrap_or_else(|| "refused without a reason".into());
+            let _ = self
+                .fatal
+                .send(format!("server refused this client: {msg}"));
             bail!("server refused: {msg}");
         }
         let (a, l) = ack
@@ -250,7 +266,9 @@ impl Client {
     fn set_address(&self, a: Ipv4Addr, l: u8) -> Result<()> {
         let mut cur = self.addr.lock().unwrap_or_else(|e| e.into_inner());
         if *cur != Some((a, l)) {
-            self.tun.set_ipv4(a, l).context("cannot set the tunnel address")?;
+            self.tun
+                .set_ipv4(a, l)
+                .context("cannot set the tunnel address")?;
             info!(address = %format!("{a}/{l}"), tun = %self.cfg.tun_name, "tunnel address assigned");
             *cur = Some((a, l));
         }

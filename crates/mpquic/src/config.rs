@@ -225,7 +225,8 @@ impl Config {
             file: file.to_owned(),
             problems,
         };
-        let raw: RawConfig = serde_yaml_ng::from_str(text).map_err(|e| err(vec![yaml_problem(&e)]))?;
+        let raw: RawConfig =
+            serde_yaml_ng::from_str(text).map_err(|e| err(vec![yaml_problem(&e)]))?;
         validate(raw, text, file).map_err(err)
     }
 }
@@ -235,11 +236,7 @@ fn yaml_problem(e: &serde_yaml_ng::Error) -> Problem {
     let (line, column) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
     let full = e.to_string();
     // serde_yaml_ng appends " at line L column C"; the location is reported separately.
-    let msg = full
-        .split(" at line ")
-        .next()
-        .unwrap_or(&full)
-        .to_string();
+    let msg = full.split(" at line ").next().unwrap_or(&full).to_string();
     let hint = unknown_name_hint(&msg);
     // With a "did you mean", the full list of valid names is noise.
     let msg = match (&hint, msg.find(", expected one of")) {
@@ -367,7 +364,11 @@ fn validate(raw: RawConfig, text: &str, file: &Path) -> Result<Config, Vec<Probl
 
     // Features that do not exist yet are refused, never silently ignored.
     if raw.stripe_enabled == Some(true) {
-        c.unsupported("stripe_enabled", 0, "the stripe transport (UDP pipes + FEC)");
+        c.unsupported(
+            "stripe_enabled",
+            0,
+            "the stripe transport (UDP pipes + FEC)",
+        );
     }
     for key in ["stripe_port", "stripe_data_shards", "stripe_parity_shards"] {
         let present = match key {
@@ -405,7 +406,12 @@ fn validate(raw: RawConfig, text: &str, file: &Path) -> Result<Config, Vec<Probl
         let hint = closest(&log_level, &LEVELS)
             .map(|b| format!("did you mean `{b}`?"))
             .unwrap_or_else(|| format!("valid values: {}", LEVELS.join(", ")));
-        c.at("log_level", 0, format!("`log_level`: unknown level `{log_level}`"), Some(hint));
+        c.at(
+            "log_level",
+            0,
+            format!("`log_level`: unknown level `{log_level}`"),
+            Some(hint),
+        );
     }
     let tun_cidr = match &raw.tun_cidr {
         Some(s) => match parse_cidr(s) {
@@ -428,7 +434,12 @@ fn validate(raw: RawConfig, text: &str, file: &Path) -> Result<Config, Vec<Probl
             let hint = closest(s, &["failover", "balanced"])
                 .map(|b| format!("did you mean `{b}`?"))
                 .unwrap_or_else(|| "valid policies: failover, balanced".into());
-            c.at("multipath_policy", 0, format!("`multipath_policy`: unknown policy `{s}`"), Some(hint));
+            c.at(
+                "multipath_policy",
+                0,
+                format!("`multipath_policy`: unknown policy `{s}`"),
+                Some(hint),
+            );
             Policy::Failover
         }),
     };
@@ -457,7 +468,8 @@ fn validate(raw: RawConfig, text: &str, file: &Path) -> Result<Config, Vec<Probl
                         c.at(
                             "role",
                             0,
-                            "a server needs `tun_cidr` (its tunnel address and the client pool)".into(),
+                            "a server needs `tun_cidr` (its tunnel address and the client pool)"
+                                .into(),
                             Some("e.g. tun_cidr: 10.200.17.254/24".into()),
                         );
                     }
@@ -521,16 +533,34 @@ fn validate(raw: RawConfig, text: &str, file: &Path) -> Result<Config, Vec<Probl
             for (i, cl) in raw.clients.iter().enumerate() {
                 let a = u32::from(cl.address);
                 let host_part = a & !mask(prefix);
-                if a & mask(prefix) != net || host_part == 0 || host_part == !mask(prefix) || cl.address == tun_addr {
+                if a & mask(prefix) != net
+                    || host_part == 0
+                    || host_part == !mask(prefix)
+                    || cl.address == tun_addr
+                {
                     c.at(
                         "address",
                         i,
-                        format!("client `{}`: {} is not a usable host address in {}/{}", cl.name, cl.address, Ipv4Addr::from(net), prefix),
+                        format!(
+                            "client `{}`: {} is not a usable host address in {}/{}",
+                            cl.name,
+                            cl.address,
+                            Ipv4Addr::from(net),
+                            prefix
+                        ),
                         None,
                     );
                 }
-                if clients.iter().any(|(n, a): &(String, Ipv4Addr)| *n == cl.name || *a == cl.address) {
-                    c.at("name", i, format!("client `{}`: duplicate name or address", cl.name), None);
+                if clients
+                    .iter()
+                    .any(|(n, a): &(String, Ipv4Addr)| *n == cl.name || *a == cl.address)
+                {
+                    c.at(
+                        "name",
+                        i,
+                        format!("client `{}`: duplicate name or address", cl.name),
+                        None,
+                    );
                 }
                 clients.push((cl.name.clone(), cl.address));
             }
@@ -569,7 +599,9 @@ fn validate(raw: RawConfig, text: &str, file: &Path) -> Result<Config, Vec<Probl
                 );
             }
             if raw.tls_insecure_skip_verify {
-                warnings.push("tls_insecure_skip_verify: the server's certificate is NOT verified".into());
+                warnings.push(
+                    "tls_insecure_skip_verify: the server's certificate is NOT verified".into(),
+                );
             }
             let paths = client_paths(&raw, &mut c);
             let server_name = raw
@@ -665,16 +697,30 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
     }
     for (i, p) in raw.multipath_paths.iter().enumerate() {
         if out.iter().any(|o: &PathConfig| o.name == p.name) {
-            c.at("name", i, format!("path `{}`: duplicate name", p.name), None);
+            c.at(
+                "name",
+                i,
+                format!("path `{}`: duplicate name", p.name),
+                None,
+            );
         }
         if p.name.is_empty() || p.name.len() > 32 {
             c.at("name", i, "path name must be 1-32 characters".into(), None);
         }
         if let Some(n) = p.pipes {
             if n > 1 {
-                c.unsupported("pipes", count_before(raw, i, |p| p.pipes.is_some()), "more than one pipe per path");
+                c.unsupported(
+                    "pipes",
+                    count_before(raw, i, |p| p.pipes.is_some()),
+                    "more than one pipe per path",
+                );
             } else if n == 0 {
-                c.at("pipes", count_before(raw, i, |p| p.pipes.is_some()), "`pipes` must be at least 1".into(), None);
+                c.at(
+                    "pipes",
+                    count_before(raw, i, |p| p.pipes.is_some()),
+                    "`pipes` must be at least 1".into(),
+                    None,
+                );
             }
         }
         if let Some(t) = &p.transport {
@@ -686,7 +732,12 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
                     let hint = closest(other, &["quic", "stripe"])
                         .map(|b| format!("did you mean `{b}`?"))
                         .unwrap_or_else(|| "valid values: quic".into());
-                    c.at("transport", nth, format!("`transport`: unknown transport `{other}`"), Some(hint));
+                    c.at(
+                        "transport",
+                        nth,
+                        format!("`transport`: unknown transport `{other}`"),
+                        Some(hint),
+                    );
                 }
             }
         }
@@ -694,13 +745,19 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
             let nth = count_before(raw, i, |p| p.weight.is_some());
             c.at("weight", nth, "`weight` must be at least 1".into(), None);
         }
-        let bind_nth = count_before(raw, i, |p| p.bind_ip.is_some()) + usize::from(raw.bind_ip.is_some());
+        let bind_nth =
+            count_before(raw, i, |p| p.bind_ip.is_some()) + usize::from(raw.bind_ip.is_some());
         let bind = match &p.bind_ip {
             Some(b) => bind_or_report(Some(b), "bind_ip", bind_nth, c),
             None => bind_or_report(raw.bind_ip.as_deref(), "bind_ip", 0, c),
         };
         let Some(remote) = p.remote_addr.clone().or_else(|| raw.remote_addr.clone()) else {
-            c.at("name", i, format!("path `{}` has no `remote_addr`", p.name), None);
+            c.at(
+                "name",
+                i,
+                format!("path `{}` has no `remote_addr`", p.name),
+                None,
+            );
             continue;
         };
         out.push(PathConfig {
@@ -774,7 +831,9 @@ multipath_paths:
     #[test]
     fn seed_client_loads() {
         let c = parse(SEED_CLIENT).unwrap();
-        let RoleConfig::Client(cl) = &c.role else { panic!() };
+        let RoleConfig::Client(cl) = &c.role else {
+            panic!()
+        };
         assert_eq!(cl.paths.len(), 2);
         assert_eq!(cl.paths[1].bind, Bind::Interface("enp7s7".into()));
         assert_eq!(cl.policy, Policy::Balanced);
@@ -784,8 +843,10 @@ multipath_paths:
 
     #[test]
     fn stripe_and_pipes_are_not_supported_yet() {
-        let text = SEED_CLIENT.replace("  weight: 1\n- name: wan5", "  weight: 1\n  pipes: 4\n  transport: stripe\n- name: wan5")
-            + "stripe_port: 46017\n";
+        let text = SEED_CLIENT.replace(
+            "  weight: 1\n- name: wan5",
+            "  weight: 1\n  pipes: 4\n  transport: stripe\n- name: wan5",
+        ) + "stripe_port: 46017\n";
         let e = parse(&text).unwrap_err();
         assert_eq!(e.problems.len(), 3, "{e}");
         for p in &e.problems {
@@ -801,7 +862,11 @@ multipath_paths:
         let s = e.to_string();
         assert!(s.starts_with("test.yaml:4:"), "{s}");
         assert!(s.contains("did you mean `tun_name`?"), "{s}");
-        let e = parse(&SEED_CLIENT.replace("  priority: 1\n  weight: 1\n- name: wan5", "  priorty: 1\n  weight: 1\n- name: wan5")).unwrap_err();
+        let e = parse(&SEED_CLIENT.replace(
+            "  priority: 1\n  weight: 1\n- name: wan5",
+            "  priorty: 1\n  weight: 1\n- name: wan5",
+        ))
+        .unwrap_err();
         assert!(e.to_string().contains("did you mean `priority`?"), "{e}");
         let e = parse(&SEED_CLIENT.replace("reliable", "relaible")).unwrap_err();
         assert!(e.to_string().contains("did you mean `reliable`?"), "{e}");
@@ -813,7 +878,9 @@ multipath_paths:
             "role: server\nbind_ip: 0.0.0.0\nremote_port: 45017\nmulti_conn_enabled: true\ntun_name: mp1\ntun_cidr: 10.200.17.254/24\nlog_level: info\ntls_cert_file: /etc/mpquic/tls/server.crt\ntls_key_file: /etc/mpquic/tls/server.key\n",
         )
         .unwrap();
-        let RoleConfig::Server(s) = &c.role else { panic!() };
+        let RoleConfig::Server(s) = &c.role else {
+            panic!()
+        };
         assert_eq!(s.client_ca_file, PathBuf::from("/etc/mpquic/tls/ca.crt"));
         assert_eq!(s.listen.port(), 45017);
         assert_eq!(s.tun_addr, Ipv4Addr::new(10, 200, 17, 254));
@@ -823,15 +890,24 @@ multipath_paths:
     fn bad_values_are_located() {
         let e = parse(&SEED_CLIENT.replace("if:enp7s7", "nonsense")).unwrap_err();
         assert_eq!(e.problems[0].line, 22, "{e}");
-        let e = parse("role: client\nremote_addr: 1.2.3.4\ntls_ca_file: ca\nmultipath_policy: balancd\n").unwrap_err();
-        assert!(e.to_string().contains("test.yaml:4:1") && e.to_string().contains("`balanced`"), "{e}");
+        let e = parse(
+            "role: client\nremote_addr: 1.2.3.4\ntls_ca_file: ca\nmultipath_policy: balancd\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("test.yaml:4:1") && e.to_string().contains("`balanced`"),
+            "{e}"
+        );
         let e = parse("role: client\n  bad indent: [\n").unwrap_err();
         assert!(e.problems[0].line >= 1);
     }
 
     #[test]
     fn closest_names() {
-        assert_eq!(closest("tun_nme", &["tun_name", "tun_mtu"]), Some("tun_name"));
+        assert_eq!(
+            closest("tun_nme", &["tun_name", "tun_mtu"]),
+            Some("tun_name")
+        );
         assert_eq!(closest("zzzzzz", &["tun_name"]), None);
     }
 }

@@ -20,15 +20,24 @@ pub type StatusFn = Arc<dyn Fn() -> StatusReport + Send + Sync>;
 
 const RUN_DIR: &str = "/run/mpquic";
 
-fn metrics_text(status: &StatusFn) -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
+fn metrics_text(
+    status: &StatusFn,
+) -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
     (
-        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
         status().to_prometheus(),
     )
 }
 
 /// Serve the control socket (and the metrics listener) until the runtime stops.
-pub async fn serve(socket: &Path, metrics: Option<std::net::SocketAddr>, status: StatusFn) -> Result<()> {
+pub async fn serve(
+    socket: &Path,
+    metrics: Option<std::net::SocketAddr>,
+    status: StatusFn,
+) -> Result<()> {
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
@@ -84,22 +93,33 @@ pub fn default_socket() -> Result<PathBuf> {
         1 => Ok(found.remove(0)),
         _ => bail!(
             "several instances are running; choose one with --socket: {}",
-            found.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            found
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     }
 }
 
 /// GET `path` over the unix socket; returns the body.
 pub fn get_over_socket(socket: &Path, path: &str) -> Result<String> {
-    let mut s = UnixStream::connect(socket)
-        .with_context(|| format!("cannot connect to {} (is the instance running?)", socket.display()))?;
+    let mut s = UnixStream::connect(socket).with_context(|| {
+        format!(
+            "cannot connect to {} (is the instance running?)",
+            socket.display()
+        )
+    })?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: mpquic\r\n\r\n")?;
     let mut resp = String::new();
     s.read_to_string(&mut resp)?;
     let (head, body) = resp.split_once("\r\n\r\n").context("malformed response")?;
     if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
-        bail!("control socket answered: {}", head.lines().next().unwrap_or(""));
+        bail!(
+            "control socket answered: {}",
+            head.lines().next().unwrap_or("")
+        );
     }
     Ok(body.to_string())
 }

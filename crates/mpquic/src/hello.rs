@@ -56,7 +56,10 @@ pub async fn read<T: DeserializeOwned>(r: &mut quinn::RecvStream) -> Result<T> {
     let mut head = [0u8; 3];
     r.read_exact(&mut head).await?;
     if head[0] != VERSION {
-        bail!("peer speaks control protocol version {}, this build speaks {VERSION}", head[0]);
+        bail!(
+            "peer speaks control protocol version {}, this build speaks {VERSION}",
+            head[0]
+        );
     }
     let len = usize::from(u16::from_be_bytes([head[1], head[2]]));
     if len > MAX_BODY {

@@ -20,7 +20,11 @@ use clap::{Parser, Subcommand};
 use config::{Config, RoleConfig};
 
 #[derive(Parser)]
-#[command(name = "mpquic", version, about = "Multipath QUIC VPN: bond and fail over WAN links through one tunnel")]
+#[command(
+    name = "mpquic",
+    version,
+    about = "Multipath QUIC VPN: bond and fail over WAN links through one tunnel"
+)]
 struct Cli {
     /// Run the instance described by this YAML file (same as `mpquic run --config FILE`).
     #[arg(long, short, global = false)]
@@ -101,7 +105,9 @@ fn run_instance(path: &std::path::Path) -> anyhow::Result<()> {
     for w in &cfg.warnings {
         tracing::warn!("{w}");
     }
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         match cfg.role.clone() {
             RoleConfig::Client(c) => client::run(cfg, c).await,
@@ -132,7 +138,9 @@ fn main() -> ExitCode {
         },
         (Some(Cmd::Pki { cmd }), _) => match cmd {
             PkiCmd::Init { dir, force } => pki::init(&dir, force),
-            PkiCmd::Server { dir, name, san } => pki::issue(&dir, &name, pki::Kind::Server { sans: san }).map(|_| ()),
+            PkiCmd::Server { dir, name, san } => {
+                pki::issue(&dir, &name, pki::Kind::Server { sans: san }).map(|_| ())
+            }
             PkiCmd::Client { dir, name } => pki::issue(&dir, &name, pki::Kind::Client).map(|_| ()),
         },
         (Some(Cmd::Status { socket, json }), _) => (|| {

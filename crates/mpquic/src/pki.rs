@@ -84,11 +84,18 @@ pub fn init(dir: &Path, force: bool) -> Result<()> {
 fn load_ca(dir: &Path) -> Result<(Certificate, KeyPair)> {
     let crt = dir.join("ca.crt");
     let key = dir.join("ca.key");
-    let ca_pem = std::fs::read_to_string(&crt)
-        .with_context(|| format!("cannot read {} (run `mpquic pki init --dir {}` first)", crt.display(), dir.display()))?;
-    let key_pem = std::fs::read_to_string(&key).with_context(|| format!("cannot read {}", key.display()))?;
+    let ca_pem = std::fs::read_to_string(&crt).with_context(|| {
+        format!(
+            "cannot read {} (run `mpquic pki init --dir {}` first)",
+            crt.display(),
+            dir.display()
+        )
+    })?;
+    let key_pem =
+        std::fs::read_to_string(&key).with_context(|| format!("cannot read {}", key.display()))?;
     let key_pair = KeyPair::from_pem(&key_pem).context("ca.key is not a valid private key")?;
-    let params = CertificateParams::from_ca_cert_pem(&ca_pem).context("ca.crt is not a valid CA certificate")?;
+    let params = CertificateParams::from_ca_cert_pem(&ca_pem)
+        .context("ca.crt is not a valid CA certificate")?;
     // Re-signing the parsed parameters yields an issuer with the same name and key, which is all
     // rcgen needs to sign leaves that verify against the original ca.crt.
     let ca = params.self_signed(&key_pair)?;
@@ -118,7 +125,10 @@ pub fn issue(dir: &Path, name: &str, kind: Kind) -> Result<(PathBuf, PathBuf)> {
     validity(&mut params, LEAF_VALIDITY_DAYS);
     let key_pair = KeyPair::generate()?;
     let cert = params.signed_by(&key_pair, &ca, &ca_key)?;
-    let (crt_path, key_path) = (dir.join(format!("{name}.crt")), dir.join(format!("{name}.key")));
+    let (crt_path, key_path) = (
+        dir.join(format!("{name}.crt")),
+        dir.join(format!("{name}.key")),
+    );
     write_file(&key_path, &key_pair.serialize_pem(), 0o600)?;
     write_file(&crt_path, &cert.pem(), 0o644)?;
     println!("wrote {} and {}", crt_path.display(), key_path.display());

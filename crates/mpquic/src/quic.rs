@@ -61,7 +61,10 @@ pub fn transport(cc: Congestion, link_mtu: u32) -> Arc<TransportConfig> {
 /// Larger kernel socket buffers absorb bursts at Gbit/s rates; as root the sysctl cap is bypassed.
 fn grow_buffers(s: &Socket) {
     let size: libc::c_int = 8 << 20;
-    for (force, normal) in [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF)] {
+    for (force, normal) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
         // SAFETY: setsockopt with a valid int option value on an owned socket.
         let rc = unsafe {
             libc::setsockopt(
@@ -84,18 +87,27 @@ fn grow_buffers(s: &Socket) {
 
 /// The server's listening socket.
 pub fn server_socket(listen: SocketAddr) -> Result<UdpSocket> {
-    let s = Socket::new(Domain::for_address(listen), Type::DGRAM, Some(Protocol::UDP))?;
+    let s = Socket::new(
+        Domain::for_address(listen),
+        Type::DGRAM,
+        Some(Protocol::UDP),
+    )?;
     if listen.is_ipv6() {
         let _ = s.set_only_v6(false);
     }
     grow_buffers(&s);
-    s.bind(&listen.into()).with_context(|| format!("cannot listen on udp {listen}"))?;
+    s.bind(&listen.into())
+        .with_context(|| format!("cannot listen on udp {listen}"))?;
     Ok(s.into())
 }
 
 /// A client path's socket: bound to the WAN interface (SO_BINDTODEVICE) or address it names.
 pub fn client_socket(bind: &Bind, remote: SocketAddr) -> Result<UdpSocket> {
-    let s = Socket::new(Domain::for_address(remote), Type::DGRAM, Some(Protocol::UDP))?;
+    let s = Socket::new(
+        Domain::for_address(remote),
+        Type::DGRAM,
+        Some(Protocol::UDP),
+    )?;
     let unspecified = if remote.is_ipv4() {
         IpAddr::V4(Ipv4Addr::UNSPECIFIED)
     } else {

@@ -10,7 +10,8 @@ pub const TICK: Duration = Duration::from_millis(10);
 
 /// TUN MTU: as configured, or the link MTU minus the tunnel overhead.
 pub fn tun_mtu(cfg: &Config, link_mtu: u32) -> u32 {
-    cfg.tun_mtu.unwrap_or(link_mtu.saturating_sub(quic::OVERHEAD).max(576))
+    cfg.tun_mtu
+        .unwrap_or(link_mtu.saturating_sub(quic::OVERHEAD).max(576))
 }
 
 /// TCP MSS that fits the TUN MTU (IPv4 + TCP headers without options; IPv6 SYNs are clamped to

@@ -54,7 +54,8 @@ pub async fn run(cfg: Config, scfg: ServerConfig) -> Result<()> {
     let key = cfg.key_file.clone().context("tls_key_file is required")?;
     let crypto = tls::server_crypto(&cert, &key, &scfg.client_ca_file)?;
     let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(
-        quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(crypto)).context("TLS config unusable for QUIC")?,
+        quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(crypto))
+            .context("TLS config unusable for QUIC")?,
     ));
     server_config.transport_config(quic::transport(cfg.congestion, quic::DEFAULT_LINK_MTU));
     let socket = quic::server_socket(scfg.listen)?;
@@ -106,7 +107,8 @@ pub async fn run(cfg: Config, scfg: ServerConfig) -> Result<()> {
     info!("server shutting down");
     let sessions: Vec<Arc<Session>> = server.read().by_name.values().cloned().collect();
     for sess in sessions {
-        sess.tunnel.close_all(close::SHUTDOWN, "server shutting down");
+        sess.tunnel
+            .close_all(close::SHUTDOWN, "server shutting down");
     }
     endpoint.close(close::SHUTDOWN.into(), b"server shutting down");
     let _ = tokio::time::timeout(Duration::from_millis(300), endpoint.wait_idle()).await;
@@ -133,7 +135,10 @@ impl Server {
             uptime_s: started.elapsed().as_secs_f64(),
             tunnels: sessions
                 .iter()
-                .map(|s| s.tunnel.status(Some(format!("{}/{}", s.addr, self.scfg.prefix))))
+                .map(|s| {
+                    s.tunnel
+                        .status(Some(format!("{}/{}", s.addr, self.scfg.prefix)))
+                })
                 .collect(),
             drops: self
                 .drops
@@ -166,7 +171,11 @@ impl Server {
         if !stale.is_empty() {
             let mut reg = self.write();
             for s in stale {
-                if reg.by_name.get(&s.name).is_some_and(|cur| Arc::ptr_eq(cur, &s)) {
+                if reg
+                    .by_name
+                    .get(&s.name)
+                    .is_some_and(|cur| Arc::ptr_eq(cur, &s))
+                {
                     info!(client = %s.name, address = %s.addr, "session expired");
                     reg.by_name.remove(&s.name);
                     reg.by_addr.remove(&s.addr);
@@ -278,7 +287,8 @@ impl Server {
 
     /// Attach a path to the client's session, creating or replacing the session as needed.
     fn join(&self, name: &str, h: &Hello) -> Result<(Arc<Session>, usize), String> {
-        let policy = Policy::parse(&h.policy).ok_or_else(|| format!("unknown policy `{}`", h.policy))?;
+        let policy =
+            Policy::parse(&h.policy).ok_or_else(|| format!("unknown policy `{}`", h.policy))?;
         let mut reg = self.write();
         let existing = reg.by_name.get(name).cloned();
         let session = match existing {
@@ -290,7 +300,8 @@ impl Server {
                     info!(client = %name, "client restarted; replacing its old session");
                     reg.by_name.remove(name);
                     reg.by_addr.remove(&old.addr);
-                    old.tunnel.close_all(close::REPLACED, "replaced by a new session");
+                    old.tunnel
+                        .close_all(close::REPLACED, "replaced by a new session");
                 }
                 let addr = self.assign(&reg, name, h.addr.as_deref())?;
                 let tunnel = Tunnel::new(name.to_string(), self.tun.clone(), h.mode, policy);
@@ -319,15 +330,28 @@ impl Server {
 
     /// The tunnel address for client `name`: its reserved one from `clients:`, else the one it
     /// asks for when free and allowed, else the one it had before, else the lowest free one.
-    fn assign(&self, reg: &Registry, name: &str, requested: Option<&str>) -> Result<Ipv4Addr, String> {
+    fn assign(
+        &self,
+        reg: &Registry,
+        name: &str,
+        requested: Option<&str>,
+    ) -> Result<Ipv4Addr, String> {
         let net = u32::from(self.scfg.tun_addr) & mask(self.scfg.prefix);
         let bcast = net | !mask(self.scfg.prefix);
-        let reserved_for = |a: Ipv4Addr| self.scfg.clients.iter().find(|(_, r)| *r == a).map(|(n, _)| n.as_str());
+        let reserved_for = |a: Ipv4Addr| {
+            self.scfg
+                .clients
+                .iter()
+                .find(|(_, r)| *r == a)
+                .map(|(n, _)| n.as_str())
+        };
         let usable = |a: Ipv4Addr| {
             let x = u32::from(a);
             x & mask(self.scfg.prefix) == net && x != net && x != bcast && a != self.scfg.tun_addr
         };
-        let free = |a: Ipv4Addr| !reg.by_addr.contains_key(&a) && reserved_for(a).is_none_or(|n| n == name);
+        let free = |a: Ipv4Addr| {
+            !reg.by_addr.contains_key(&a) && reserved_for(a).is_none_or(|n| n == name)
+        };
         let requested = match requested {
             Some(r) => Some(
                 parse_cidr(r)
@@ -356,21 +380,38 @@ impl Server {
                 ));
             }
             if let Some(owner) = reserved_for(r) {
-                return Err(format!("requested address {r} is reserved for client `{owner}`"));
+                return Err(format!(
+                    "requested address {r} is reserved for client `{owner}`"
+                ));
             }
             if let Some(s) = reg.by_addr.get(&r) {
-                return Err(format!("requested address {r} is in use by client `{}`", s.name));
+                return Err(format!(
+                    "requested address {r} is in use by client `{}`",
+                    s.name
+                ));
             }
             return Ok(r);
         }
         if let Some(prev) = reg.remembered.get(name).copied().filter(|a| free(*a)) {
             return Ok(prev);
         }
-        let taken_by_memory = |a: Ipv4Addr| reg.remembered.iter().any(|(n, r)| *r == a && n != name);
+        let taken_by_memory =
+            |a: Ipv4Addr| reg.remembered.iter().any(|(n, r)| *r == a && n != name);
         (net + 1..bcast)
             .map(Ipv4Addr::from)
             .find(|a| usable(*a) && free(*a) && !taken_by_memory(*a))
-            .or_else(|| (net + 1..bcast).map(Ipv4Addr::from).find(|a| usable(*a) && free(*a)))
-            .ok_or_else(|| anyhow!("address pool {}/{} is exhausted", Ipv4Addr::from(net), self.scfg.prefix).to_string())
+            .or_else(|| {
+                (net + 1..bcast)
+                    .map(Ipv4Addr::from)
+                    .find(|a| usable(*a) && free(*a))
+            })
+            .ok_or_else(|| {
+                anyhow!(
+                    "address pool {}/{} is exhausted",
+                    Ipv4Addr::from(net),
+                    self.scfg.prefix
+                )
+                .to_string()
+            })
     }
 }

@@ -62,12 +62,16 @@ pub struct StatusReport {
 }
 
 fn label_escape(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// Metric type from the field name: monotonic counts are counters, everything else a gauge.
 fn is_counter(field: &str) -> bool {
-    field.ends_with("_bytes") && field != "cwnd_bytes" || field.ends_with("_packets") || field == "connects"
+    field.ends_with("_bytes") && field != "cwnd_bytes"
+        || field.ends_with("_packets")
+        || field == "connects"
 }
 
 impl StatusReport {
@@ -82,23 +86,45 @@ impl StatusReport {
                 .push(format!("{{{labels}}} {value}"));
         };
         let role = label_escape(&self.role);
-        add("mpquic_uptime_seconds".into(), false, format!("role=\"{role}\""), self.uptime_s);
+        add(
+            "mpquic_uptime_seconds".into(),
+            false,
+            format!("role=\"{role}\""),
+            self.uptime_s,
+        );
         for (reason, n) in &self.drops {
-            add("mpquic_drops_total".into(), true, format!("tunnel=\"\",path=\"\",reason=\"{reason}\""), *n as f64);
+            add(
+                "mpquic_drops_total".into(),
+                true,
+                format!("tunnel=\"\",path=\"\",reason=\"{reason}\""),
+                *n as f64,
+            );
         }
         for t in &self.tunnels {
             let tl = label_escape(&t.peer);
             for (reason, n) in &t.drops {
-                add("mpquic_drops_total".into(), true, format!("tunnel=\"{tl}\",path=\"\",reason=\"{reason}\""), *n as f64);
+                add(
+                    "mpquic_drops_total".into(),
+                    true,
+                    format!("tunnel=\"{tl}\",path=\"\",reason=\"{reason}\""),
+                    *n as f64,
+                );
             }
             for p in &t.paths {
                 let labels = format!("tunnel=\"{tl}\",path=\"{}\"", label_escape(&p.name));
                 let up = if p.state == "up" { 1.0 } else { 0.0 };
                 add("mpquic_path_up".into(), false, labels.clone(), up);
                 for (reason, n) in &p.drops {
-                    add("mpquic_drops_total".into(), true, format!("{labels},reason=\"{reason}\""), *n as f64);
+                    add(
+                        "mpquic_drops_total".into(),
+                        true,
+                        format!("{labels},reason=\"{reason}\""),
+                        *n as f64,
+                    );
                 }
-                let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(p) else { continue };
+                let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(p) else {
+                    continue;
+                };
                 for (field, v) in fields {
                     let Some(x) = v.as_f64() else { continue };
                     let counter = is_counter(&field);
@@ -112,7 +138,11 @@ impl StatusReport {
             }
         }
         for (name, (counter, samples)) in families {
-            let _ = writeln!(out, "# TYPE {name} {}", if counter { "counter" } else { "gauge" });
+            let _ = writeln!(
+                out,
+                "# TYPE {name} {}",
+                if counter { "counter" } else { "gauge" }
+            );
             for s in samples {
                 let _ = writeln!(out, "{name}{s}");
             }
@@ -170,12 +200,22 @@ impl StatusReport {
                     if drops.is_empty() { "-".into() } else { drops.join(" ") }
                 );
             }
-            let td: Vec<String> = t.drops.iter().filter(|(_, n)| **n > 0).map(|(r, n)| format!("{r}={n}")).collect();
+            let td: Vec<String> = t
+                .drops
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(r, n)| format!("{r}={n}"))
+                .collect();
             if !td.is_empty() {
                 let _ = writeln!(o, "  tunnel drops: {}", td.join(" "));
             }
         }
-        let gd: Vec<String> = self.drops.iter().filter(|(_, n)| **n > 0).map(|(r, n)| format!("{r}={n}")).collect();
+        let gd: Vec<String> = self
+            .drops
+            .iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(r, n)| format!("{r}={n}"))
+            .collect();
         if !gd.is_empty() {
             let _ = writeln!(o, "\ndrops: {}", gd.join(" "));
         }
@@ -225,10 +265,19 @@ mod tests {
             ..Default::default()
         };
         let m = r.to_prometheus();
-        assert!(m.contains("# TYPE mpquic_path_tx_bytes_total counter"), "{m}");
-        assert!(m.contains("mpquic_path_tx_bytes_total{tunnel=\"site\\\"1\",path=\"wan1\"} 10"), "{m}");
+        assert!(
+            m.contains("# TYPE mpquic_path_tx_bytes_total counter"),
+            "{m}"
+        );
+        assert!(
+            m.contains("mpquic_path_tx_bytes_total{tunnel=\"site\\\"1\",path=\"wan1\"} 10"),
+            "{m}"
+        );
         assert!(m.contains("# TYPE mpquic_path_cwnd_bytes gauge"), "{m}");
-        assert!(m.contains("mpquic_path_up{tunnel=\"site\\\"1\",path=\"wan1\"} 1"), "{m}");
+        assert!(
+            m.contains("mpquic_path_up{tunnel=\"site\\\"1\",path=\"wan1\"} 1"),
+            "{m}"
+        );
         assert!(m.contains("reason=\"oversized\"} 2"), "{m}");
         assert!(r.render().contains("wan1"));
     }

@@ -31,21 +31,25 @@ fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
 }
 
 fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>> {
-    PrivateKeyDer::from_pem_file(path).with_context(|| format!("cannot read a private key from {}", path.display()))
+    PrivateKeyDer::from_pem_file(path)
+        .with_context(|| format!("cannot read a private key from {}", path.display()))
 }
 
 fn roots(ca: &Path) -> Result<RootCertStore> {
     let mut store = RootCertStore::empty();
     for c in load_certs(ca)? {
-        store.add(c).with_context(|| format!("{} is not a usable CA certificate", ca.display()))?;
+        store
+            .add(c)
+            .with_context(|| format!("{} is not a usable CA certificate", ca.display()))?;
     }
     Ok(store)
 }
 
 pub fn server_crypto(cert: &Path, key: &Path, client_ca: &Path) -> Result<rustls::ServerConfig> {
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(client_ca)?), provider())
-        .build()
-        .context("cannot build the client verifier")?;
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots(client_ca)?), provider())
+            .build()
+            .context("cannot build the client verifier")?;
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(verifier)
@@ -85,7 +89,13 @@ pub fn peer_common_name(conn: &quinn::Connection) -> Option<String> {
     let any = conn.peer_identity()?;
     let certs = any.downcast::<Vec<CertificateDer<'static>>>().ok()?;
     let (_, cert) = x509_parser::parse_x509_certificate(certs.first()?.as_ref()).ok()?;
-    let cn = cert.subject().iter_common_name().next()?.as_str().ok()?.to_string();
+    let cn = cert
+        .subject()
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
     Some(cn)
 }
 
@@ -111,7 +121,12 @@ impl ServerCertVerifier for NoServerVerification {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
     fn verify_tls13_signature(
         &self,
@@ -119,7 +134,12 @@ impl ServerCertVerifier for NoServerVerification {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()

@@ -23,7 +23,10 @@ struct IfReq {
 impl IfReq {
     fn new(name: &str) -> io::Result<IfReq> {
         if name.is_empty() || name.len() >= libc::IFNAMSIZ {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("bad interface name `{name}`")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("bad interface name `{name}`"),
+            ));
         }
         let mut r = IfReq {
             name: [0; libc::IFNAMSIZ],
@@ -109,14 +112,18 @@ impl Tun {
         };
         if raw < 0 {
             let e = io::Error::last_os_error();
-            return Err(io::Error::new(e.kind(), format!("cannot open /dev/net/tun: {e}")));
+            return Err(io::Error::new(
+                e.kind(),
+                format!("cannot open /dev/net/tun: {e}"),
+            ));
         }
         // SAFETY: raw is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let mut r = IfReq::new(name)?;
         r.set_short(IFF_TUN | IFF_NO_PI);
-        ioctl(fd.as_raw_fd(), TUNSETIFF, &mut r)
-            .map_err(|e| io::Error::new(e.kind(), format!("cannot create TUN device {name}: {e}")))?;
+        ioctl(fd.as_raw_fd(), TUNSETIFF, &mut r).map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot create TUN device {name}: {e}"))
+        })?;
         // SAFETY: `fd` is an owned, valid descriptor that stays open while the AsyncFd owns it.
         let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
             .map_err(|e| io::Error::other(format!("cannot register TUN fd: {e}")))?;

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use mpquic_core::wire::{self, Datagram};
-use mpquic_core::{Bond, DropReason, PacketInfo, PathSpec, PathState, Policy, ProbeDue, Transition};
+use mpquic_core::{
+    Bond, DropReason, PacketInfo, PathSpec, PathState, Policy, ProbeDue, Transition,
+};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -139,7 +141,8 @@ impl Tunnel {
             (generation, old)
         };
         if let Some(old) = old {
-            old.conn.close(close::REPLACED.into(), b"replaced by a new connection");
+            old.conn
+                .close(close::REPLACED.into(), b"replaced by a new connection");
         }
         info!(tunnel = %self.peer, path = %self.path_name(path), remote = %conn.remote_address(), mode = self.mode.as_str(), "path connected");
 
@@ -173,7 +176,10 @@ impl Tunnel {
     /// The connection with `generation` on `path` is gone (if it is still the current one).
     pub fn remove(&self, path: usize, generation: u64) {
         let mut s = self.lock();
-        if s.links[path].as_ref().is_some_and(|l| l.generation == generation) {
+        if s.links[path]
+            .as_ref()
+            .is_some_and(|l| l.generation == generation)
+        {
             s.links[path] = None;
             s.bond.disconnected(path);
             let name = s.bond.paths()[path].spec.name.clone();
@@ -192,7 +198,12 @@ impl Tunnel {
 
     /// Close every connection (shutdown, or the session was replaced).
     pub fn close_all(&self, code: u32, reason: &str) {
-        let links: Vec<Link> = self.lock().links.iter_mut().filter_map(Option::take).collect();
+        let links: Vec<Link> = self
+            .lock()
+            .links
+            .iter_mut()
+            .filter_map(Option::take)
+            .collect();
         for l in links {
             l.conn.close(code.into(), reason.as_bytes());
         }
@@ -292,7 +303,12 @@ impl Tunnel {
     }
 
     /// Reliable mode, send side: frames queued packets and writes them in batches.
-    async fn stream_writer(&self, path: usize, mut send: quinn::SendStream, mut rx: mpsc::Receiver<Bytes>) {
+    async fn stream_writer(
+        &self,
+        path: usize,
+        mut send: quinn::SendStream,
+        mut rx: mpsc::Receiver<Bytes>,
+    ) {
         let mut batch = BytesMut::with_capacity(STREAM_BATCH + 65_538);
         while let Some(first) = rx.recv().await {
             batch.clear();
@@ -369,7 +385,11 @@ impl Tunnel {
                     rx_packets: p.counters.rx_packets,
                     flows: s.bond.flows().flows_on(i) as u64,
                     connects: p.connects,
-                    drops: p.drops.iter().map(|(r, n)| (r.as_str().to_string(), n)).collect(),
+                    drops: p
+                        .drops
+                        .iter()
+                        .map(|(r, n)| (r.as_str().to_string(), n))
+                        .collect(),
                     ..Default::default()
                 };
                 if let Some(h) = &p.health {
@@ -386,7 +406,8 @@ impl Tunnel {
                     ps.quic_sent_packets = st.path.sent_packets;
                     ps.quic_lost_packets = st.path.lost_packets;
                     if st.path.sent_packets > 0 {
-                        ps.quic_loss_pct = st.path.lost_packets as f64 * 100.0 / st.path.sent_packets as f64;
+                        ps.quic_loss_pct =
+                            st.path.lost_packets as f64 * 100.0 / st.path.sent_packets as f64;
                     }
                 }
                 ps
@@ -398,7 +419,12 @@ impl Tunnel {
             policy: s.bond.policy().as_str().into(),
             mode: self.mode.as_str().into(),
             paths,
-            drops: s.bond.drops.iter().map(|(r, n)| (r.as_str().to_string(), n)).collect(),
+            drops: s
+                .bond
+                .drops
+                .iter()
+                .map(|(r, n)| (r.as_str().to_string(), n))
+                .collect(),
         }
     }
 }
@@ -418,8 +444,9 @@ fn send_datagram(conn: &quinn::Connection, pkt: &[u8]) -> Result<(), DropReason>
     if conn.datagram_send_buffer_space() < pkt.len() {
         return Err(DropReason::QueueFull);
     }
-    conn.send_datagram(Bytes::copy_from_slice(pkt)).map_err(|e| match e {
-        quinn::SendDatagramError::TooLarge => DropReason::Oversized,
-        _ => DropReason::SendFailed,
-    })
+    conn.send_datagram(Bytes::copy_from_slice(pkt))
+        .map_err(|e| match e {
+            quinn::SendDatagramError::TooLarge => DropReason::Oversized,
+            _ => DropReason::SendFailed,
+        })
 }

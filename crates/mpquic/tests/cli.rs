@@ -15,7 +15,8 @@ fn example(name: &str) -> PathBuf {
 
 fn check(path: &std::path::Path) -> (bool, String) {
     let out = mpquic().arg("check-config").arg(path).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)
 }
 
@@ -55,7 +56,10 @@ fn misspelt_key_fails_with_line_and_hint() {
         out.contains("typo.yaml:5:1: unknown field `multipath_polcy`"),
         "{out}"
     );
-    assert!(out.contains("hint: did you mean `multipath_policy`?"), "{out}");
+    assert!(
+        out.contains("hint: did you mean `multipath_policy`?"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -73,7 +77,16 @@ fn pki_writes_ca_server_and_client_with_private_keys() {
     };
     run(&["pki", "init", "--dir", d]);
     run(&[
-        "pki", "server", "--dir", d, "--name", "srv", "--san", "192.0.2.1", "--san", "vpn.example.net",
+        "pki",
+        "server",
+        "--dir",
+        d,
+        "--name",
+        "srv",
+        "--san",
+        "192.0.2.1",
+        "--san",
+        "vpn.example.net",
     ]);
     run(&["pki", "client", "--dir", d, "--name", "site1"]);
     for f in ["ca", "srv", "site1"] {
@@ -86,7 +99,11 @@ fn pki_writes_ca_server_and_client_with_private_keys() {
         assert_eq!(mode, 0o600, "{f}.key");
     }
     // A second init must not silently replace the CA; names cannot escape the directory.
-    assert!(!mpquic().args(["pki", "init", "--dir", d]).status().unwrap().success());
+    assert!(!mpquic()
+        .args(["pki", "init", "--dir", d])
+        .status()
+        .unwrap()
+        .success());
     assert!(!mpquic()
         .args(["pki", "client", "--dir", d, "--name", "../evil"])
         .status()

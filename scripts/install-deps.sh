@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what the demo and the tests need on a fresh Debian 12 machine (as root).
+set -euo pipefail
+missing=()
+for pair in iperf3:iperf3 nft:nftables ping:iputils-ping ip:iproute2 tc:iproute2 ss:iproute2 sysctl:procps; do
+  cmd=${pair%%:*}; pkg=${pair#*:}
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "cargo not found: install Rust (https://rustup.rs) first" >&2
+  exit 1
+fi
+if command -v rustup >/dev/null 2>&1; then
+  rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+  rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+fi
+python3 -c 'import pytest' 2>/dev/null || python3 -m pip install -q pytest

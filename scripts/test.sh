@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The test suite: formatting, lints, unit and simulator tests, then end-to-end tests in network
+# namespaces with real TUN devices, TLS, ping and iperf3. CI runs exactly this (.ci/run).
+set -euo pipefail
+. "$(dirname "$0")/env.sh"
+scripts/install-deps.sh
+echo "== cargo fmt --check"; cargo fmt --all -- --check
+echo "== cargo clippy";      cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== unit, simulator and CLI tests"; cargo test --workspace --quiet
+echo "== build release";     cargo build --release --quiet
+echo "== end-to-end tests (namespaces)"
+python3 lab/cli.py down-stale
+exec python3 -m pytest -v -s tests/e2e "$@"
