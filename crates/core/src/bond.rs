@@ -299,21 +299,27 @@ impl Bond {
                 return Some(p);
             }
         }
-        // Place a new flow on the eligible path with the fewest flows per unit of weight.
+        // Place a new flow on the eligible path furthest below its weighted share of the flows
+        // (counting the new one): w_i/W * (F+1) - f_i, scaled by W to stay in integers. This keeps
+        // every path within one flow of its exact share, which "fewest flows per weight" does not.
         let flows = &self.flows;
         let paths = &self.paths;
-        let chosen = self
+        let eligible: Vec<usize> = self
             .candidates()
             .filter(|&i| paths[i].spec.priority == prio)
-            .min_by(|&a, &b| {
-                let (wa, wb) = (
-                    u64::from(paths[a].spec.weight.max(1)),
-                    u64::from(paths[b].spec.weight.max(1)),
-                );
-                let (fa, fb) = (flows.flows_on(a) as u64, flows.flows_on(b) as u64);
-                // fa/wa vs fb/wb without division; ties go to the heavier weight, then the index.
-                (fa * wb).cmp(&(fb * wa)).then(wb.cmp(&wa)).then(a.cmp(&b))
-            })?;
+            .collect();
+        let weight = |i: usize| i128::from(paths[i].spec.weight.max(1));
+        let total_w: i128 = eligible.iter().map(|&i| weight(i)).sum();
+        let total_f: i128 = eligible.iter().map(|&i| flows.flows_on(i) as i128).sum();
+        let chosen = eligible.iter().copied().max_by(|&a, &b| {
+            let deficit =
+                |i: usize| weight(i) * (total_f + 1) - flows.flows_on(i) as i128 * total_w;
+            // Ties go to the heavier weight, then to the lower index.
+            deficit(a)
+                .cmp(&deficit(b))
+                .then(weight(a).cmp(&weight(b)))
+                .then(b.cmp(&a))
+        })?;
         self.flows.assign(key, chosen, now);
         Some(chosen)
     }
