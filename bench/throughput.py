@@ -1,0 +1,196 @@
+"""Single-path tunnel throughput, side by side in one run (this machine is shared and noisy: compare
+ratios within a run, not absolute numbers across runs).
+
+Rows: direct (no tunnel, the same veth), mpquic datagram, mpquic reliable, wireguard-go (Debian's,
+userspace, same topology). For each: TCP with 1 and 4 flows, upload (LAN -> internet) and download.
+Reported alongside: CPU of the tunnel's client and server processes (% of one core, over the iperf3
+run) and their RSS idle and peak.
+
+    sudo python3 bench/throughput.py [--seconds 8] [--out bench/results/throughput.json]
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from lab import topo  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def mem_kib(pid, key):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return None
+
+
+def measure(lab, procs, seconds, streams, reverse, dst):
+    before = {k: cpu_seconds(p) for k, p in procs.items()}
+    t0 = time.monotonic()
+    d = lab.iperf(seconds=seconds, streams=streams, reverse=reverse, dst=dst)
+    wall = time.monotonic() - t0
+    cpu = {k: round(100 * (cpu_seconds(p) - before[k]) / wall, 1) for k, p in procs.items()}
+    end = d["end"]
+    return {
+        "mbit": round(end["sum_received"]["bits_per_second"] / 1e6, 1),
+        "retransmits": end["sum_sent"].get("retransmits"),
+        "cpu_pct": cpu,
+        "iperf_cpu": {"sender": round(end["cpu_utilization_percent"]["host_total"], 1),
+                      "receiver": round(end["cpu_utilization_percent"]["remote_total"], 1)},
+    }
+
+
+def runs(lab, procs, seconds, dst):
+    out = {}
+    for streams in (1, 4):
+        for reverse in (False, True):
+            key = f"{streams}flow_{'down' if reverse else 'up'}"
+            out[key] = measure(lab, procs, seconds, streams, reverse, dst)
+            print(f"    {key}: {out[key]['mbit']} Mbit/s cpu {out[key]['cpu_pct']}", flush=True)
+    return out
+
+
+def mpquic_row(mode, seconds):
+    with topo.Lab(paths=1, mode=mode) as lab:
+        lab.pki()
+        lab.start_server()
+        lab.start_client()
+        lab.wait_tunnel()
+        lab.iperf_server()
+        procs = {"client": lab.procs["client0"].pid, "server": lab.procs["server"].pid}
+        time.sleep(1)
+        idle = {k: mem_kib(p, "VmRSS") for k, p in procs.items()}
+        r = runs(lab, procs, seconds, lab.inet_addr)
+        peak = {k: mem_kib(p, "VmHWM") for k, p in procs.items()}
+        return {"results": r, "rss_idle_kib": idle, "rss_peak_kib": peak}
+
+
+def direct_row(seconds):
+    with topo.Lab(paths=1) as lab:
+        # iperf3 from the client router straight to the server over the WAN veth.
+        lab.spawn("iperf-direct", lab.server_ns, ["iperf3", "-s", "-p", "5201"], log=False)
+        time.sleep(0.5)
+        orig = lab.lan_ns
+        lab.lan_ns = lambda c=0: lab.client_ns(c)
+        r = runs(lab, {}, seconds, topo.SERVER_IP)
+        lab.lan_ns = orig
+        return {"results": r}
+
+
+def wg(lab, ns, *args):
+    return lab.sh(ns, ["wg", *args]).stdout.strip()
+
+
+def wireguard_row(seconds):
+    if not (subprocess.run(["which", "wireguard-go"], capture_output=True).returncode == 0):
+        return {"skipped": "wireguard-go not installed (apt-get install --no-install-recommends wireguard-go wireguard-tools)"}
+    with topo.Lab(paths=1) as lab:
+        cli, srv = lab.client_ns(0), lab.server_ns
+        keys = {}
+        for side in ("cli", "srv"):
+            priv = subprocess.run(["wg", "genkey"], capture_output=True, text=True).stdout.strip()
+            pub = subprocess.run(["wg", "pubkey"], input=priv, capture_output=True, text=True).stdout.strip()
+            path = lab.write(f"wg-{side}.key", priv + "\n")
+            keys[side] = (path, pub)
+        env = dict(os.environ, WG_PROCESS_FOREGROUND="1")
+        # wireguard-go's control socket (/var/run/wireguard/NAME.sock) is not per namespace:
+        # the two ends need different interface names.
+        name = {"cli": f"wgc{os.getpid() % 10000}", "srv": f"wgs{os.getpid() % 10000}"}
+        for side, ns in (("cli", cli), ("srv", srv)):
+            p = subprocess.Popen(["ip", "netns", "exec", ns, "wireguard-go", "-f", name[side]], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            lab.procs[f"wg-{side}"] = p
+        time.sleep(1)
+        ws, wc = name["srv"], name["cli"]
+        lab.sh(srv, f"wg set {ws} private-key {keys['srv'][0]} listen-port 51820 peer {keys['cli'][1]} allowed-ips 10.201.0.1/32")
+        lab.sh(srv, f"ip addr add 10.201.0.254/24 dev {ws} && ip link set {ws} up")
+        lab.sh(cli, f"wg set {wc} private-key {keys['cli'][0]} peer {keys['srv'][1]} allowed-ips 0.0.0.0/0 endpoint {topo.SERVER_IP}:51820")
+        lab.sh(cli, f"ip addr add 10.201.0.1/24 dev {wc} && ip link set {wc} mtu 1420 up")
+        lab.sh(cli, f"ip route replace {topo.INET_NET}.0/24 dev {wc}")
+        lab.sh(cli, "nft -f - <<'EOF'\nadd table ip wgnat\nadd chain ip wgnat post { type nat hook postrouting priority 100 ; }\n"
+                    f"add rule ip wgnat post oifname {wc} masquerade\nEOF")
+        lab.sh(lab.inet_ns, f"ip route replace 10.201.0.0/24 via {topo.INET_NET}.1")
+        lab.iperf_server()
+        r = lab.sh(lab.lan_ns(0), f"ping -c 3 -i 0.2 -W 1 {lab.inet_addr}", check=False)
+        if " 0 received" in r.stdout:
+            return {"skipped": "wireguard-go tunnel did not come up"}
+        procs = {"client": lab.procs["wg-cli"].pid, "server": lab.procs["wg-srv"].pid}
+        idle = {k: mem_kib(p, "VmRSS") for k, p in procs.items()}
+        res = runs(lab, procs, seconds, lab.inet_addr)
+        peak = {k: mem_kib(p, "VmHWM") for k, p in procs.items()}
+        version = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "wireguard-go"], capture_output=True, text=True).stdout
+        return {"results": res, "rss_idle_kib": idle, "rss_peak_kib": peak, "version": version}
+
+
+def table(report):
+    rows = [("direct (no tunnel)", "direct"), ("mpquic datagram", "mpquic_datagram"),
+            ("mpquic reliable", "mpquic_reliable"), ("wireguard-go (Debian)", "wireguard_go")]
+    cols = ["1flow_up", "1flow_down", "4flow_up", "4flow_down"]
+    lines = ["| tunnel | 1 flow up | 1 flow down | 4 flows up | 4 flows down | CPU client/server (1 flow up) | RSS idle / peak client, server |",
+             "|---|---|---|---|---|---|---|"]
+    for label, key in rows:
+        row = report["rows"].get(key, {})
+        if "skipped" in row or "results" not in row:
+            lines.append(f"| {label} | {row.get('skipped', 'not run')} | | | | | |")
+            continue
+        r = row["results"]
+        cells = [f"{r[c]['mbit']:.0f}" for c in cols]
+        cpu = r["1flow_up"]["cpu_pct"]
+        cpu_s = f"{cpu['client']:.0f}% / {cpu['server']:.0f}%" if cpu else "-"
+        if "rss_idle_kib" in row:
+            i, p = row["rss_idle_kib"], row["rss_peak_kib"]
+            mem = f"{i['client'] / 1024:.1f} / {p['client'] / 1024:.1f} MiB, {i['server'] / 1024:.1f} / {p['server'] / 1024:.1f} MiB"
+        else:
+            mem = "-"
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {cpu_s} | {mem} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=int, default=8)
+    ap.add_argument("--out", default=os.path.join(topo.REPO, "bench", "results", "throughput.json"))
+    ap.add_argument("--rows", default="direct,mpquic_datagram,mpquic_reliable,wireguard_go")
+    args = ap.parse_args()
+    topo.down_stale()
+    report = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": {"cpus": os.cpu_count(), "kernel": platform.release(),
+                 "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")},
+        "commit": subprocess.run(["git", "-C", topo.REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "seconds": args.seconds,
+        "rows": {},
+    }
+    wanted = args.rows.split(",")
+    makers = {"direct": lambda: direct_row(args.seconds),
+              "mpquic_datagram": lambda: mpquic_row("datagram", args.seconds),
+              "mpquic_reliable": lambda: mpquic_row("reliable", args.seconds),
+              "wireguard_go": lambda: wireguard_row(args.seconds)}
+    for key in wanted:
+        print(f"== {key}", flush=True)
+        report["rows"][key] = makers[key]()
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    print()
+    print(table(report))
+    print(f"\n(results in {args.out})")
+
+
+if __name__ == "__main__":
+    main()
