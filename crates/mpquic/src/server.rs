@@ -304,8 +304,7 @@ impl Server {
                         .close_all(close::REPLACED, "replaced by a new session");
                 }
                 let addr = self.assign(&reg, name, h.addr.as_deref())?;
-                let tunnel = Tunnel::new(name.to_string(), self.tun.clone(), h.mode, policy);
-                tunnel.set_expected_source(Some(addr));
+                let tunnel = Tunnel::new(name.to_string(), self.tun.clone(), h.mode, policy, Some(addr));
                 let s = Arc::new(Session {
                     name: name.to_string(),
                     id: h.session,

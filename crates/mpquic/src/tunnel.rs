@@ -32,6 +32,12 @@ const STREAM_QUEUE: usize = 2048;
 /// Bytes written to a stream in one call (batching amortises the per-write cost).
 const STREAM_BATCH: usize = 64 * 1024;
 
+/// How a packet leaves on a path, taken out of the lock for the send.
+enum Sender {
+    Datagram(quinn::Connection),
+    Stream(mpsc::Sender<Bytes>),
+}
+
 /// A live connection carrying one path.
 struct Link {
     conn: quinn::Connection,
@@ -54,7 +60,7 @@ pub struct Tunnel {
     tun: Arc<Tun>,
     mode: TransportMode,
     /// Server side: inner packets from the peer must carry this source address.
-    expect_src: Mutex<Option<Ipv4Addr>>,
+    expect_src: Option<Ipv4Addr>,
     state: Mutex<State>,
 }
 
@@ -67,12 +73,20 @@ pub struct NewLink {
 }
 
 impl Tunnel {
-    pub fn new(peer: String, tun: Arc<Tun>, mode: TransportMode, policy: Policy) -> Arc<Tunnel> {
+    /// `expect_src`: on the server, the client's tunnel address (packets from any other source
+    /// are dropped); `None` on the client.
+    pub fn new(
+        peer: String,
+        tun: Arc<Tun>,
+        mode: TransportMode,
+        policy: Policy,
+        expect_src: Option<Ipv4Addr>,
+    ) -> Arc<Tunnel> {
         Arc::new(Tunnel {
             peer,
             tun,
             mode,
-            expect_src: Mutex::new(None),
+            expect_src,
             state: Mutex::new(State {
                 bond: Bond::new(policy, Default::default()),
                 links: Vec::new(),
@@ -84,10 +98,6 @@ impl Tunnel {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock is a bug; keep serving rather than cascade.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub fn set_expected_source(&self, addr: Option<Ipv4Addr>) {
-        *self.expect_src.lock().unwrap_or_else(|e| e.into_inner()) = addr;
     }
 
     /// The index of the path called `name`, created if new; its spec is refreshed.
@@ -209,50 +219,58 @@ impl Tunnel {
         }
     }
 
-    /// Send one inner packet (already MSS-clamped) on the path the policy picks.
+    /// Send one inner packet (already MSS-clamped) on the path the policy picks. The lock only
+    /// covers the decision; the send itself runs outside it so the receive side never waits.
     pub fn send_packet(&self, pkt: &[u8], info: Option<&PacketInfo>) {
         let now = Instant::now();
-        let mut s = self.lock();
-        let Some(path) = s.bond.route(info, pkt.len(), now) else {
-            return; // counted as no_path by the bond
-        };
-        let Some(link) = s.links[path].as_ref() else {
-            s.bond.drop_tx(path, pkt.len(), DropReason::NoPath);
-            return;
-        };
-        let result = match &link.stream_tx {
-            Some(tx) => tx
-                .try_send(Bytes::copy_from_slice(pkt))
-                .map_err(|e| match e {
-                    mpsc::error::TrySendError::Full(_) => DropReason::QueueFull,
-                    mpsc::error::TrySendError::Closed(_) => DropReason::SendFailed,
-                }),
-            None => send_datagram(&link.conn, pkt),
-        };
-        if let Err(reason) = result {
-            s.bond.drop_tx(path, pkt.len(), reason);
-        }
-    }
-
-    /// Deliver a packet received on `path` to the TUN device.
-    fn deliver(&self, path: usize, pkt: &[u8]) {
-        let expect = *self.expect_src.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(expect) = expect {
-            match PacketInfo::parse(pkt) {
-                Some(info) if info.src == IpAddr::V4(expect) => {}
-                Some(info) => {
-                    debug!(tunnel = %self.peer, src = %info.src, "spoofed inner source dropped");
-                    self.lock().bond.drop_rx(path, DropReason::SpoofedSource);
-                    return;
-                }
+        let (path, sender) = {
+            let mut s = self.lock();
+            let Some(path) = s.bond.route(info, pkt.len(), now) else {
+                return; // counted as no_path by the bond
+            };
+            match s.links[path].as_ref() {
+                Some(link) => match &link.stream_tx {
+                    Some(tx) => (path, Sender::Stream(tx.clone())),
+                    None => (path, Sender::Datagram(link.conn.clone())),
+                },
                 None => {
-                    self.lock().bond.drop_rx(path, DropReason::Malformed);
+                    s.bond.drop_tx(path, pkt.len(), DropReason::NoPath);
                     return;
                 }
             }
+        };
+        let result = match sender {
+            Sender::Stream(tx) => tx.try_send(Bytes::copy_from_slice(pkt)).map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => DropReason::QueueFull,
+                mpsc::error::TrySendError::Closed(_) => DropReason::SendFailed,
+            }),
+            Sender::Datagram(conn) => send_datagram(&conn, pkt),
+        };
+        if let Err(reason) = result {
+            self.lock().bond.drop_tx(path, pkt.len(), reason);
         }
+    }
+
+    /// Deliver a packet received on `path` to the TUN device. The TUN write (which runs the
+    /// kernel's forwarding of the packet) happens outside the lock.
+    fn deliver(&self, path: usize, pkt: &[u8]) {
+        if let Some(expect) = self.expect_src {
+            let refused = match PacketInfo::parse(pkt) {
+                Some(info) if info.src == IpAddr::V4(expect) => None,
+                Some(info) => {
+                    debug!(tunnel = %self.peer, src = %info.src, "spoofed inner source dropped");
+                    Some(DropReason::SpoofedSource)
+                }
+                None => Some(DropReason::Malformed),
+            };
+            if let Some(reason) = refused {
+                self.lock().bond.drop_rx(path, reason);
+                return;
+            }
+        }
+        let written = self.tun.send(pkt);
         let mut s = self.lock();
-        match self.tun.send(pkt) {
+        match written {
             Ok(_) => s.bond.on_received(path, pkt.len()),
             Err(e) => {
                 let reason = if e.raw_os_error() == Some(libc::EAGAIN) {
