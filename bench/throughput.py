@@ -65,8 +65,8 @@ def runs(lab, procs, seconds, dst):
     return out
 
 
-def mpquic_row(mode, seconds):
-    with topo.Lab(paths=1, mode=mode) as lab:
+def mpquic_row(mode, seconds, threads=1):
+    with topo.Lab(paths=1, mode=mode, extra_yaml=f"worker_threads: {threads}\n") as lab:
         lab.pki()
         lab.start_server()
         lab.start_client()
@@ -139,7 +139,8 @@ def wireguard_row(seconds):
 
 def table(report):
     rows = [("direct (no tunnel)", "direct"), ("mpquic datagram", "mpquic_datagram"),
-            ("mpquic reliable", "mpquic_reliable"), ("wireguard-go (Debian)", "wireguard_go")]
+            ("mpquic reliable", "mpquic_reliable"), ("mpquic datagram, worker_threads: 2", "mpquic_datagram_2threads"),
+            ("wireguard-go (Debian)", "wireguard_go")]
     cols = ["1flow_up", "1flow_down", "4flow_up", "4flow_down"]
     lines = ["| tunnel | 1 flow up | 1 flow down | 4 flows up | 4 flows down | CPU client/server (1 flow up) | RSS idle / peak client, server |",
              "|---|---|---|---|---|---|---|"]
@@ -180,6 +181,7 @@ def main():
     makers = {"direct": lambda: direct_row(args.seconds),
               "mpquic_datagram": lambda: mpquic_row("datagram", args.seconds),
               "mpquic_reliable": lambda: mpquic_row("reliable", args.seconds),
+              "mpquic_datagram_2threads": lambda: mpquic_row("datagram", args.seconds, threads=2),
               "wireguard_go": lambda: wireguard_row(args.seconds)}
     for key in wanted:
         print(f"== {key}", flush=True)

@@ -85,7 +85,7 @@ atexit.register(_cleanup_all)
 
 class Lab:
     def __init__(self, paths=2, clients=1, rates_mbit=None, mode="datagram", policy="failover",
-                 weights=None, priorities=None, congestion="cubic", keep_dir=False):
+                 weights=None, priorities=None, congestion="cubic", keep_dir=False, extra_yaml=""):
         self.tag = f"{PREFIX}{os.getpid()}x{next(_counter)}"
         self.npaths = paths
         self.nclients = clients
@@ -100,7 +100,8 @@ class Lab:
         self.namespaces = []
         self.procs = {}
         self.logs = {}
-        self.extra_server = ""
+        # Extra top-level YAML for both server and client files (e.g. "worker_threads: 2\n").
+        self.extra_yaml = extra_yaml
 
     # -- names -------------------------------------------------------------------------------
     def ns(self, role):
@@ -282,7 +283,7 @@ class Lab:
                 f"tun_name: mpq0\ntun_cidr: {TUN_NET}.254/24\nlog_level: info\n"
                 f"tls_cert_file: {d}/mpquic-server.crt\ntls_key_file: {d}/mpquic-server.key\n"
                 f"congestion_algorithm: {self.congestion}\ntransport_mode: {self.mode}\n"
-                f"control_socket: {self.sock('server')}\n" + self.extra_server)
+                f"control_socket: {self.sock('server')}\n" + self.extra_yaml)
 
     def client_yaml(self, c=0, name=None, cert=True, request=True):
         d = os.path.join(self.dir, "pki")
@@ -293,7 +294,7 @@ class Lab:
              + (f"tls_cert_file: {d}/{name}.crt\ntls_key_file: {d}/{name}.key\n" if cert else "")
              + f"tls_server_name: mpquic-server\ntls_insecure_skip_verify: false\n"
              f"congestion_algorithm: {self.congestion}\ntransport_mode: {self.mode}\n"
-             f"control_socket: {self.sock(f'client{c}')}\nmultipath_paths:\n")
+             f"control_socket: {self.sock(f'client{c}')}\n" + self.extra_yaml + "multipath_paths:\n")
         for p in range(self.npaths):
             y += (f"- name: wan{p + 1}\n  bind_ip: if:{self.wan_if(c, p)[0]}\n  remote_addr: {SERVER_IP}\n"
                   f"  remote_port: {PORT}\n  priority: {self.priorities[p]}\n  weight: {self.weights[p]}\n")

@@ -50,7 +50,13 @@ pub async fn run(cfg: Config, ccfg: ClientConfig) -> Result<()> {
     let tun = Arc::new(Tun::create(&cfg.tun_name)?);
     tun.set_mtu(mtu)?;
     tun.disable_ipv6();
-    let tunnel = Tunnel::new(cfg.tun_name.clone(), tun.clone(), cfg.mode, ccfg.policy, None);
+    let tunnel = Tunnel::new(
+        cfg.tun_name.clone(),
+        tun.clone(),
+        cfg.mode,
+        ccfg.policy,
+        None,
+    );
     for p in &ccfg.paths {
         tunnel.path(PathSpec {
             name: p.name.clone(),

@@ -97,6 +97,7 @@ struct RawConfig {
     // Keys new in mpquic.
     control_socket: Option<PathBuf>,
     metrics_listen: Option<SocketAddr>,
+    worker_threads: Option<usize>,
     #[serde(default)]
     clients: Vec<RawClient>,
 }
@@ -159,6 +160,8 @@ pub struct Config {
     pub mode: TransportMode,
     pub control_socket: PathBuf,
     pub metrics_listen: Option<SocketAddr>,
+    /// Threads of the async runtime. 1 (the default) measured fastest on a 2-core machine.
+    pub worker_threads: usize,
     pub role: RoleConfig,
     /// Non-fatal remarks for the operator (printed by check-config, logged at startup).
     pub warnings: Vec<String>,
@@ -397,6 +400,16 @@ fn validate(raw: RawConfig, text: &str, file: &Path) -> Result<Config, Vec<Probl
                 0,
                 format!("`tun_mtu`: {m} is out of range"),
                 Some("use 576..9000, or leave it out to derive it from the path MTU".into()),
+            );
+        }
+    }
+    if let Some(n) = raw.worker_threads {
+        if !(1..=64).contains(&n) {
+            c.at(
+                "worker_threads",
+                0,
+                format!("`worker_threads`: {n} is out of range"),
+                Some("use 1..64; 1 is fastest on small machines".into()),
             );
         }
     }
@@ -639,6 +652,7 @@ fn validate(raw: RawConfig, text: &str, file: &Path) -> Result<Config, Vec<Probl
         mode: raw.transport_mode.unwrap_or(TransportMode::Datagram),
         control_socket,
         metrics_listen: raw.metrics_listen,
+        worker_threads: raw.worker_threads.unwrap_or(1),
         role,
         warnings,
     })

@@ -105,9 +105,15 @@ fn run_instance(path: &std::path::Path) -> anyhow::Result<()> {
     for w in &cfg.warnings {
         tracing::warn!("{w}");
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = match cfg.worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build()?,
+    };
     rt.block_on(async move {
         match cfg.role.clone() {
             RoleConfig::Client(c) => client::run(cfg, c).await,

@@ -304,7 +304,13 @@ impl Server {
                         .close_all(close::REPLACED, "replaced by a new session");
                 }
                 let addr = self.assign(&reg, name, h.addr.as_deref())?;
-                let tunnel = Tunnel::new(name.to_string(), self.tun.clone(), h.mode, policy, Some(addr));
+                let tunnel = Tunnel::new(
+                    name.to_string(),
+                    self.tun.clone(),
+                    h.mode,
+                    policy,
+                    Some(addr),
+                );
                 let s = Arc::new(Session {
                     name: name.to_string(),
                     id: h.session,

@@ -240,10 +240,12 @@ impl Tunnel {
             }
         };
         let result = match sender {
-            Sender::Stream(tx) => tx.try_send(Bytes::copy_from_slice(pkt)).map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => DropReason::QueueFull,
-                mpsc::error::TrySendError::Closed(_) => DropReason::SendFailed,
-            }),
+            Sender::Stream(tx) => tx
+                .try_send(Bytes::copy_from_slice(pkt))
+                .map_err(|e| match e {
+                    mpsc::error::TrySendError::Full(_) => DropReason::QueueFull,
+                    mpsc::error::TrySendError::Closed(_) => DropReason::SendFailed,
+                }),
             Sender::Datagram(conn) => send_datagram(&conn, pkt),
         };
         if let Err(reason) = result {
