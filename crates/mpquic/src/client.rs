@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use mpquic_core::{packet, PacketInfo, PathSpec};
+use mpquic_core::PathSpec;
 use tokio::sync::mpsc;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use crate::config::{parse_cidr, ClientConfig, Config};
 use crate::hello::{self, Hello, HelloAck};
@@ -138,22 +138,12 @@ impl Client {
     }
 
     async fn tun_reader(&self) {
-        let mss = runtime::mss_for(self.mtu);
-        let mut buf = vec![0u8; 65_536];
-        loop {
-            let n = match self.tun.recv(&mut buf).await {
-                Ok(n) => n,
-                Err(e) => {
-                    error!(error = %e, "TUN read failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let pkt = &mut buf[..n];
-            packet::clamp_mss(pkt, mss);
-            let info = PacketInfo::parse(pkt);
-            self.tunnel.send_packet(pkt, info.as_ref());
-        }
+        let tunnel = &self.tunnel;
+        self.tun
+            .read_loop(runtime::mss_for(self.mtu), |pkt, info| {
+                tunnel.send_packet(pkt, info.as_ref())
+            })
+            .await
     }
 
     /// Keep path `idx` connected for the life of the process.

@@ -207,7 +207,6 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 pub const DEFAULT_PORT: u16 = 45017;
-const KNOWN_CC: &str = "cubic, newreno, bbr";
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -230,7 +229,7 @@ impl Config {
         };
         let raw: RawConfig =
             serde_yaml_ng::from_str(text).map_err(|e| err(vec![yaml_problem(&e)]))?;
-        validate(raw, text, file).map_err(err)
+        validate(raw, text).map_err(err)
     }
 }
 
@@ -358,7 +357,7 @@ fn parse_bind(s: &str) -> Option<Bind> {
     })
 }
 
-fn validate(raw: RawConfig, text: &str, file: &Path) -> Result<Config, Vec<Problem>> {
+fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem>> {
     let mut c = Checker {
         text,
         problems: Vec::new(),
@@ -456,7 +455,6 @@ fn validate(raw: RawConfig, text: &str, file: &Path) -> Result<Config, Vec<Probl
             Policy::Failover
         }),
     };
-    let _ = KNOWN_CC;
 
     let role = match raw.role {
         Role::Server => {
@@ -525,7 +523,7 @@ fn validate(raw: RawConfig, text: &str, file: &Path) -> Result<Config, Vec<Probl
                     client_ca_file.display()
                 ));
             }
-            if tls_insecure(&raw) {
+            if raw.tls_insecure_skip_verify {
                 c.at(
                     "tls_insecure_skip_verify",
                     0,
@@ -637,7 +635,6 @@ fn validate(raw: RawConfig, text: &str, file: &Path) -> Result<Config, Vec<Probl
         c.problems.sort_by_key(|p| (p.line, p.column));
         return Err(c.problems);
     }
-    let _ = file;
     let control_socket = raw
         .control_socket
         .clone()
@@ -656,10 +653,6 @@ fn validate(raw: RawConfig, text: &str, file: &Path) -> Result<Config, Vec<Probl
         role,
         warnings,
     })
-}
-
-fn tls_insecure(raw: &RawConfig) -> bool {
-    raw.tls_insecure_skip_verify
 }
 
 pub fn mask(prefix: u8) -> u32 {

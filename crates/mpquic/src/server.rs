@@ -8,9 +8,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context, Result};
-use mpquic_core::{packet, DropReason, Drops, PacketInfo, PathSpec, Policy};
-use tracing::{error, info, warn};
+use anyhow::{Context, Result};
+use mpquic_core::{DropReason, Drops, PathSpec, Policy};
+use tracing::{info, warn};
 
 use crate::config::{mask, parse_cidr, Config, ServerConfig};
 use crate::hello::{self, Hello, HelloAck};
@@ -185,33 +185,21 @@ impl Server {
     }
 
     async fn tun_reader(&self) {
-        let mss = runtime::mss_for(self.mtu);
-        let mut buf = vec![0u8; 65_536];
-        loop {
-            let n = match self.tun.recv(&mut buf).await {
-                Ok(n) => n,
-                Err(e) => {
-                    error!(error = %e, "TUN read failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
+        self.tun
+            .read_loop(runtime::mss_for(self.mtu), |pkt, info| {
+                let Some(info) = info else {
+                    return self.drop_packet(DropReason::Malformed);
+                };
+                let IpAddr::V4(dst) = info.dst else {
+                    return self.drop_packet(DropReason::NoRoute);
+                };
+                let session = self.read().by_addr.get(&dst).cloned();
+                match session {
+                    Some(s) => s.tunnel.send_packet(pkt, Some(&info)),
+                    None => self.drop_packet(DropReason::NoRoute),
                 }
-            };
-            let pkt = &mut buf[..n];
-            packet::clamp_mss(pkt, mss);
-            let Some(info) = PacketInfo::parse(pkt) else {
-                self.drop_packet(DropReason::Malformed);
-                continue;
-            };
-            let IpAddr::V4(dst) = info.dst else {
-                self.drop_packet(DropReason::NoRoute);
-                continue;
-            };
-            let session = self.read().by_addr.get(&dst).cloned();
-            match session {
-                Some(s) => s.tunnel.send_packet(pkt, Some(&info)),
-                None => self.drop_packet(DropReason::NoRoute),
-            }
-        }
+            })
+            .await
     }
 
     /// One incoming connection: handshake, identity, hello, then it becomes a path.
@@ -411,12 +399,11 @@ impl Server {
                     .find(|a| usable(*a) && free(*a))
             })
             .ok_or_else(|| {
-                anyhow!(
+                format!(
                     "address pool {}/{} is exhausted",
                     Ipv4Addr::from(net),
                     self.scfg.prefix
                 )
-                .to_string()
             })
     }
 }

@@ -177,12 +177,7 @@ impl StatusReport {
                     (Some(s), Some(m)) => format!("{s:.1}/{m:.1}"),
                     _ => "-".into(),
                 };
-                let drops: Vec<String> = p
-                    .drops
-                    .iter()
-                    .filter(|(_, n)| **n > 0)
-                    .map(|(r, n)| format!("{r}={n}"))
-                    .collect();
+                let drops = nonzero(&p.drops);
                 let _ = writeln!(
                     o,
                     "  {:<10} {:<12} {:>3}/{:<3} {:>15} {:>7.1} {:>10} {:>12} {:>12} {:>10} {:>10}  {}",
@@ -197,33 +192,33 @@ impl StatusReport {
                     human_bytes(p.rx_bytes),
                     p.tx_packets,
                     p.rx_packets,
-                    if drops.is_empty() { "-".into() } else { drops.join(" ") }
+                    if drops.is_empty() { "-" } else { &drops }
                 );
             }
-            let td: Vec<String> = t
-                .drops
-                .iter()
-                .filter(|(_, n)| **n > 0)
-                .map(|(r, n)| format!("{r}={n}"))
-                .collect();
+            let td = nonzero(&t.drops);
             if !td.is_empty() {
-                let _ = writeln!(o, "  tunnel drops: {}", td.join(" "));
+                let _ = writeln!(o, "  tunnel drops: {td}");
             }
         }
-        let gd: Vec<String> = self
-            .drops
-            .iter()
-            .filter(|(_, n)| **n > 0)
-            .map(|(r, n)| format!("{r}={n}"))
-            .collect();
+        let gd = nonzero(&self.drops);
         if !gd.is_empty() {
-            let _ = writeln!(o, "\ndrops: {}", gd.join(" "));
+            let _ = writeln!(o, "\ndrops: {gd}");
         }
         if self.tunnels.is_empty() {
             let _ = writeln!(o, "\n(no tunnels)");
         }
         o
     }
+}
+
+/// "reason=n ..." for the reasons with a non-zero count.
+fn nonzero(drops: &BTreeMap<String, u64>) -> String {
+    let parts: Vec<String> = drops
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(r, n)| format!("{r}={n}"))
+        .collect();
+    parts.join(" ")
 }
 
 fn human_bytes(n: u64) -> String {

@@ -6,6 +6,7 @@ use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use mpquic_core::{packet, PacketInfo};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -185,6 +186,26 @@ impl Tun {
                 Ok(r) => return r,
                 Err(_would_block) => continue,
             }
+        }
+    }
+
+    /// Read packets forever, clamp the MSS of TCP SYNs to `mss`, and hand each packet with its
+    /// parsed header to `f`. The one TUN read loop of client and server.
+    pub async fn read_loop(&self, mss: u16, mut f: impl FnMut(&[u8], Option<PacketInfo>)) {
+        let mut buf = vec![0u8; 65_536];
+        loop {
+            let n = match self.recv(&mut buf).await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!(tun = %self.name, error = %e, "TUN read failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let pkt = &mut buf[..n];
+            packet::clamp_mss(pkt, mss);
+            let info = PacketInfo::parse(pkt);
+            f(pkt, info);
         }
     }
 
