@@ -362,3 +362,26 @@ pub(crate) mod tests {
         assert_eq!(i.ports, None);
     }
 }
+
+#[cfg(test)]
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Arbitrary bytes (with a plausible first byte half of the time): parsing and MSS clamping
+        /// never panic, and clamping never changes the length.
+        #[test]
+        fn parse_and_clamp_are_total(mut bytes in proptest::collection::vec(any::<u8>(), 0..120),
+                                     first in prop_oneof![Just(0x45u8), Just(0x46), Just(0x60), any::<u8>()],
+                                     mss in any::<u16>()) {
+            if let Some(b) = bytes.first_mut() {
+                *b = first;
+            }
+            let len = bytes.len();
+            let _ = PacketInfo::parse(&bytes);
+            let _ = clamp_mss(&mut bytes, mss);
+            prop_assert_eq!(bytes.len(), len);
+        }
+    }
+}

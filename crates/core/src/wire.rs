@@ -54,3 +54,18 @@ mod tests {
         assert_eq!(decode(&[0x20, 0, 0, 0, 0]), None);
     }
 }
+
+#[cfg(test)]
+mod props {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Anything from the network: decoding never panics, and a PROBE round-trips.
+        #[test]
+        fn decode_total(bytes in proptest::collection::vec(any::<u8>(), 0..64), seq in any::<u32>()) {
+            let _ = super::decode(&bytes);
+            let p = super::encode_probe(super::PROBE, seq);
+            prop_assert_eq!(super::decode(&p), Some(super::Datagram::Probe(seq)));
+        }
+    }
+}

@@ -909,6 +909,48 @@ multipath_paths:
         assert!(e.problems[0].line >= 1);
     }
 
+    /// Mutated files (bytes replaced, lines dropped or duplicated) give an error or a config,
+    /// never a panic, and every error is located.
+    #[test]
+    fn mutations_never_panic() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut rnd = |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n as u64) as usize
+        };
+        let lines: Vec<&str> = SEED_CLIENT.lines().collect();
+        for _ in 0..3000 {
+            let mut l: Vec<String> = lines.iter().map(|s| s.to_string()).collect();
+            match rnd(3) {
+                0 => {
+                    let i = rnd(l.len());
+                    l.remove(i);
+                }
+                1 => {
+                    let i = rnd(l.len());
+                    let d = l[i].clone();
+                    l.insert(rnd(l.len()), d);
+                }
+                _ => {
+                    let i = rnd(l.len());
+                    if !l[i].is_empty() {
+                        let mut b = l[i].clone().into_bytes();
+                        let j = rnd(b.len());
+                        const SPICE: &[u8] = b"x:- [{}0\"'#&*!|>%@`";
+                        b[j] = SPICE[rnd(SPICE.len())];
+                        l[i] = String::from_utf8_lossy(&b).into_owned();
+                    }
+                }
+            }
+            if let Err(e) = parse(&l.join("\n")) {
+                assert!(!e.problems.is_empty());
+                assert!(e.problems.iter().all(|p| p.line >= 1), "{e}");
+            }
+        }
+    }
+
     #[test]
     fn closest_names() {
         assert_eq!(

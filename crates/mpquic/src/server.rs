@@ -12,12 +12,12 @@ use anyhow::{Context, Result};
 use mpquic_core::{DropReason, Drops, PathSpec, Policy};
 use tracing::{info, warn};
 
-use crate::config::{mask, parse_cidr, Config, ServerConfig};
+use crate::config::{Config, ServerConfig};
 use crate::hello::{self, Hello, HelloAck};
 use crate::status::StatusReport;
 use crate::tun::Tun;
 use crate::tunnel::{close, NewLink, Tunnel};
-use crate::{quic, runtime, tls};
+use crate::{addressing, quic, runtime, tls};
 
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// A session with no connected path for this long is forgotten (its address becomes free).
@@ -291,7 +291,14 @@ impl Server {
                     old.tunnel
                         .close_all(close::REPLACED, "replaced by a new session");
                 }
-                let addr = self.assign(&reg, name, h.addr.as_deref())?;
+                let owner = |a: Ipv4Addr| reg.by_addr.get(&a).map(|s| s.name.clone());
+                let addr = addressing::assign(
+                    &self.scfg,
+                    owner,
+                    &reg.remembered,
+                    name,
+                    h.addr.as_deref(),
+                )?;
                 let tunnel = Tunnel::new(
                     name.to_string(),
                     self.tun.clone(),
@@ -319,91 +326,5 @@ impl Server {
             weight: h.weight.max(1),
         });
         Ok((session, path))
-    }
-
-    /// The tunnel address for client `name`: its reserved one from `clients:`, else the one it
-    /// asks for when free and allowed, else the one it had before, else the lowest free one.
-    fn assign(
-        &self,
-        reg: &Registry,
-        name: &str,
-        requested: Option<&str>,
-    ) -> Result<Ipv4Addr, String> {
-        let net = u32::from(self.scfg.tun_addr) & mask(self.scfg.prefix);
-        let bcast = net | !mask(self.scfg.prefix);
-        let reserved_for = |a: Ipv4Addr| {
-            self.scfg
-                .clients
-                .iter()
-                .find(|(_, r)| *r == a)
-                .map(|(n, _)| n.as_str())
-        };
-        let usable = |a: Ipv4Addr| {
-            let x = u32::from(a);
-            x & mask(self.scfg.prefix) == net && x != net && x != bcast && a != self.scfg.tun_addr
-        };
-        let free = |a: Ipv4Addr| {
-            !reg.by_addr.contains_key(&a) && reserved_for(a).is_none_or(|n| n == name)
-        };
-        let requested = match requested {
-            Some(r) => Some(
-                parse_cidr(r)
-                    .map(|(a, _)| a)
-                    .ok_or_else(|| format!("requested address `{r}` is not a.b.c.d/len"))?,
-            ),
-            None => None,
-        };
-        if let Some((_, fixed)) = self.scfg.clients.iter().find(|(n, _)| n == name) {
-            if let Some(r) = requested.filter(|r| r != fixed) {
-                return Err(format!(
-                    "this client's address is {fixed} (server `clients:` list); it asked for {r}: change its tun_cidr or remove it"
-                ));
-            }
-            if reg.by_addr.contains_key(fixed) {
-                return Err(format!("address {fixed} is in use by another session"));
-            }
-            return Ok(*fixed);
-        }
-        if let Some(r) = requested {
-            if !usable(r) {
-                return Err(format!(
-                    "requested address {r} is not a usable host address in the server's {}/{}",
-                    Ipv4Addr::from(net),
-                    self.scfg.prefix
-                ));
-            }
-            if let Some(owner) = reserved_for(r) {
-                return Err(format!(
-                    "requested address {r} is reserved for client `{owner}`"
-                ));
-            }
-            if let Some(s) = reg.by_addr.get(&r) {
-                return Err(format!(
-                    "requested address {r} is in use by client `{}`",
-                    s.name
-                ));
-            }
-            return Ok(r);
-        }
-        if let Some(prev) = reg.remembered.get(name).copied().filter(|a| free(*a)) {
-            return Ok(prev);
-        }
-        let taken_by_memory =
-            |a: Ipv4Addr| reg.remembered.iter().any(|(n, r)| *r == a && n != name);
-        (net + 1..bcast)
-            .map(Ipv4Addr::from)
-            .find(|a| usable(*a) && free(*a) && !taken_by_memory(*a))
-            .or_else(|| {
-                (net + 1..bcast)
-                    .map(Ipv4Addr::from)
-                    .find(|a| usable(*a) && free(*a))
-            })
-            .ok_or_else(|| {
-                format!(
-                    "address pool {}/{} is exhausted",
-                    Ipv4Addr::from(net),
-                    self.scfg.prefix
-                )
-            })
     }
 }

@@ -1,0 +1,165 @@
+//! Tunnel address assignment on the server: pure, so every rule is unit-tested.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+
+use crate::config::{mask, parse_cidr, ServerConfig};
+
+/// The tunnel address for client `name`: its reserved one from `clients:`, else the one it asks
+/// for when free and allowed, else the one it had before, else the lowest free one (preferring
+/// addresses no other client had). `owner(a)` names the connected client using address `a`.
+pub fn assign(
+    scfg: &ServerConfig,
+    owner: impl Fn(Ipv4Addr) -> Option<String>,
+    remembered: &HashMap<String, Ipv4Addr>,
+    name: &str,
+    requested: Option<&str>,
+) -> Result<Ipv4Addr, String> {
+    let net = u32::from(scfg.tun_addr) & mask(scfg.prefix);
+    let bcast = net | !mask(scfg.prefix);
+    let reserved_for = |a: Ipv4Addr| {
+        scfg.clients
+            .iter()
+            .find(|(_, r)| *r == a)
+            .map(|(n, _)| n.as_str())
+    };
+    let usable = |a: Ipv4Addr| {
+        let x = u32::from(a);
+        x & mask(scfg.prefix) == net && x != net && x != bcast && a != scfg.tun_addr
+    };
+    let free = |a: Ipv4Addr| owner(a).is_none() && reserved_for(a).is_none_or(|n| n == name);
+    let requested = match requested {
+        Some(r) => Some(
+            parse_cidr(r)
+                .map(|(a, _)| a)
+                .ok_or_else(|| format!("requested address `{r}` is not a.b.c.d/len"))?,
+        ),
+        None => None,
+    };
+    if let Some((_, fixed)) = scfg.clients.iter().find(|(n, _)| n == name) {
+        if let Some(r) = requested.filter(|r| r != fixed) {
+            return Err(format!(
+                "this client's address is {fixed} (server `clients:` list); it asked for {r}: change its tun_cidr or remove it"
+            ));
+        }
+        if let Some(other) = owner(*fixed) {
+            return Err(format!("address {fixed} is in use by client `{other}`"));
+        }
+        return Ok(*fixed);
+    }
+    if let Some(r) = requested {
+        if !usable(r) {
+            return Err(format!(
+                "requested address {r} is not a usable host address in the server's {}/{}",
+                Ipv4Addr::from(net),
+                scfg.prefix
+            ));
+        }
+        if let Some(o) = reserved_for(r) {
+            return Err(format!(
+                "requested address {r} is reserved for client `{o}`"
+            ));
+        }
+        if let Some(o) = owner(r) {
+            return Err(format!("requested address {r} is in use by client `{o}`"));
+        }
+        return Ok(r);
+    }
+    if let Some(prev) = remembered.get(name).copied().filter(|a| free(*a)) {
+        return Ok(prev);
+    }
+    let taken_by_memory = |a: Ipv4Addr| remembered.iter().any(|(n, r)| *r == a && n != name);
+    let hosts = || {
+        (net + 1..bcast)
+            .map(Ipv4Addr::from)
+            .filter(|a| usable(*a) && free(*a))
+    };
+    hosts()
+        .find(|a| !taken_by_memory(*a))
+        .or_else(|| hosts().next())
+        .ok_or_else(|| {
+            format!(
+                "address pool {}/{} is exhausted",
+                Ipv4Addr::from(net),
+                scfg.prefix
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scfg(prefix: u8, clients: &[(&str, [u8; 4])]) -> ServerConfig {
+        ServerConfig {
+            listen: "0.0.0.0:1".parse().unwrap(),
+            tun_addr: Ipv4Addr::new(10, 0, 0, 254),
+            prefix,
+            client_ca_file: Default::default(),
+            clients: clients
+                .iter()
+                .map(|(n, a)| (n.to_string(), Ipv4Addr::from(*a)))
+                .collect(),
+        }
+    }
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn pool_request_reservation_memory_and_exhaustion() {
+        let s = scfg(24, &[("fixed", [10, 0, 0, 1])]);
+        let none = |_| None;
+        let mem = HashMap::new();
+        // Pool: lowest free, skipping the reservation.
+        assert_eq!(assign(&s, none, &mem, "a", None), Ok(ip("10.0.0.2")));
+        // The reserved client gets its address, and only that one.
+        assert_eq!(assign(&s, none, &mem, "fixed", None), Ok(ip("10.0.0.1")));
+        assert!(assign(&s, none, &mem, "fixed", Some("10.0.0.9/24"))
+            .unwrap_err()
+            .contains("clients:"));
+        // Requests: honoured when free and allowed.
+        assert_eq!(
+            assign(&s, none, &mem, "a", Some("10.0.0.9/24")),
+            Ok(ip("10.0.0.9"))
+        );
+        assert!(assign(&s, none, &mem, "a", Some("10.0.0.1/24"))
+            .unwrap_err()
+            .contains("reserved for client `fixed`"));
+        assert!(assign(&s, none, &mem, "a", Some("10.0.0.254/24"))
+            .unwrap_err()
+            .contains("not a usable"));
+        assert!(assign(&s, none, &mem, "a", Some("10.0.0.255/24"))
+            .unwrap_err()
+            .contains("not a usable"));
+        assert!(assign(&s, none, &mem, "a", Some("192.168.0.1/24"))
+            .unwrap_err()
+            .contains("not a usable"));
+        assert!(assign(&s, none, &mem, "a", Some("garbage"))
+            .unwrap_err()
+            .contains("not a.b.c.d/len"));
+        let used = |a: Ipv4Addr| (a == ip("10.0.0.9")).then(|| "b".to_string());
+        assert!(assign(&s, used, &mem, "a", Some("10.0.0.9/24"))
+            .unwrap_err()
+            .contains("in use by client `b`"));
+        // Memory: a returning client gets its old address; others avoid it while possible.
+        let mem: HashMap<String, Ipv4Addr> = [
+            ("a".to_string(), ip("10.0.0.7")),
+            ("b".to_string(), ip("10.0.0.2")),
+        ]
+        .into();
+        assert_eq!(assign(&s, none, &mem, "a", None), Ok(ip("10.0.0.7")));
+        assert_eq!(assign(&s, none, &mem, "c", None), Ok(ip("10.0.0.3")));
+        // Exhaustion: a /30 has two hosts, one is the server's (.254 is outside, so both are free).
+        let small = ServerConfig {
+            tun_addr: ip("10.0.0.2"),
+            prefix: 30,
+            ..scfg(30, &[])
+        };
+        let full = |a: Ipv4Addr| (a == ip("10.0.0.1")).then(|| "x".to_string());
+        assert!(assign(&small, full, &HashMap::new(), "a", None)
+            .unwrap_err()
+            .contains("exhausted"));
+    }
+}
