@@ -24,8 +24,10 @@ def main():
     ap.add_argument("--seconds", type=int, default=18, help="length of the iperf3 run (three equal phases)")
     ap.add_argument("--wan2-mbit", type=int, default=50)
     args = ap.parse_args()
-    # SIGTERM becomes an exception so the lab is torn down like on Ctrl-C.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # Ctrl-C and SIGTERM both become KeyboardInterrupt so the lab is always torn down (SIGINT is
+    # set explicitly: a shell starts background jobs with it ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     removed = topo.down_stale()
     if removed:
         print(f"removed {len(removed)} namespaces left by an earlier crashed run")
