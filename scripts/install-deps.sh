@@ -2,7 +2,7 @@
 # Installs what the demo and the tests need on a fresh Debian 12 machine (as root).
 set -euo pipefail
 missing=()
-for pair in iperf3:iperf3 nft:nftables ping:iputils-ping ip:iproute2 tc:iproute2 ss:iproute2 sysctl:procps; do
+for pair in iperf3:iperf3 nft:nftables ping:iputils-ping ip:iproute2 tc:iproute2 ss:iproute2 sysctl:procps ethtool:ethtool; do
   cmd=${pair%%:*}; pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
 done

@@ -1,7 +1,11 @@
 //! mpquic-lab: link emulator, lab topologies and scenario runner (issue 3, in progress).
 //!
-//! Done: the emulator's model (`emu`), tested in virtual time (`tests/emu_model.rs`).
-//! Next: the I/O shell that bridges a lab's WAN links through the model, `up/show/down/set`,
-//! the scenario runner and the scenario catalogue.
+//! - `emu`: the emulator's model, sans-IO, tested in virtual time (`tests/emu_model.rs`);
+//! - `bridge`: its I/O shell (AF_PACKET, one thread per path direction);
+//! - `topo`: namespaces and links of a lab (`mpquic-lab up/show/down/set`).
+//!
+//! Next: the scenario runner and the scenario catalogue.
 
+pub mod bridge;
 pub mod emu;
+pub mod topo;

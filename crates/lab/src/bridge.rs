@@ -1,0 +1,234 @@
+//! The emulator's I/O shell: for each path, two AF_PACKET sockets on the emulator's two veth ends
+//! (towards the client and towards the server) and one thread per direction that feeds frames
+//! through that direction's `Link` model. IP frames are emulated; ARP and other non-IP frames
+//! pass straight through, so neighbour discovery never fails because of emulated loss.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mpquic_core::PacketInfo;
+
+use crate::emu::{Link, LinkSpec, LinkStats};
+
+const ETH_HDR: usize = 14;
+const ETH_P_ALL: u16 = 0x0003;
+const MAX_FRAME: usize = 65_536 + ETH_HDR;
+/// Longest sleep between checks for live changes and shutdown.
+const MAX_WAIT: Duration = Duration::from_millis(20);
+/// Busy-wait window before a deadline.
+const SPIN: Duration = Duration::from_micros(60);
+
+/// A raw socket bound to one interface.
+pub struct RawSocket {
+    fd: OwnedFd,
+}
+
+impl RawSocket {
+    pub fn bind(ifname: &str) -> io::Result<RawSocket> {
+        // SAFETY: plain socket(2); result checked and owned.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                i32::from(ETH_P_ALL.to_be()),
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let name =
+            std::ffi::CString::new(ifname).map_err(|_| io::Error::other("bad interface name"))?;
+        // SAFETY: valid C string.
+        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        if ifindex == 0 {
+            return Err(io::Error::other(format!("no interface {ifname}")));
+        }
+        // SAFETY: zeroed sockaddr_ll is valid; fields set below.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = ETH_P_ALL.to_be();
+        sll.sll_ifindex = ifindex as i32;
+        // SAFETY: sll is a valid sockaddr_ll of the given size.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let s = RawSocket { fd };
+        // Our own transmissions must not come back to us as input.
+        s.setopt(libc::SOL_PACKET, 23 /* PACKET_IGNORE_OUTGOING */, 1)?;
+        // Frames for other MACs (the far end's) must reach us.
+        let mut mreq: libc::packet_mreq = unsafe { std::mem::zeroed() };
+        mreq.mr_ifindex = ifindex as i32;
+        mreq.mr_type = libc::PACKET_MR_PROMISC as u16;
+        // SAFETY: valid packet_mreq.
+        unsafe {
+            libc::setsockopt(
+                s.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_ADD_MEMBERSHIP,
+                (&mreq as *const libc::packet_mreq).cast(),
+                std::mem::size_of::<libc::packet_mreq>() as u32,
+            )
+        };
+        s.setopt(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 16 << 20)?;
+        s.setopt(libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 16 << 20)?;
+        Ok(s)
+    }
+
+    fn setopt(&self, level: i32, name: i32, v: i32) -> io::Result<()> {
+        // SAFETY: int option on our socket.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                level,
+                name,
+                (&v as *const i32).cast(),
+                std::mem::size_of::<i32>() as u32,
+            )
+        };
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// One frame, or `None` when nothing is waiting.
+    fn recv(&self, buf: &mut [u8]) -> Option<usize> {
+        // SAFETY: buf valid for len bytes.
+        let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        (n > 0).then_some(n as usize)
+    }
+
+    fn send(&self, frame: &[u8]) -> bool {
+        // SAFETY: frame valid for len bytes.
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        n == frame.len() as isize
+    }
+
+    /// Wait until readable or `timeout` passes (nanosecond resolution).
+    fn wait(&self, timeout: Duration) {
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        // SAFETY: one valid pollfd; null sigmask.
+        unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+    }
+}
+
+/// Shared between a direction's thread and the control plane.
+pub struct Direction {
+    pub pending: Mutex<Option<LinkSpec>>,
+    pub spec: Mutex<LinkSpec>,
+    pub stats: Mutex<LinkStats>,
+    /// Frames that were not IP (ARP...), passed through unemulated.
+    pub passthrough: Mutex<u64>,
+    pub send_errors: Mutex<u64>,
+}
+
+impl Direction {
+    pub fn new(spec: LinkSpec) -> Arc<Direction> {
+        Arc::new(Direction {
+            pending: Mutex::new(None),
+            spec: Mutex::new(spec),
+            stats: Mutex::new(LinkStats::default()),
+            passthrough: Mutex::new(0),
+            send_errors: Mutex::new(0),
+        })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Forward frames from `input` to `output` through `dir`'s link model until `stop`.
+pub fn run_direction(
+    input: RawSocket,
+    output: RawSocket,
+    dir: Arc<Direction>,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+) {
+    // SAFETY: prctl with a constant option; 1 us timer slack keeps delays precise.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000u64, 0, 0, 0) };
+    let mut link: Link<Vec<u8>> = Link::new(lock(&dir.spec).clone(), seed);
+    let mut free: Vec<Vec<u8>> = Vec::new();
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    let mut buf = vec![0u8; MAX_FRAME];
+    let mut last_publish = Instant::now();
+    let (mut passthrough, mut send_errors) = (0u64, 0u64);
+    while !stop.load(Ordering::Relaxed) {
+        if let Some(spec) = lock(&dir.pending).take() {
+            link.set_spec(spec.clone());
+            *lock(&dir.spec) = spec;
+        }
+        let now = Instant::now();
+        let wait = link
+            .next_deadline()
+            .map_or(MAX_WAIT, |d| d.saturating_duration_since(now).min(MAX_WAIT));
+        // Sleeping wakes up tens of microseconds late; for the last stretch before a deadline,
+        // spin instead so delays stay within a few microseconds of the model.
+        if wait > SPIN {
+            input.wait(wait - SPIN);
+        } else if !wait.is_zero() {
+            std::thread::yield_now();
+        }
+        // Drain what has arrived (bounded, so output keeps flowing under load).
+        for _ in 0..256 {
+            let Some(n) = input.recv(&mut buf) else { break };
+            let frame = &buf[..n];
+            let ip = frame.get(ETH_HDR..).filter(|_| is_ip(frame));
+            match ip.and_then(|p| PacketInfo::parse(p).map(|i| (p.len(), i))) {
+                Some((len, info)) => {
+                    let mut v = free.pop().unwrap_or_default();
+                    v.clear();
+                    v.extend_from_slice(frame);
+                    link.push(Instant::now(), v, len, info.flow_hash());
+                }
+                None => {
+                    passthrough += 1;
+                    if !output.send(frame) {
+                        send_errors += 1;
+                    }
+                }
+            }
+        }
+        link.poll(Instant::now(), &mut out);
+        for frame in out.drain(..) {
+            if !output.send(&frame) {
+                send_errors += 1;
+            }
+            if free.len() < 4096 {
+                free.push(frame);
+            }
+        }
+        if last_publish.elapsed() >= Duration::from_millis(100) {
+            *lock(&dir.stats) = link.stats;
+            *lock(&dir.passthrough) = passthrough;
+            *lock(&dir.send_errors) = send_errors;
+            last_publish = Instant::now();
+        }
+    }
+}
+
+fn is_ip(frame: &[u8]) -> bool {
+    matches!(frame.get(12..14), Some([0x08, 0x00]) | Some([0x86, 0xdd]))
+}

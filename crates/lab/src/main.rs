@@ -1,0 +1,316 @@
+//! mpquic-lab: link emulator and lab topologies (see crates/lab/src/topo.rs and docs/LAB.md).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Parser, Subcommand};
+use mpquic_lab::bridge::{self, Direction, RawSocket};
+use mpquic_lab::emu::LinkSpec;
+use mpquic_lab::topo;
+
+#[derive(Parser)]
+#[command(
+    name = "mpquic-lab",
+    version,
+    about = "Link emulator and lab topologies for mpquic"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Create a lab: namespaces lan, client, emulator, server, internet; one emulated WAN per --path.
+    Up {
+        name: String,
+        /// Link behaviour, e.g. rate=100mbit,delay=20ms,jitter=2ms,loss=1% (both directions).
+        #[arg(long = "path", required = true)]
+        paths: Vec<String>,
+        /// Seed of the emulator's randomness (same seed, same losses).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Describe a lab (names, addresses, link specs).
+    Show {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change a path's link live: mpquic-lab set NAME PATH key=value... [--dir up|down|both].
+    Set {
+        name: String,
+        path: usize,
+        #[arg(required = true)]
+        changes: Vec<String>,
+        /// up: client to server; down: server to client.
+        #[arg(long, default_value = "both")]
+        dir: String,
+    },
+    /// Counters of each path and direction (JSON).
+    Stats { name: String },
+    /// Remove a lab, or with --stale every leftover of crashed runs.
+    Down {
+        name: Option<String>,
+        #[arg(long)]
+        stale: bool,
+    },
+    /// (internal) the emulator process, run inside the lab's emulator namespace.
+    #[command(hide = true)]
+    Emu {
+        name: String,
+        #[arg(long)]
+        seed: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Up { name, paths, seed } => up(&name, &paths, seed),
+        Cmd::Show { name, json } => show(&name, json),
+        Cmd::Set {
+            name,
+            path,
+            changes,
+            dir,
+        } => control(&name, &format!("set {path} {dir} {}", changes.join(",")))
+            .map(|r| println!("{r}")),
+        Cmd::Stats { name } => control(&name, "stats").map(|r| println!("{r}")),
+        Cmd::Down { name, stale } => down(name, stale),
+        Cmd::Emu { name, seed } => emu(&name, seed),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mpquic-lab: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn up(name: &str, paths: &[String], seed: u64) -> Result<()> {
+    topo::check_name(name)?;
+    if topo::state_dir(name).exists() {
+        bail!("a lab named `{name}` exists; `mpquic-lab down {name}` first");
+    }
+    let specs = paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            LinkSpec::parse(p)
+                .map(|s| (p.clone(), s))
+                .map_err(|e| anyhow!("--path {} ({p}): {e}", i + 1))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let result = (|| {
+        let mut st = topo::build(name, &specs).context("building the topology")?;
+        topo::save(&st)?;
+        let exe = std::env::current_exe()?;
+        let log = std::fs::File::create(&st.log)?;
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", &st.namespaces.emulator])
+            .arg(exe)
+            .args(["emu", name, "--seed", &seed.to_string()])
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting the emulator")?;
+        st.emulator_pid = Some(child.id());
+        topo::save(&st)?;
+        let t0 = Instant::now();
+        while UnixStream::connect(&st.control_socket).is_err() {
+            if t0.elapsed() > Duration::from_secs(5) {
+                let log = std::fs::read_to_string(&st.log).unwrap_or_default();
+                bail!("the emulator did not start: {log}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        anyhow::Ok(st)
+    })();
+    match result {
+        Ok(st) => {
+            println!("{}", serde_json::to_string_pretty(&st)?);
+            Ok(())
+        }
+        Err(e) => {
+            topo::teardown(name);
+            Err(e.context(format!(
+                "lab `{name}` not created (everything it made was removed)"
+            )))
+        }
+    }
+}
+
+fn show(name: &str, json: bool) -> Result<()> {
+    let st = topo::load(name)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&st)?);
+        return Ok(());
+    }
+    println!("lab {}  (emulator pid {:?})", st.name, st.emulator_pid);
+    println!(
+        "  lan {} ({})  client {}  emulator {}  server {} (service {})  internet {} ({})",
+        st.namespaces.lan,
+        st.hosts.lan_addr,
+        st.namespaces.client,
+        st.namespaces.emulator,
+        st.namespaces.server,
+        st.hosts.server_service_addr,
+        st.namespaces.internet,
+        st.hosts.internet_addr
+    );
+    for p in &st.paths {
+        println!(
+            "  path {}: client {} {} <-> server {} {}  [{}]",
+            p.index, p.client_if, p.client_addr, p.server_if, p.server_addr, p.spec_text
+        );
+    }
+    Ok(())
+}
+
+fn down(name: Option<String>, stale: bool) -> Result<()> {
+    let names = match (name, stale) {
+        (Some(n), false) => vec![n],
+        (None, true) => topo::stale(),
+        _ => bail!("give a lab name, or --stale"),
+    };
+    for n in names {
+        let removed = topo::teardown(&n);
+        println!("removed lab {n} ({} namespaces)", removed.len());
+    }
+    Ok(())
+}
+
+/// One request to the emulator's control socket.
+fn control(name: &str, line: &str) -> Result<String> {
+    let st = topo::load(name)?;
+    let mut s = UnixStream::connect(&st.control_socket)
+        .with_context(|| format!("cannot reach the emulator of lab `{name}`"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    writeln!(s, "{line}")?;
+    let mut resp = String::new();
+    BufReader::new(s).read_line(&mut resp)?;
+    let resp = resp.trim_end().to_string();
+    match resp.strip_prefix("error: ") {
+        Some(e) => bail!("{e}"),
+        None => Ok(resp),
+    }
+}
+
+/// The emulator process: bridges every path through its two direction models.
+fn emu(name: &str, seed: u64) -> Result<()> {
+    let st = topo::load(name)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut dirs: Vec<(Arc<Direction>, Arc<Direction>)> = Vec::new();
+    for p in &st.paths {
+        let spec = LinkSpec::parse(&p.spec_text).map_err(|e| anyhow!(e))?;
+        let (up, down) = (Direction::new(spec.clone()), Direction::new(spec));
+        let c = format!("c{}", p.index);
+        let s = format!("s{}", p.index);
+        for (from, to, d, k) in [(&c, &s, up.clone(), 0u64), (&s, &c, down.clone(), 1u64)] {
+            let input = RawSocket::bind(from).with_context(|| format!("raw socket on {from}"))?;
+            let output = RawSocket::bind(to).with_context(|| format!("raw socket on {to}"))?;
+            let stop = stop.clone();
+            let seed = seed.wrapping_mul(1000).wrapping_add(p.index as u64 * 2 + k);
+            std::thread::Builder::new()
+                .name(format!(
+                    "path{}-{}",
+                    p.index,
+                    if k == 0 { "up" } else { "down" }
+                ))
+                .spawn(move || bridge::run_direction(input, output, d, seed, stop))?;
+        }
+        dirs.push((up, down));
+    }
+    let _ = std::fs::remove_file(&st.control_socket);
+    let listener = UnixListener::bind(&st.control_socket)?;
+    eprintln!("emulator for lab {name}: {} paths", dirs.len());
+    for conn in listener.incoming() {
+        let Ok(conn) = conn else { continue };
+        let mut line = String::new();
+        let mut reader = BufReader::new(&conn);
+        if reader.read_line(&mut line).is_err() {
+            continue;
+        }
+        let reply = match handle(&dirs, line.trim()) {
+            Ok(r) => r,
+            Err(e) => format!("error: {e}"),
+        };
+        let _ = writeln!(&conn, "{reply}");
+    }
+    Ok(())
+}
+
+fn handle(dirs: &[(Arc<Direction>, Arc<Direction>)], line: &str) -> Result<String, String> {
+    let lock = |m: &std::sync::Mutex<LinkSpec>| {
+        m.lock()
+            .map(|g| g.clone())
+            .unwrap_or_else(|e| e.into_inner().clone())
+    };
+    let mut words = line.splitn(4, ' ');
+    match words.next() {
+        Some("stats") => {
+            let paths: Vec<serde_json::Value> = dirs
+                .iter()
+                .enumerate()
+                .map(|(i, (u, d))| {
+                    let one = |x: &Direction| {
+                        serde_json::json!({
+                            "spec": lock(&x.spec),
+                            "stats": *x.stats.lock().unwrap_or_else(|e| e.into_inner()),
+                            "passthrough": *x.passthrough.lock().unwrap_or_else(|e| e.into_inner()),
+                            "send_errors": *x.send_errors.lock().unwrap_or_else(|e| e.into_inner()),
+                        })
+                    };
+                    serde_json::json!({"index": i + 1, "up": one(u), "down": one(d)})
+                })
+                .collect();
+            Ok(serde_json::json!({ "paths": paths }).to_string())
+        }
+        Some("set") => {
+            let path: usize = words
+                .next()
+                .and_then(|p| p.parse().ok())
+                .ok_or("set PATH DIR SPEC: bad path number")?;
+            let (u, d) = dirs
+                .get(path.wrapping_sub(1))
+                .ok_or_else(|| format!("no path {path} (paths 1..{})", dirs.len()))?;
+            let which: Vec<&Arc<Direction>> = match words.next() {
+                Some("up") => vec![u],
+                Some("down") => vec![d],
+                Some("both") => vec![u, d],
+                other => return Err(format!("direction {other:?}: use up, down or both")),
+            };
+            let changes = words.next().unwrap_or("");
+            let mut specs = Vec::new();
+            for dir in &which {
+                let mut spec = lock(&dir.spec);
+                spec.apply(changes)?;
+                specs.push(spec);
+            }
+            for (dir, spec) in which.iter().zip(specs) {
+                *dir.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(spec);
+            }
+            // Answer only once the direction threads run with the change (they look every <= 20 ms).
+            let t0 = Instant::now();
+            while which
+                .iter()
+                .any(|d| d.pending.lock().map(|p| p.is_some()).unwrap_or(false))
+            {
+                if t0.elapsed() > Duration::from_secs(1) {
+                    return Err("the emulator did not apply the change within 1 s".into());
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok("ok".into())
+        }
+        _ => Err("commands: stats | set PATH up|down|both key=value,...".into()),
+    }
+}

@@ -1,0 +1,295 @@
+//! Lab topologies: network namespaces for a LAN host, the client router, the emulator, the server
+//! (VPS) and an internet host; one WAN path per `--path SPEC`, each crossing the emulator.
+//!
+//! ```text
+//!   lan --- client =wan1= [c1 emulator s1] =wan1= server --- internet
+//!                  =wan2= [c2          s2] =wan2=
+//! ```
+//!
+//! The emulator bridges c<i> and s<i> at layer 2, so client wan<i> (10.10.i.2) and server wan<i>
+//! (10.10.i.1) share a subnet. Every path also reaches the server's service address 10.99.0.1
+//! (on its loopback) through its own interface, as on a real multi-WAN site.
+//! State lives in /run/mpquic-lab/NAME/ (state.json, emulator pid, control socket, log).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::emu::LinkSpec;
+
+pub const STATE_ROOT: &str = "/run/mpquic-lab";
+pub const SERVER_SERVICE_ADDR: &str = "10.99.0.1";
+pub const LAN_ADDR: &str = "192.168.10.2";
+pub const INTERNET_ADDR: &str = "172.16.50.2";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Namespaces {
+    pub lan: String,
+    pub client: String,
+    pub emulator: String,
+    pub server: String,
+    pub internet: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PathInfo {
+    pub index: usize,
+    pub client_if: String,
+    pub client_addr: String,
+    pub server_if: String,
+    pub server_addr: String,
+    /// The spec as given (`key=value,...`); `spec` is its parsed form.
+    pub spec_text: String,
+    pub spec: serde_json::Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Hosts {
+    pub lan_addr: String,
+    pub internet_addr: String,
+    pub server_service_addr: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LabState {
+    pub name: String,
+    pub namespaces: Namespaces,
+    pub paths: Vec<PathInfo>,
+    pub hosts: Hosts,
+    pub emulator_pid: Option<u32>,
+    pub control_socket: String,
+    pub log: String,
+}
+
+pub fn state_dir(name: &str) -> PathBuf {
+    PathBuf::from(STATE_ROOT).join(name)
+}
+
+pub fn namespaces(name: &str) -> Namespaces {
+    let ns = |r: &str| format!("mql-{name}-{r}");
+    Namespaces {
+        lan: ns("lan"),
+        client: ns("cli"),
+        emulator: ns("emu"),
+        server: ns("srv"),
+        internet: ns("inet"),
+    }
+}
+
+pub fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 24
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with('_');
+    if !ok {
+        bail!("lab name `{name}`: use 1-24 letters, digits or '_' (it becomes part of namespace names)");
+    }
+    Ok(())
+}
+
+/// Run a command, failing with its output.
+pub fn run(args: &[&str]) -> Result<String> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .with_context(|| format!("cannot run {}", args[0]))?;
+    if !out.status.success() {
+        bail!(
+            "`{}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+pub fn ns_run(ns: &str, cmd: &str) -> Result<String> {
+    run(&["ip", "netns", "exec", ns, "sh", "-c", cmd])
+}
+
+fn veth(ns_a: &str, if_a: &str, ns_b: &str, if_b: &str) -> Result<()> {
+    ns_run(
+        ns_a,
+        &format!("ip link add {if_a} type veth peer name {if_b} netns {ns_b}"),
+    )?;
+    ns_run(ns_a, &format!("ip link set {if_a} up"))?;
+    ns_run(ns_b, &format!("ip link set {if_b} up"))?;
+    Ok(())
+}
+
+/// Segmentation offloads would hand the emulator 64 KB super-frames, and checksum offload frames
+/// whose TCP/UDP checksum is not filled in (it would arrive invalid after the userspace bridge):
+/// every frame must be one complete packet.
+fn no_offloads(ns: &str, dev: &str) -> Result<()> {
+    ns_run(
+        ns,
+        &format!("ethtool -K {dev} tx off rx off tso off gso off gro off >/dev/null 2>&1"),
+    )
+    .with_context(|| format!("disabling offloads on {dev} (is ethtool installed?)"))?;
+    ns_run(
+        ns,
+        &format!("sysctl -qw net.ipv6.conf.{dev}.disable_ipv6=1 || true"),
+    )?;
+    Ok(())
+}
+
+/// Build the namespaces and links; the emulator is started by the caller.
+pub fn build(name: &str, specs: &[(String, LinkSpec)]) -> Result<LabState> {
+    let ns = namespaces(name);
+    let all = [&ns.lan, &ns.client, &ns.emulator, &ns.server, &ns.internet];
+    for n in all {
+        run(&["ip", "netns", "add", n]).with_context(|| format!("creating namespace {n}"))?;
+        ns_run(n, "ip link set lo up")?;
+    }
+    ns_run(
+        &ns.server,
+        &format!("sysctl -qw net.ipv4.ip_forward=1 && ip addr add {SERVER_SERVICE_ADDR}/32 dev lo"),
+    )?;
+    ns_run(&ns.client, "sysctl -qw net.ipv4.ip_forward=1")?;
+    veth(&ns.client, "lan", &ns.lan, "eth0")?;
+    ns_run(&ns.client, "ip addr add 192.168.10.1/24 dev lan")?;
+    ns_run(
+        &ns.lan,
+        &format!("ip addr add {LAN_ADDR}/24 dev eth0 && ip route add default via 192.168.10.1"),
+    )?;
+    veth(&ns.server, "inet", &ns.internet, "eth0")?;
+    ns_run(&ns.server, "ip addr add 172.16.50.1/24 dev inet")?;
+    ns_run(
+        &ns.internet,
+        &format!("ip addr add {INTERNET_ADDR}/24 dev eth0 && ip route add default via 172.16.50.1"),
+    )?;
+    let mut paths = Vec::new();
+    for (i, (text, spec)) in specs.iter().enumerate() {
+        let k = i + 1;
+        let (cif, eci, esi, sif) = (
+            format!("wan{k}"),
+            format!("c{k}"),
+            format!("s{k}"),
+            format!("wan{k}"),
+        );
+        veth(&ns.client, &cif, &ns.emulator, &eci)?;
+        veth(&ns.emulator, &esi, &ns.server, &sif)?;
+        for (n, d) in [
+            (&ns.client, &cif),
+            (&ns.emulator, &eci),
+            (&ns.emulator, &esi),
+            (&ns.server, &sif),
+        ] {
+            no_offloads(n, d)?;
+        }
+        let (caddr, saddr) = (format!("10.10.{k}.2"), format!("10.10.{k}.1"));
+        ns_run(&ns.client, &format!("ip addr add {caddr}/24 dev {cif}"))?;
+        ns_run(&ns.server, &format!("ip addr add {saddr}/24 dev {sif}"))?;
+        ns_run(
+            &ns.client,
+            &format!(
+                "ip route replace {SERVER_SERVICE_ADDR}/32 via {saddr} dev {cif} metric {}",
+                10 * k
+            ),
+        )?;
+        paths.push(PathInfo {
+            index: k,
+            client_if: cif,
+            client_addr: caddr,
+            server_if: sif,
+            server_addr: saddr,
+            spec_text: text.clone(),
+            spec: serde_json::to_value(spec)?,
+        });
+    }
+    let dir = state_dir(name);
+    Ok(LabState {
+        name: name.to_string(),
+        namespaces: ns,
+        paths,
+        hosts: Hosts {
+            lan_addr: LAN_ADDR.into(),
+            internet_addr: INTERNET_ADDR.into(),
+            server_service_addr: SERVER_SERVICE_ADDR.into(),
+        },
+        emulator_pid: None,
+        control_socket: dir.join("emu.sock").display().to_string(),
+        log: dir.join("emu.log").display().to_string(),
+    })
+}
+
+pub fn load(name: &str) -> Result<LabState> {
+    let p = state_dir(name).join("state.json");
+    let text = std::fs::read_to_string(&p)
+        .map_err(|_| anyhow!("no lab named `{name}` (no {})", p.display()))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+pub fn save(state: &LabState) -> Result<()> {
+    let dir = state_dir(&state.name);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("state.json"), serde_json::to_string_pretty(state)?)?;
+    Ok(())
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 only checks existence.
+    unsafe { libc::kill(pid as i32, 0) == 0 }
+}
+
+/// Remove everything lab `name` made: emulator, processes in its namespaces, namespaces, state.
+/// Works from the names alone, so it also cleans a lab whose state file is missing.
+pub fn teardown(name: &str) -> Vec<String> {
+    let mut removed = Vec::new();
+    if let Ok(st) = load(name) {
+        if let Some(pid) = st.emulator_pid.filter(|p| pid_alive(*p)) {
+            // SAFETY: signalling a process this lab started.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        }
+    }
+    let ns = namespaces(name);
+    for n in [&ns.lan, &ns.client, &ns.emulator, &ns.server, &ns.internet] {
+        if let Ok(pids) = run(&["ip", "netns", "pids", n]) {
+            for pid in pids
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+            {
+                // SAFETY: processes inside a namespace this lab created.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            if run(&["ip", "netns", "del", n]).is_ok() {
+                removed.push(n.clone());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(state_dir(name));
+    removed
+}
+
+/// Labs left by crashed runs: a state directory whose emulator is gone, or namespaces of a lab
+/// with no state directory.
+pub fn stale() -> Vec<String> {
+    let mut names = std::collections::BTreeSet::new();
+    if let Ok(dir) = std::fs::read_dir(STATE_ROOT) {
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let alive = load(&name)
+                .ok()
+                .and_then(|s| s.emulator_pid)
+                .is_some_and(pid_alive);
+            if !alive {
+                names.insert(name);
+            }
+        }
+    }
+    if let Ok(list) = run(&["ip", "netns", "list"]) {
+        for line in list.lines() {
+            let n = line.split_whitespace().next().unwrap_or("");
+            if let Some(rest) = n.strip_prefix("mql-") {
+                if let Some((name, _role)) = rest.rsplit_once('-') {
+                    if !state_dir(name).exists() {
+                        names.insert(name.to_string());
+                    }
+                }
+            }
+        }
+    }
+    names.into_iter().collect()
+}

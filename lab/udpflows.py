@@ -1,0 +1,53 @@
+"""Paced UDP flows for measuring per-flow behaviour without iperf3.
+
+    udpflows.py recv PORT SECONDS            -> prints {"src_port": bytes, ...} as JSON
+    udpflows.py send HOST PORT FLOWS MBIT SECONDS [LEN]
+"""
+
+import json
+import socket
+import sys
+import time
+
+
+def recv(port, seconds):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    s.bind(("0.0.0.0", port))
+    s.settimeout(0.2)
+    got = {}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            data, (_, sport) = s.recvfrom(65536)
+        except socket.timeout:
+            continue
+        got[sport] = got.get(sport, 0) + len(data)
+    print(json.dumps(got))
+
+
+def send(host, port, flows, mbit, seconds, length=1400):
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(flows)]
+    payload = b"x" * length
+    gap = length * 8 / (mbit * 1e6)
+    start = time.monotonic()
+    n = 0
+    while True:
+        due = start + n * gap
+        now = time.monotonic()
+        if now - start >= seconds:
+            break
+        if due > now:
+            time.sleep(min(due - now, 0.001))
+            continue
+        for s in socks:
+            s.sendto(payload, (host, port))
+        n += 1
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "recv":
+        recv(int(sys.argv[2]), float(sys.argv[3]))
+    else:
+        a = sys.argv[2:]
+        send(a[0], int(a[1]), int(a[2]), float(a[3]), float(a[4]), int(a[5]) if len(a) > 5 else 1400)

@@ -1,0 +1,166 @@
+"""Fidelity of mpquic-lab's link emulator, measured through it with no VPN (issue 3 acceptance, at
+modest rates to keep CI short). Each test makes its own lab and removes it."""
+
+import json
+import os
+import statistics
+import subprocess
+import time
+
+import pytest
+
+from conftest import report
+from lab import topo
+
+LAB = os.environ.get("MPQUIC_LAB_BIN", os.path.join(topo.REPO, "target", "release", "mpquic-lab"))
+
+
+class EmuLab:
+    def __init__(self, *paths):
+        self.name = f"t{os.getpid() % 100000}x{next(topo._counter)}"
+        r = subprocess.run([LAB, "up", self.name] + [a for p in paths for a in ("--path", p)],
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr)
+        self.state = json.loads(r.stdout)
+        self.ns = self.state["namespaces"]
+        self.procs = []
+
+    def sh(self, ns, cmd, timeout=120, check=True):
+        r = subprocess.run(["ip", "netns", "exec", self.ns[ns], "sh", "-c", cmd], capture_output=True,
+                           text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"{cmd}: {r.stderr}")
+        return r.stdout
+
+    def bg(self, ns, cmd):
+        p = subprocess.Popen(["ip", "netns", "exec", self.ns[ns], "sh", "-c", cmd],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def iperf_server(self):
+        self.bg("server", "exec iperf3 -s -p 5201")
+        for _ in range(50):
+            if "LISTEN" in self.sh("server", "ss -ltn 'sport = :5201'"):
+                return
+            time.sleep(0.1)
+
+    def iperf(self, args, seconds=5, dst="10.10.1.1"):
+        """One iperf3 run; waits while the server is still finishing the previous one."""
+        for _ in range(20):
+            out = self.sh("client", f"iperf3 -c {dst} -p 5201 -J -t {seconds} {args}", timeout=seconds + 30,
+                          check=False)
+            d = json.loads(out)
+            if "busy" not in d.get("error", ""):
+                break
+            time.sleep(0.5)
+        if "error" in d:
+            raise RuntimeError(f"iperf3: {d['error']}")
+        return d
+
+    def rtts(self, count, interval=0.05):
+        out = self.sh("client", f"ping -n -c {count} -i {interval} 10.10.1.1")
+        return [float(x.split("time=")[1].split()[0]) for x in out.splitlines() if "time=" in x]
+
+    def down(self):
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, 9)
+            except ProcessLookupError:
+                pass
+        subprocess.run([LAB, "down", self.name], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def emulab():
+    labs = []
+
+    def make(*paths):
+        lab = EmuLab(*paths)
+        labs.append(lab)
+        return lab
+
+    yield make
+    for lab in labs:
+        lab.down()
+
+
+def received(d):
+    """The receiver's summary of an iperf3 UDP run (its key differs between iperf3 forms)."""
+    return d["end"].get("sum_received") or d["end"]["sum"]
+
+
+def p99(xs):
+    return sorted(xs)[max(0, int(len(xs) * 0.99) - 1)]
+
+
+def test_delay_idle_and_loaded(emulab):
+    lab = emulab("rate=100mbit,delay=20ms")
+    idle = lab.rtts(200, 0.01)
+    lab.iperf_server()
+    load = lab.bg("client", "exec iperf3 -c 10.10.1.1 -p 5201 -u -b 80M -t 8")
+    time.sleep(1)
+    loaded = lab.rtts(200, 0.02)
+    load.wait(timeout=20)
+    report(f"emulator delay 20 ms each way: ping RTT idle median {statistics.median(idle):.2f} p99 {p99(idle):.2f} ms; "
+           f"at 80% load median {statistics.median(loaded):.2f} p99 {p99(loaded):.2f} ms")
+    assert abs(p99(idle) - 40.0) <= 0.5, idle
+    assert abs(p99(loaded) - 40.0) <= 2.0, loaded
+
+
+def test_rate_udp_goodput_and_tcp(emulab):
+    lab = emulab("rate=100mbit", "rate=300mbit,delay=10ms")
+    lab.iperf_server()
+    d = lab.iperf("-u -b 150M -l 1472", seconds=5)
+    got = received(d)["bits_per_second"] / 1e6
+    expect = 100.0 * 1472 / 1500  # the link counts IP bytes; iperf3 counts UDP payload
+    report(f"emulator rate 100 Mbit/s: UDP goodput {got:.1f} Mbit/s (payload share of 100: {expect:.1f})")
+    assert abs(got - expect) <= 0.02 * expect, got
+    tcp = lab.iperf("", seconds=6, dst="10.10.2.1")["end"]["sum_received"]["bits_per_second"] / 1e6
+    report(f"emulator 300 Mbit/s + 10 ms: one TCP flow {tcp:.0f} Mbit/s ({100 * tcp / 300:.0f}%)")
+    assert tcp >= 0.9 * 300 * 1448 / 1500, tcp
+
+
+def test_bernoulli_loss_over_100k_packets(emulab):
+    lab = emulab("loss=10%")
+    lab.iperf_server()
+    d = lab.iperf("-u -b 16M -l 100", seconds=6)  # 20k packets/s
+    s = received(d)
+    report(f"emulator loss=10%: {s['lost_percent']:.2f}% of {s['packets']} packets lost")
+    assert s["packets"] >= 100_000
+    assert abs(s["lost_percent"] - 10.0) <= 1.0
+
+
+def test_per_flow_cap(emulab):
+    lab = emulab("rate=100mbit,flow_rate=20mbit")
+    tool = os.path.join(topo.REPO, "lab", "udpflows.py")
+
+    def measure(flows):
+        # Each flow offers 30 Mbit/s for 4 s; the receiver counts every byte, divided by the 4 s.
+        rx = subprocess.Popen(["ip", "netns", "exec", lab.ns["server"], "python3", tool, "recv", "6000", "4.5"],
+                              stdout=subprocess.PIPE, text=True)
+        time.sleep(0.3)
+        lab.sh("client", f"python3 {tool} send 10.10.1.1 6000 {flows} 30 4", timeout=30)
+        out = json.loads(rx.communicate(timeout=30)[0])
+        return [b * 8 / 4.0 / 1e6 for b in out.values()]
+
+    four, one = measure(4), measure(1)
+    report(f"emulator flow_rate=20mbit on 100mbit, flows offering 30 Mbit/s: 4 flows {sum(four):.1f} Mbit/s "
+           f"({', '.join(f'{x:.1f}' for x in four)}), 1 flow {sum(one):.1f} Mbit/s")
+    assert len(four) == 4 and 72 <= sum(four) <= 84, four
+    assert all(17 <= x <= 21 for x in four), four
+    assert 17 <= sum(one) <= 21, one
+
+
+def test_live_set_and_blackhole(emulab):
+    lab = emulab("delay=5ms")
+    assert len(lab.rtts(5)) == 5
+    subprocess.run([LAB, "set", lab.name, "1", "state=blackhole", "--dir", "down"], check=True, capture_output=True)
+    out = lab.sh("client", "ping -n -c 5 -i 0.05 -W 1 10.10.1.1", check=False)
+    assert " 0 received" in out
+    subprocess.run([LAB, "set", lab.name, "1", "state=up", "delay=30ms"], check=True, capture_output=True)
+    rtts = lab.rtts(5)
+    assert len(rtts) == 5 and min(rtts) >= 60.0, rtts
+    r = subprocess.run([LAB, "set", lab.name, "1", "dleay=3ms"], capture_output=True, text=True)
+    assert r.returncode != 0 and "unknown key `dleay`" in r.stderr, r.stderr
