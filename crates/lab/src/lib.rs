@@ -4,8 +4,12 @@
 //! - `bridge`: its I/O shell (AF_PACKET, one thread per path direction);
 //! - `topo`: namespaces and links of a lab (`mpquic-lab up/show/down/set`).
 //!
-//! Next: the scenario runner and the scenario catalogue.
+//! - `scenario`, `runner`: `mpquic-lab run SCENARIO.yaml --out DIR` (results.json, report.md).
+//!
+//! Next: PNG plots, the full scenario catalogue, other VPNs as systems under test.
 
 pub mod bridge;
 pub mod emu;
+pub mod runner;
+pub mod scenario;
 pub mod topo;

@@ -1,7 +1,7 @@
 //! mpquic-lab: link emulator and lab topologies (see crates/lab/src/topo.rs and docs/LAB.md).
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -54,6 +54,12 @@ enum Cmd {
     },
     /// Counters of each path and direction (JSON).
     Stats { name: String },
+    /// Run a scenario (bench/scenarios/*.yaml) against its systems; writes results.json and report.md.
+    Run {
+        scenario: std::path::PathBuf,
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
     /// Remove a lab, or with --stale every leftover of crashed runs.
     Down {
         name: Option<String>,
@@ -79,10 +85,11 @@ fn main() -> ExitCode {
             path,
             changes,
             dir,
-        } => control(&name, &format!("set {path} {dir} {}", changes.join(",")))
+        } => topo::control(&name, &format!("set {path} {dir} {}", changes.join(",")))
             .map(|r| println!("{r}")),
-        Cmd::Stats { name } => control(&name, "stats").map(|r| println!("{r}")),
+        Cmd::Stats { name } => topo::control(&name, "stats").map(|r| println!("{r}")),
         Cmd::Down { name, stale } => down(name, stale),
+        Cmd::Run { scenario, out } => mpquic_lab::runner::run(&scenario, &out),
         Cmd::Emu { name, seed } => emu(&name, seed),
     };
     match r {
@@ -95,57 +102,9 @@ fn main() -> ExitCode {
 }
 
 fn up(name: &str, paths: &[String], seed: u64) -> Result<()> {
-    topo::check_name(name)?;
-    if topo::state_dir(name).exists() {
-        bail!("a lab named `{name}` exists; `mpquic-lab down {name}` first");
-    }
-    let specs = paths
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            LinkSpec::parse(p)
-                .map(|s| (p.clone(), s))
-                .map_err(|e| anyhow!("--path {} ({p}): {e}", i + 1))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let result = (|| {
-        let mut st = topo::build(name, &specs).context("building the topology")?;
-        topo::save(&st)?;
-        let exe = std::env::current_exe()?;
-        let log = std::fs::File::create(&st.log)?;
-        let child = std::process::Command::new("ip")
-            .args(["netns", "exec", &st.namespaces.emulator])
-            .arg(exe)
-            .args(["emu", name, "--seed", &seed.to_string()])
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting the emulator")?;
-        st.emulator_pid = Some(child.id());
-        topo::save(&st)?;
-        let t0 = Instant::now();
-        while UnixStream::connect(&st.control_socket).is_err() {
-            if t0.elapsed() > Duration::from_secs(5) {
-                let log = std::fs::read_to_string(&st.log).unwrap_or_default();
-                bail!("the emulator did not start: {log}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        anyhow::Ok(st)
-    })();
-    match result {
-        Ok(st) => {
-            println!("{}", serde_json::to_string_pretty(&st)?);
-            Ok(())
-        }
-        Err(e) => {
-            topo::teardown(name);
-            Err(e.context(format!(
-                "lab `{name}` not created (everything it made was removed)"
-            )))
-        }
-    }
+    let st = topo::up(name, paths, seed)?;
+    println!("{}", serde_json::to_string_pretty(&st)?);
+    Ok(())
 }
 
 fn show(name: &str, json: bool) -> Result<()> {
@@ -186,22 +145,6 @@ fn down(name: Option<String>, stale: bool) -> Result<()> {
         println!("removed lab {n} ({} namespaces)", removed.len());
     }
     Ok(())
-}
-
-/// One request to the emulator's control socket.
-fn control(name: &str, line: &str) -> Result<String> {
-    let st = topo::load(name)?;
-    let mut s = UnixStream::connect(&st.control_socket)
-        .with_context(|| format!("cannot reach the emulator of lab `{name}`"))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    writeln!(s, "{line}")?;
-    let mut resp = String::new();
-    BufReader::new(s).read_line(&mut resp)?;
-    let resp = resp.trim_end().to_string();
-    match resp.strip_prefix("error: ") {
-        Some(e) => bail!("{e}"),
-        None => Ok(resp),
-    }
 }
 
 /// The emulator process: bridges every path through its two direction models.

@@ -293,3 +293,70 @@ pub fn stale() -> Vec<String> {
     }
     names.into_iter().collect()
 }
+
+/// Create lab `name` with one path per spec and start its emulator (this executable's `emu`
+/// command inside the emulator namespace). On any failure everything made so far is removed.
+pub fn up(name: &str, paths: &[String], seed: u64) -> Result<LabState> {
+    check_name(name)?;
+    if state_dir(name).exists() {
+        bail!("a lab named `{name}` exists; `mpquic-lab down {name}` first");
+    }
+    let specs = paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            LinkSpec::parse(p)
+                .map(|s| (p.clone(), s))
+                .map_err(|e| anyhow!("path {} ({p}): {e}", i + 1))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let result = (|| {
+        let mut st = build(name, &specs).context("building the topology")?;
+        save(&st)?;
+        let log = std::fs::File::create(&st.log)?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", &st.namespaces.emulator])
+            .arg(std::env::current_exe()?)
+            .args(["emu", name, "--seed", &seed.to_string()])
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting the emulator")?;
+        st.emulator_pid = Some(child.id());
+        save(&st)?;
+        let t0 = std::time::Instant::now();
+        while std::os::unix::net::UnixStream::connect(&st.control_socket).is_err() {
+            if t0.elapsed() > std::time::Duration::from_secs(5) {
+                let log = std::fs::read_to_string(&st.log).unwrap_or_default();
+                bail!("the emulator did not start: {log}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        anyhow::Ok(st)
+    })();
+    result.map_err(|e| {
+        teardown(name);
+        e.context(format!(
+            "lab `{name}` not created (everything it made was removed)"
+        ))
+    })
+}
+
+/// One request to a lab's emulator over its control socket: `stats`, or
+/// `set PATH up|down|both key=value,...`.
+pub fn control(name: &str, line: &str) -> Result<String> {
+    use std::io::{BufRead, BufReader, Write};
+    let st = load(name)?;
+    let mut s = std::os::unix::net::UnixStream::connect(&st.control_socket)
+        .with_context(|| format!("cannot reach the emulator of lab `{name}`"))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    writeln!(s, "{line}")?;
+    let mut resp = String::new();
+    BufReader::new(s).read_line(&mut resp)?;
+    let resp = resp.trim_end().to_string();
+    match resp.strip_prefix("error: ") {
+        Some(e) => bail!("{e}"),
+        None => Ok(resp),
+    }
+}

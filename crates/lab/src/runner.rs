@@ -1,0 +1,618 @@
+//! `mpquic-lab run SCENARIO.yaml --out DIR`: for each system under test, a fresh lab, the system
+//! started, traffic run while the schedule changes the links, counters sampled; then results.json
+//! and report.md. A failing step removes the lab and says which step failed.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{json, Value};
+
+use crate::scenario::{parse_duration, Kind, MpquicOpts, Scenario, Traffic};
+use crate::topo::{self, LabState};
+
+/// Removes the lab whatever happens to the run.
+struct LabGuard(String);
+impl Drop for LabGuard {
+    fn drop(&mut self) {
+        topo::teardown(&self.0);
+    }
+}
+
+/// Processes this run started; SIGTERM on drop.
+#[derive(Default)]
+struct Procs(Vec<Child>);
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            // SAFETY: signalling a child we started.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        }
+        for c in &mut self.0 {
+            let _ = c.wait();
+        }
+    }
+}
+
+fn ns_cmd(ns: &str, args: &[&str]) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns]).args(args);
+    c
+}
+
+fn mpquic_bin() -> PathBuf {
+    std::env::var_os("MPQUIC_BIN")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|p| p.parent().map(|d| d.join("mpquic")))
+        })
+        .unwrap_or_else(|| PathBuf::from("mpquic"))
+}
+
+pub fn run(scenario_path: &Path, out: &Path) -> Result<()> {
+    let scn = Scenario::load(scenario_path)?;
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let mut systems = Vec::new();
+    for (system, opts) in scn.systems() {
+        eprintln!("== {} / {system}", scn.name);
+        let unsupported = opts.unsupported();
+        let result = if system.starts_with("mpquic") && !unsupported.is_empty() {
+            json!({"system": system, "status": "unsupported", "reason": format!("needs {} (not in mpquic yet)", unsupported.join(", "))})
+        } else {
+            match run_system(&scn, &system, &opts, &out.join(&system)) {
+                Ok(v) => v,
+                Err(e) => json!({"system": system, "status": "failed", "reason": format!("{e:#}")}),
+            }
+        };
+        eprintln!("   {}", result["status"]);
+        systems.push(result);
+    }
+    let report = json!({
+        "scenario": scn.name,
+        "description": scn.description,
+        "paths": scn.paths,
+        "schedule": scn.timeline()?.iter().map(|t| json!({"at_s": t.at.as_secs_f64(), "path": t.path, "dir": t.dir, "set": t.set})).collect::<Vec<_>>(),
+        "systems": systems,
+    });
+    std::fs::write(
+        out.join("results.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    std::fs::write(out.join("report.md"), markdown(&report))?;
+    eprintln!("wrote {}/results.json and report.md", out.display());
+    Ok(())
+}
+
+fn step<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    f().with_context(|| format!("step `{name}` failed"))
+}
+
+fn run_system(scn: &Scenario, system: &str, opts: &MpquicOpts, dir: &Path) -> Result<Value> {
+    std::fs::create_dir_all(dir)?;
+    let name = format!("run{}", std::process::id());
+    let _guard = LabGuard(name.clone());
+    let lab = step("lab up", || topo::up(&name, &scn.paths, scn.seed))?;
+    let mut procs = Procs::default();
+    let mut sut_pids = Vec::new();
+    let (src_ns, dst_ns, dst_addr) = match system {
+        "direct" => (
+            lab.namespaces.client.clone(),
+            lab.namespaces.server.clone(),
+            lab.paths[0].server_addr.clone(),
+        ),
+        _ => {
+            let pids = step("start mpquic", || start_mpquic(opts, &lab, dir, &mut procs))?;
+            sut_pids = pids;
+            (
+                lab.namespaces.lan.clone(),
+                lab.namespaces.internet.clone(),
+                lab.hosts.internet_addr.clone(),
+            )
+        }
+    };
+    step("start iperf3 servers", || {
+        for (i, t) in scn.traffic.iter().enumerate() {
+            if matches!(t.kind, Kind::Iperf3) {
+                let port = (5201 + i).to_string();
+                procs.0.push(
+                    ns_cmd(&dst_ns, &["iperf3", "-s", "-p", &port])
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .spawn()?,
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        Ok(())
+    })?;
+    // A process parked in the client namespace lets us read its interface counters from /proc.
+    let probe = ns_cmd(&lab.namespaces.client, &["sleep", "100000"]).spawn()?;
+    let probe_pid = probe.id();
+    procs.0.push(probe);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let t0 = Instant::now();
+    let sample_every = parse_duration(&scn.sample)?;
+    let npaths = lab.paths.len();
+    let sampler = {
+        let stop = stop.clone();
+        let pids = sut_pids.clone();
+        std::thread::spawn(move || sample(probe_pid, npaths, &pids, t0, sample_every, &stop))
+    };
+    let timeline = scn.timeline()?;
+    let sched = {
+        let name = name.clone();
+        std::thread::spawn(move || {
+            let mut applied = Vec::new();
+            for c in timeline {
+                let due = t0 + c.at;
+                if let Some(w) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(w);
+                }
+                let r = topo::control(&name, &format!("set {} {} {}", c.path, c.dir, c.set));
+                applied.push(json!({"at_s": c.at.as_secs_f64(), "path": c.path, "set": c.set, "ok": r.is_ok(), "error": r.err().map(|e| e.to_string())}));
+            }
+            applied
+        })
+    };
+    let handles: Vec<_> = scn
+        .traffic
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let (t, src, dst) = (t.clone(), src_ns.clone(), dst_addr.clone());
+            std::thread::spawn(move || traffic(&t, i, &src, &dst, t0))
+        })
+        .collect();
+    let results: Vec<Value> = handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| json!({"error": "traffic thread panicked"}))
+        })
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    let samples = sampler.join().unwrap_or_default();
+    let applied = sched.join().unwrap_or_default();
+    let emu_stats = topo::control(&name, "stats")
+        .ok()
+        .and_then(|s| serde_json::from_str::<Value>(&s).ok());
+    Ok(json!({
+        "system": system,
+        "status": "ok",
+        "traffic": results,
+        "samples": samples,
+        "schedule_applied": applied,
+        "emulator": emu_stats,
+        "path_mean_mbit": mean_rates(&samples, npaths),
+    }))
+}
+
+/// PKI, configs from templates filled with the lab's addresses, server and client started, routes.
+fn start_mpquic(m: &MpquicOpts, lab: &LabState, dir: &Path, procs: &mut Procs) -> Result<Vec<u32>> {
+    let bin = mpquic_bin();
+    let b = bin.to_str().ok_or_else(|| anyhow!("bad mpquic path"))?;
+    let pki = dir.join("pki");
+    let p = pki.to_str().unwrap_or_default();
+    for args in [
+        vec!["pki", "init", "--dir", p, "--force"],
+        vec![
+            "pki",
+            "server",
+            "--dir",
+            p,
+            "--name",
+            "mpquic-server",
+            "--san",
+            topo::SERVER_SERVICE_ADDR,
+        ],
+        vec!["pki", "client", "--dir", p, "--name", "site1"],
+    ] {
+        let o = Command::new(b)
+            .args(&args)
+            .output()
+            .with_context(|| format!("running {b}"))?;
+        if !o.status.success() {
+            bail!(
+                "mpquic {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
+    let server_sock = dir.join("server.sock");
+    let client_sock = dir.join("client.sock");
+    let server = format!(
+        "role: server\nbind_ip: 0.0.0.0\nremote_port: 45017\ntun_name: mpq0\ntun_cidr: 10.200.17.254/24\n\
+         tls_cert_file: {p}/mpquic-server.crt\ntls_key_file: {p}/mpquic-server.key\n\
+         congestion_algorithm: {cc}\ntransport_mode: {mode}\ncontrol_socket: {s}\n",
+        cc = m.congestion,
+        mode = m.mode,
+        s = server_sock.display()
+    );
+    let mut client = format!(
+        "role: client\nmultipath_enabled: true\nmultipath_policy: {pol}\ntun_name: mpq0\ntun_cidr: 10.200.17.1/24\n\
+         tls_ca_file: {p}/ca.crt\ntls_cert_file: {p}/site1.crt\ntls_key_file: {p}/site1.key\n\
+         tls_server_name: mpquic-server\ncongestion_algorithm: {cc}\ntransport_mode: {mode}\ncontrol_socket: {s}\n\
+         multipath_paths:\n",
+        pol = m.policy,
+        cc = m.congestion,
+        mode = m.mode,
+        s = client_sock.display()
+    );
+    for (i, path) in lab.paths.iter().enumerate() {
+        let prio = m
+            .priorities
+            .as_ref()
+            .and_then(|v| v.get(i).copied())
+            .unwrap_or(i as u32 + 1);
+        let weight = m
+            .weights
+            .as_ref()
+            .and_then(|v| v.get(i).copied())
+            .unwrap_or(1);
+        let _ = write!(
+            client,
+            "- name: wan{k}\n  bind_ip: if:{ifn}\n  remote_addr: {addr}\n  remote_port: 45017\n  priority: {prio}\n  weight: {weight}\n",
+            k = path.index,
+            ifn = path.client_if,
+            addr = topo::SERVER_SERVICE_ADDR
+        );
+    }
+    std::fs::write(dir.join("server.yaml"), server)?;
+    std::fs::write(dir.join("client.yaml"), client)?;
+    let mut pids = Vec::new();
+    for (who, ns) in [
+        ("server", &lab.namespaces.server),
+        ("client", &lab.namespaces.client),
+    ] {
+        let log = std::fs::File::create(dir.join(format!("{who}.log")))?;
+        let cfg = dir.join(format!("{who}.yaml"));
+        let child = ns_cmd(ns, &[b, "--config", cfg.to_str().unwrap_or_default()])
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        pids.push(child.id());
+        procs.0.push(child);
+        if who == "server" {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    let t0 = Instant::now();
+    loop {
+        let o = Command::new(b)
+            .args(["status", "--json", "--socket"])
+            .arg(&client_sock)
+            .output()?;
+        if o.status.success() {
+            let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+            let t = &v["tunnels"][0];
+            let up = t["paths"]
+                .as_array()
+                .is_some_and(|p| p.iter().all(|x| x["state"] == "up"));
+            if t["address"].is_string() && up {
+                break;
+            }
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let log = std::fs::read_to_string(dir.join("client.log")).unwrap_or_default();
+            bail!("tunnel not up within 20 s; client log:\n{log}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    topo::ns_run(
+        &lab.namespaces.client,
+        "ip route replace 172.16.50.0/24 dev mpq0",
+    )?;
+    topo::ns_run(
+        &lab.namespaces.client,
+        "nft -f - <<'EOF'\nadd table ip labnat\nadd chain ip labnat post { type nat hook postrouting priority 100 ; }\nadd rule ip labnat post oifname mpq0 masquerade\nEOF",
+    )?;
+    topo::ns_run(
+        &lab.namespaces.internet,
+        "ip route replace 10.200.17.0/24 via 172.16.50.1",
+    )?;
+    Ok(pids)
+}
+
+fn traffic(t: &Traffic, i: usize, src_ns: &str, dst: &str, t0: Instant) -> Value {
+    let start = parse_duration(&t.start).unwrap_or_default();
+    let dur = parse_duration(&t.duration).unwrap_or_default();
+    if let Some(w) = (t0 + start).checked_duration_since(Instant::now()) {
+        std::thread::sleep(w);
+    }
+    let label = t
+        .label
+        .clone()
+        .unwrap_or_else(|| format!("{:?} {i}", t.kind).to_lowercase());
+    match t.kind {
+        Kind::Iperf3 => {
+            let port = (5201 + i).to_string();
+            let secs = format!("{}", dur.as_secs().max(1));
+            let streams = t.streams.to_string();
+            let mut args = vec![
+                "iperf3", "-c", dst, "-p", &port, "-t", &secs, "-P", &streams, "-J", "-i", "1",
+            ];
+            if t.reverse {
+                args.push("-R");
+            }
+            if t.protocol == "udp" {
+                args.push("-u");
+            }
+            let rate = t.rate.clone().unwrap_or_else(|| {
+                if t.protocol == "udp" {
+                    "100M".into()
+                } else {
+                    String::new()
+                }
+            });
+            if !rate.is_empty() {
+                args.extend(["-b", &rate]);
+            }
+            let len = t.length.map(|l| l.to_string());
+            if let Some(l) = &len {
+                args.extend(["-l", l]);
+            }
+            let out = ns_cmd(src_ns, &args).output();
+            let v: Value = out
+                .ok()
+                .and_then(|o| serde_json::from_slice(&o.stdout).ok())
+                .unwrap_or_else(|| json!({"error": "iperf3 produced no JSON"}));
+            if let Some(e) = v.get("error") {
+                return json!({"label": label, "kind": "iperf3", "error": e});
+            }
+            let end = &v["end"];
+            let recv = if end.get("sum_received").is_some() {
+                &end["sum_received"]
+            } else {
+                &end["sum"]
+            };
+            let intervals: Vec<f64> = v["intervals"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|i| i["sum"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6)
+                        .collect()
+                })
+                .unwrap_or_default();
+            json!({
+                "label": label, "kind": "iperf3", "protocol": t.protocol, "streams": t.streams, "reverse": t.reverse,
+                "start_s": start.as_secs_f64(),
+                "mbit": recv["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6,
+                "retransmits": end["sum_sent"]["retransmits"],
+                "lost_percent": recv["lost_percent"],
+                "intervals_mbit": intervals,
+            })
+        }
+        Kind::Ping => {
+            let iv = parse_duration(&t.interval).unwrap_or(Duration::from_millis(100));
+            let count = ((dur.as_secs_f64() / iv.as_secs_f64()) as u64)
+                .max(1)
+                .to_string();
+            let ivs = format!("{}", iv.as_secs_f64());
+            let out = ns_cmd(
+                src_ns,
+                &["ping", "-n", "-D", "-i", &ivs, "-c", &count, "-W", "1", dst],
+            )
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+            let mut seqs = Vec::new();
+            let mut rtts = Vec::new();
+            // Reply times (ping -D): the send time is the reply time minus the RTT.
+            let mut sent_at = Vec::new();
+            for l in out.lines() {
+                if let (Some(s), Some(r)) = (field(l, "icmp_seq="), field(l, "time=")) {
+                    seqs.push(s as u64);
+                    rtts.push(r);
+                    if let Some(ts) = l
+                        .strip_prefix('[')
+                        .and_then(|x| x.split(']').next())
+                        .and_then(|x| x.parse::<f64>().ok())
+                    {
+                        sent_at.push(ts - r / 1000.0);
+                    }
+                }
+            }
+            sent_at.sort_by(|a, b| a.total_cmp(b));
+            let sent: u64 = count.parse().unwrap_or(0);
+            let mut sorted = rtts.clone();
+            sorted.sort_by(|a, b| a.total_cmp(b));
+            let pct = |q: f64| {
+                sorted
+                    .get(((sorted.len() as f64 * q) as usize).min(sorted.len().saturating_sub(1)))
+                    .copied()
+            };
+            // Longest stretch of wall-clock time whose pings got no answer (between the send
+            // times of consecutive answered pings, minus one interval).
+            let got: std::collections::HashSet<u64> = seqs.iter().copied().collect();
+            let longest_gap = sent_at
+                .windows(2)
+                .map(|w| w[1] - w[0] - iv.as_secs_f64())
+                .fold(0.0f64, f64::max)
+                .max(0.0);
+            let late = rtts.iter().filter(|r| **r > 1000.0).count();
+            json!({
+                "label": label, "kind": "ping", "start_s": start.as_secs_f64(), "sent": sent, "received": got.len(),
+                "loss_percent": if sent > 0 { 100.0 * (sent - got.len() as u64) as f64 / sent as f64 } else { 0.0 },
+                "rtt_ms": {"min": sorted.first(), "median": pct(0.5), "p99": pct(0.99), "max": sorted.last()},
+                "longest_gap_s": longest_gap,
+                "late_replies": late,
+                "rtt_series_ms": rtts,
+            })
+        }
+    }
+}
+
+fn field(line: &str, key: &str) -> Option<f64> {
+    let rest = &line[line.find(key)? + key.len()..];
+    rest.split(|c: char| c.is_whitespace()).next()?.parse().ok()
+}
+
+/// Interface counters of wan1..N in the client namespace, and CPU/RSS of the system's processes.
+fn sample(
+    probe: u32,
+    npaths: usize,
+    pids: &[u32],
+    t0: Instant,
+    every: Duration,
+    stop: &AtomicBool,
+) -> Vec<Value> {
+    let tick = 100.0;
+    let mut out = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let dev = std::fs::read_to_string(format!("/proc/{probe}/net/dev")).unwrap_or_default();
+        let paths: Vec<Value> = (1..=npaths)
+            .map(|k| {
+                let name = format!("wan{k}:");
+                let f: Vec<u64> = dev
+                    .lines()
+                    .find(|l| l.trim_start().starts_with(&name))
+                    .map(|l| {
+                        l.split_whitespace()
+                            .skip(1)
+                            .filter_map(|x| x.parse().ok())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                json!({"rx_bytes": f.first(), "tx_bytes": f.get(8)})
+            })
+            .collect();
+        let procs: Vec<Value> = pids
+            .iter()
+            .map(|p| {
+                let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+                let x: Vec<&str> = stat
+                    .rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .split_whitespace()
+                    .collect();
+                let cpu = x.get(11).and_then(|u| u.parse::<f64>().ok()).unwrap_or(0.0)
+                    + x.get(12).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
+                let status =
+                    std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+                let rss = status
+                    .lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|v| v.parse::<u64>().ok());
+                json!({"pid": p, "cpu_s": cpu / tick, "rss_kib": rss})
+            })
+            .collect();
+        out.push(json!({"t_s": t0.elapsed().as_secs_f64(), "paths": paths, "procs": procs}));
+        std::thread::sleep(every);
+    }
+    out
+}
+
+/// Mean Mbit/s per path and direction over the run (client side: tx = upload, rx = download).
+fn mean_rates(samples: &[Value], npaths: usize) -> Value {
+    let (Some(a), Some(b)) = (samples.first(), samples.last()) else {
+        return json!([]);
+    };
+    let dt = b["t_s"].as_f64().unwrap_or(0.0) - a["t_s"].as_f64().unwrap_or(0.0);
+    (0..npaths)
+        .map(|i| {
+            let d = |k: &str| {
+                (b["paths"][i][k]
+                    .as_u64()
+                    .unwrap_or(0)
+                    .saturating_sub(a["paths"][i][k].as_u64().unwrap_or(0))) as f64
+                    * 8.0
+                    / dt.max(1e-9)
+                    / 1e6
+            };
+            json!({"path": i + 1, "up_mbit": d("tx_bytes"), "down_mbit": d("rx_bytes")})
+        })
+        .collect()
+}
+
+fn markdown(r: &Value) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "# {}\n\n{}\n",
+        r["scenario"].as_str().unwrap_or(""),
+        r["description"].as_str().unwrap_or("")
+    );
+    let _ = writeln!(o, "Paths:");
+    for (i, p) in r["paths"].as_array().into_iter().flatten().enumerate() {
+        let _ = writeln!(o, "- path {}: `{}`", i + 1, p.as_str().unwrap_or(""));
+    }
+    if let Some(s) = r["schedule"].as_array().filter(|s| !s.is_empty()) {
+        let _ = writeln!(o, "\nSchedule:");
+        for c in s {
+            let _ = writeln!(
+                o,
+                "- t={}s path {} {}: `{}`",
+                c["at_s"],
+                c["path"],
+                c["dir"].as_str().unwrap_or(""),
+                c["set"].as_str().unwrap_or("")
+            );
+        }
+    }
+    for s in r["systems"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            o,
+            "\n## {} ({})\n",
+            s["system"].as_str().unwrap_or(""),
+            s["status"].as_str().unwrap_or("")
+        );
+        if let Some(reason) = s["reason"].as_str() {
+            let _ = writeln!(o, "{reason}\n");
+            continue;
+        }
+        let _ = writeln!(o, "| traffic | result |\n|---|---|");
+        for t in s["traffic"].as_array().into_iter().flatten() {
+            let line = if let Some(e) = t.get("error") {
+                format!("error: {e}")
+            } else if t["kind"] == "iperf3" {
+                let extra = if t["protocol"] == "udp" {
+                    format!("lost {:.2}%", t["lost_percent"].as_f64().unwrap_or(0.0))
+                } else {
+                    format!("retransmits {}", t["retransmits"])
+                };
+                format!(
+                    "{:.1} Mbit/s ({} {} stream(s){}), {extra}",
+                    t["mbit"].as_f64().unwrap_or(0.0),
+                    t["protocol"].as_str().unwrap_or(""),
+                    t["streams"],
+                    if t["reverse"] == true {
+                        ", reverse"
+                    } else {
+                        ""
+                    },
+                )
+            } else {
+                format!(
+                    "{}/{} received ({:.1}% loss, {} after more than 1 s), RTT median {} p99 {} ms, longest gap {:.2} s",
+                    t["received"], t["sent"], t["loss_percent"].as_f64().unwrap_or(0.0), t["late_replies"], t["rtt_ms"]["median"], t["rtt_ms"]["p99"],
+                    t["longest_gap_s"].as_f64().unwrap_or(0.0)
+                )
+            };
+            let _ = writeln!(o, "| {} | {line} |", t["label"].as_str().unwrap_or(""));
+        }
+        let _ = writeln!(
+            o,
+            "\n| path | mean up Mbit/s | mean down Mbit/s |\n|---|---|---|"
+        );
+        for p in s["path_mean_mbit"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                o,
+                "| {} | {:.1} | {:.1} |",
+                p["path"],
+                p["up_mbit"].as_f64().unwrap_or(0.0),
+                p["down_mbit"].as_f64().unwrap_or(0.0)
+            );
+        }
+    }
+    o
+}

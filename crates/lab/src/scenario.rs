@@ -1,0 +1,376 @@
+//! Scenario files (bench/scenarios/*.yaml): the links, the systems under test, the traffic and the
+//! timed changes of one experiment. Unknown keys are errors, reported with the line.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use serde::Deserialize;
+
+use crate::emu::spec;
+use crate::emu::LinkSpec;
+
+/// Features mpquic does not have yet; a scenario that requires one reports "unsupported" for
+/// mpquic and still runs its other systems.
+pub const NOT_YET: &[&str] = &[
+    "stripe",
+    "pipes",
+    "fec",
+    "classes",
+    "wlb",
+    "minrtt",
+    "redundant",
+];
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// One link spec per WAN path (both directions).
+    pub paths: Vec<String>,
+    /// `direct` (no VPN, path 1 only) and/or `mpquic`.
+    #[serde(default = "default_systems")]
+    pub systems: Vec<String>,
+    #[serde(default)]
+    pub mpquic: MpquicOpts,
+    /// Several mpquic configurations side by side: each runs as system `mpquic-LABEL`, with its
+    /// fields overriding `mpquic`.
+    #[serde(default)]
+    pub mpquic_variants: Vec<Variant>,
+    pub traffic: Vec<Traffic>,
+    #[serde(default)]
+    pub schedule: Vec<Change>,
+    /// Sampling interval of the per-path counters, CPU and RSS.
+    #[serde(default = "default_sample")]
+    pub sample: String,
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+}
+
+fn default_systems() -> Vec<String> {
+    vec!["direct".into(), "mpquic".into()]
+}
+fn default_sample() -> String {
+    "500ms".into()
+}
+fn default_seed() -> u64 {
+    1
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MpquicOpts {
+    #[serde(default = "d_policy")]
+    pub policy: String,
+    #[serde(default = "d_mode")]
+    pub mode: String,
+    #[serde(default = "d_cc")]
+    pub congestion: String,
+    pub priorities: Option<Vec<u32>>,
+    pub weights: Option<Vec<u32>>,
+    /// Features this scenario needs (see `NOT_YET`).
+    #[serde(default)]
+    pub requires: Vec<String>,
+}
+
+impl Default for MpquicOpts {
+    fn default() -> Self {
+        MpquicOpts {
+            policy: d_policy(),
+            mode: d_mode(),
+            congestion: d_cc(),
+            priorities: None,
+            weights: None,
+            requires: Vec::new(),
+        }
+    }
+}
+fn d_policy() -> String {
+    "failover".into()
+}
+fn d_mode() -> String {
+    "datagram".into()
+}
+fn d_cc() -> String {
+    "cubic".into()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Variant {
+    pub label: String,
+    pub policy: Option<String>,
+    pub mode: Option<String>,
+    pub congestion: Option<String>,
+    #[serde(default)]
+    pub requires: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "lowercase")]
+pub enum Kind {
+    Iperf3,
+    Ping,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Traffic {
+    pub kind: Kind,
+    #[serde(default)]
+    pub label: Option<String>,
+    #[serde(default = "d_zero")]
+    pub start: String,
+    pub duration: String,
+    /// iperf3: tcp or udp.
+    #[serde(default = "d_tcp")]
+    pub protocol: String,
+    #[serde(default = "d_one")]
+    pub streams: u32,
+    #[serde(default)]
+    pub reverse: bool,
+    /// iperf3 -b (UDP rate, or a TCP cap), e.g. 100M.
+    pub rate: Option<String>,
+    /// iperf3 -l (payload length).
+    pub length: Option<u32>,
+    /// ping interval.
+    #[serde(default = "d_interval")]
+    pub interval: String,
+}
+fn d_zero() -> String {
+    "0s".into()
+}
+fn d_tcp() -> String {
+    "tcp".into()
+}
+fn d_one() -> u32 {
+    1
+}
+fn d_interval() -> String {
+    "100ms".into()
+}
+
+/// A timed change of one path: once (`at`) or periodically (`every`, from `from` until `until`),
+/// optionally undone after `revert_after` with `revert`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Change {
+    pub at: Option<String>,
+    pub every: Option<String>,
+    pub from: Option<String>,
+    pub until: Option<String>,
+    pub path: usize,
+    #[serde(default = "d_both")]
+    pub dir: String,
+    pub set: String,
+    pub revert_after: Option<String>,
+    pub revert: Option<String>,
+}
+fn d_both() -> String {
+    "both".into()
+}
+
+/// A change expanded to absolute times (from the start of traffic).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timed {
+    pub at: Duration,
+    pub path: usize,
+    pub dir: String,
+    pub set: String,
+}
+
+/// A duration from a scenario (e.g. `15s`, `200ms`).
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    spec::parse_duration(s).map_err(|e| anyhow!(e))
+}
+
+impl Scenario {
+    pub fn load(path: &Path) -> Result<Scenario> {
+        let text = std::fs::read_to_string(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        let s: Scenario = serde_yaml_ng::from_str(&text).map_err(|e| {
+            let loc = e
+                .location()
+                .map(|l| format!(":{}:{}", l.line(), l.column()))
+                .unwrap_or_default();
+            anyhow!("{}{loc}: {e}", path.display())
+        })?;
+        s.validate()
+            .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        Ok(s)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.paths.is_empty() {
+            bail!("`paths` is empty");
+        }
+        for (i, p) in self.paths.iter().enumerate() {
+            LinkSpec::parse(p).map_err(|e| anyhow!("paths[{i}]: {e}"))?;
+        }
+        for s in &self.systems {
+            if !matches!(s.as_str(), "direct" | "mpquic") {
+                bail!("systems: unknown `{s}` (direct, mpquic)");
+            }
+        }
+        for t in &self.traffic {
+            parse_duration(&t.start).map_err(|e| anyhow!("traffic start: {e}"))?;
+            parse_duration(&t.duration).map_err(|e| anyhow!("traffic duration: {e}"))?;
+            parse_duration(&t.interval).map_err(|e| anyhow!("traffic interval: {e}"))?;
+            if !matches!(t.protocol.as_str(), "tcp" | "udp") {
+                bail!("traffic protocol `{}`: tcp or udp", t.protocol);
+            }
+        }
+        parse_duration(&self.sample).map_err(|e| anyhow!("sample: {e}"))?;
+        self.timeline()?;
+        Ok(())
+    }
+
+    /// When the traffic ends (the longest start + duration).
+    pub fn length(&self) -> Duration {
+        self.traffic
+            .iter()
+            .map(|t| {
+                parse_duration(&t.start).unwrap_or_default()
+                    + parse_duration(&t.duration).unwrap_or_default()
+            })
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// Every change at its absolute time, sorted.
+    pub fn timeline(&self) -> Result<Vec<Timed>> {
+        let end = self.length();
+        let mut out = Vec::new();
+        for (i, c) in self.schedule.iter().enumerate() {
+            if c.path == 0 || c.path > self.paths.len() {
+                bail!(
+                    "schedule[{i}]: path {} does not exist (1..{})",
+                    c.path,
+                    self.paths.len()
+                );
+            }
+            LinkSpec::default()
+                .apply(&c.set)
+                .map_err(|e| anyhow!("schedule[{i}].set: {e}"))?;
+            let times: Vec<Duration> = match (&c.at, &c.every) {
+                (Some(at), None) => vec![parse_duration(at)?],
+                (None, Some(every)) => {
+                    let every = parse_duration(every)?;
+                    if every < Duration::from_millis(10) {
+                        bail!("schedule[{i}].every: at least 10ms");
+                    }
+                    let from = c
+                        .from
+                        .as_deref()
+                        .map(parse_duration)
+                        .transpose()?
+                        .unwrap_or(every);
+                    let until = c
+                        .until
+                        .as_deref()
+                        .map(parse_duration)
+                        .transpose()?
+                        .unwrap_or(end);
+                    let mut v = Vec::new();
+                    let mut t = from;
+                    while t < until {
+                        v.push(t);
+                        t += every;
+                    }
+                    v
+                }
+                _ => bail!("schedule[{i}]: give exactly one of `at` or `every`"),
+            };
+            for t in times {
+                out.push(Timed {
+                    at: t,
+                    path: c.path,
+                    dir: c.dir.clone(),
+                    set: c.set.clone(),
+                });
+                if let (Some(after), Some(revert)) = (&c.revert_after, &c.revert) {
+                    LinkSpec::default()
+                        .apply(revert)
+                        .map_err(|e| anyhow!("schedule[{i}].revert: {e}"))?;
+                    out.push(Timed {
+                        at: t + parse_duration(after)?,
+                        path: c.path,
+                        dir: c.dir.clone(),
+                        set: revert.clone(),
+                    });
+                }
+            }
+        }
+        out.sort_by_key(|t| t.at);
+        Ok(out)
+    }
+
+    /// The systems to run: `direct`, and `mpquic` or one `mpquic-LABEL` per variant, each with
+    /// its mpquic options.
+    pub fn systems(&self) -> Vec<(String, MpquicOpts)> {
+        let mut out = Vec::new();
+        for s in &self.systems {
+            if s == "mpquic" && !self.mpquic_variants.is_empty() {
+                for v in &self.mpquic_variants {
+                    let mut o = self.mpquic.clone();
+                    o.policy = v.policy.clone().unwrap_or(o.policy);
+                    o.mode = v.mode.clone().unwrap_or(o.mode);
+                    o.congestion = v.congestion.clone().unwrap_or(o.congestion);
+                    o.requires.extend(v.requires.iter().cloned());
+                    out.push((format!("mpquic-{}", v.label), o));
+                }
+            } else {
+                out.push((s.clone(), self.mpquic.clone()));
+            }
+        }
+        out
+    }
+}
+
+impl MpquicOpts {
+    /// The features these options need that mpquic does not have.
+    pub fn unsupported(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .requires
+            .iter()
+            .filter(|r| NOT_YET.contains(&r.as_str()))
+            .cloned()
+            .collect();
+        if !matches!(self.policy.as_str(), "failover" | "balanced") {
+            v.push(format!("policy {}", self.policy));
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn starlink_handover_schedule_expands() {
+        let s: Scenario = serde_yaml_ng::from_str(
+            "name: x\npaths: [\"delay=20ms\"]\ntraffic:\n- {kind: ping, duration: 40s}\nschedule:\n- {every: 15s, path: 1, set: \"delay=40ms,loss=100%\", revert_after: 200ms, revert: \"loss=0%\"}\n- {at: 20s, path: 1, dir: down, set: \"loss=30%\"}\n",
+        )
+        .unwrap();
+        let t = s.timeline().unwrap();
+        let at: Vec<u64> = t.iter().map(|c| c.at.as_millis() as u64).collect();
+        assert_eq!(at, vec![15000, 15200, 20000, 30000, 30200]);
+        assert_eq!(t[2].dir, "down");
+        assert!(s.mpquic.unsupported().is_empty());
+    }
+
+    #[test]
+    fn bad_schedule_is_refused() {
+        let s: Scenario = serde_yaml_ng::from_str(
+            "name: x\npaths: [\"delay=20ms\"]\ntraffic: []\nschedule:\n- {at: 1s, path: 3, set: \"loss=1%\"}\n",
+        )
+        .unwrap();
+        assert!(s
+            .timeline()
+            .unwrap_err()
+            .to_string()
+            .contains("path 3 does not exist"));
+    }
+}

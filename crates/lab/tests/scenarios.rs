@@ -1,0 +1,38 @@
+//! Every scenario in bench/scenarios/ parses and validates (schema, link specs, schedules).
+
+use std::path::PathBuf;
+
+use mpquic_lab::scenario::Scenario;
+
+#[test]
+fn catalogue_is_valid() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bench/scenarios");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "yaml") {
+            let s = Scenario::load(&p).unwrap_or_else(|e| panic!("{e:#}"));
+            assert!(!s.systems().is_empty(), "{}", p.display());
+            n += 1;
+        }
+    }
+    assert!(n >= 8, "catalogue has {n} scenarios");
+}
+
+#[test]
+fn unknown_keys_are_located() {
+    let dir = tempfile_dir();
+    let p = dir.join("bad.yaml");
+    std::fs::write(&p, "name: x\npaths: [\"delay=1ms\"]\ntrafic: []\n").unwrap();
+    let e = Scenario::load(&p).unwrap_err().to_string();
+    assert!(
+        e.contains("bad.yaml:3:1") && e.contains("unknown field `trafic`"),
+        "{e}"
+    );
+}
+
+fn tempfile_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mpquic-lab-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
