@@ -102,7 +102,7 @@ fn main() -> ExitCode {
 }
 
 fn up(name: &str, paths: &[String], seed: u64) -> Result<()> {
-    let st = topo::up(name, paths, seed)?;
+    let st = topo::up(name, paths, seed, None)?;
     println!("{}", serde_json::to_string_pretty(&st)?);
     Ok(())
 }

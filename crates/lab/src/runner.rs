@@ -97,7 +97,9 @@ fn run_system(scn: &Scenario, system: &str, opts: &MpquicOpts, dir: &Path) -> Re
     std::fs::create_dir_all(dir)?;
     let name = format!("run{}", std::process::id());
     let _guard = LabGuard(name.clone());
-    let lab = step("lab up", || topo::up(&name, &scn.paths, scn.seed))?;
+    let lab = step("lab up", || {
+        topo::up(&name, &scn.paths, scn.seed, Some(std::process::id()))
+    })?;
     let mut procs = Procs::default();
     let mut sut_pids = Vec::new();
     let (src_ns, dst_ns, dst_addr) = match system {
@@ -359,6 +361,9 @@ fn traffic(t: &Traffic, i: usize, src_ns: &str, dst: &str, t0: Instant) -> Value
             if let Some(l) = &len {
                 args.extend(["-l", l]);
             }
+            if let Some(cc) = &t.tcp_congestion {
+                args.extend(["-C", cc]);
+            }
             let out = ns_cmd(src_ns, &args).output();
             let v: Value = out
                 .ok()
@@ -383,6 +388,7 @@ fn traffic(t: &Traffic, i: usize, src_ns: &str, dst: &str, t0: Instant) -> Value
                 .unwrap_or_default();
             json!({
                 "label": label, "kind": "iperf3", "protocol": t.protocol, "streams": t.streams, "reverse": t.reverse,
+                "tcp_congestion": v["start"]["tcp_congestion"],
                 "start_s": start.as_secs_f64(),
                 "mbit": recv["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6,
                 "retransmits": end["sum_sent"]["retransmits"],

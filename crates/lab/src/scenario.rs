@@ -138,6 +138,8 @@ pub struct Traffic {
     /// ping interval.
     #[serde(default = "d_interval")]
     pub interval: String,
+    /// Inner TCP congestion control (iperf3 -C), e.g. cubic; default: the kernel's (bbr here).
+    pub tcp_congestion: Option<String>,
 }
 fn d_zero() -> String {
     "0s".into()

@@ -59,6 +59,10 @@ pub struct LabState {
     pub paths: Vec<PathInfo>,
     pub hosts: Hosts,
     pub emulator_pid: Option<u32>,
+    /// The process the lab belongs to (a scenario run); the lab is stale once it is gone.
+    /// `None` for labs made with `mpquic-lab up`, which live until `down`.
+    #[serde(default)]
+    pub owner_pid: Option<u32>,
     pub control_socket: String,
     pub log: String,
 }
@@ -210,6 +214,7 @@ pub fn build(name: &str, specs: &[(String, LinkSpec)]) -> Result<LabState> {
             server_service_addr: SERVER_SERVICE_ADDR.into(),
         },
         emulator_pid: None,
+        owner_pid: None,
         control_socket: dir.join("emu.sock").display().to_string(),
         log: dir.join("emu.log").display().to_string(),
     })
@@ -229,9 +234,17 @@ pub fn save(state: &LabState) -> Result<()> {
     Ok(())
 }
 
+/// Running (not exited, not a zombie waiting to be reaped: a killed emulator whose parent died
+/// stays a zombie until PID 1 reaps it, and `kill(pid, 0)` would still call it alive).
 fn pid_alive(pid: u32) -> bool {
-    // SAFETY: kill with signal 0 only checks existence.
-    unsafe { libc::kill(pid as i32, 0) == 0 }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
 }
 
 /// Remove everything lab `name` made: emulator, processes in its namespaces, namespaces, state.
@@ -263,8 +276,8 @@ pub fn teardown(name: &str) -> Vec<String> {
     removed
 }
 
-/// Labs left by crashed runs: a state directory whose emulator is gone, or namespaces of a lab
-/// with no state directory.
+/// Labs left by crashed runs: a state directory whose emulator or owner is gone, or namespaces
+/// of a lab with no state directory.
 pub fn stale() -> Vec<String> {
     let mut names = std::collections::BTreeSet::new();
     if let Ok(dir) = std::fs::read_dir(STATE_ROOT) {
@@ -296,7 +309,7 @@ pub fn stale() -> Vec<String> {
 
 /// Create lab `name` with one path per spec and start its emulator (this executable's `emu`
 /// command inside the emulator namespace). On any failure everything made so far is removed.
-pub fn up(name: &str, paths: &[String], seed: u64) -> Result<LabState> {
+pub fn up(name: &str, paths: &[String], seed: u64, owner_pid: Option<u32>) -> Result<LabState> {
     check_name(name)?;
     if state_dir(name).exists() {
         bail!("a lab named `{name}` exists; `mpquic-lab down {name}` first");
@@ -312,6 +325,7 @@ pub fn up(name: &str, paths: &[String], seed: u64) -> Result<LabState> {
         .collect::<Result<Vec<_>>>()?;
     let result = (|| {
         let mut st = build(name, &specs).context("building the topology")?;
+        st.owner_pid = owner_pid;
         save(&st)?;
         let log = std::fs::File::create(&st.log)?;
         let child = Command::new("ip")
