@@ -15,19 +15,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture
-def make_lab():
-    """Build labs that are always torn down, whatever the test does."""
+def teardown_always(build):
+    """A fixture body: `build(...)` makes a lab; every lab made is torn down (`.down()`) after the
+    test, whatever the test does."""
     labs = []
 
-    def make(**kw):
-        lab = topo.Lab(**kw).up()
+    def make(*args, **kw):
+        lab = build(*args, **kw)
         labs.append(lab)
         return lab
 
     yield make
     for lab in labs:
         lab.down()
+
+
+@pytest.fixture
+def make_lab():
+    yield from teardown_always(lambda **kw: topo.Lab(**kw).up())
 
 
 def report(msg):

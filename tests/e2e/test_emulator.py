@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import report
+from conftest import report, teardown_always
 from lab import topo
 
 LAB = os.environ.get("MPQUIC_LAB_BIN", os.path.join(topo.REPO, "target", "release", "mpquic-lab"))
@@ -74,16 +74,7 @@ class EmuLab:
 
 @pytest.fixture
 def emulab():
-    labs = []
-
-    def make(*paths):
-        lab = EmuLab(*paths)
-        labs.append(lab)
-        return lab
-
-    yield make
-    for lab in labs:
-        lab.down()
+    yield from teardown_always(EmuLab)
 
 
 def received(d):
