@@ -169,6 +169,17 @@ pub fn run_direction(
 ) {
     // SAFETY: prctl with a constant option; 1 us timer slack keeps delays precise.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000u64, 0, 0, 0) };
+    // The lowest real-time priority: on a busy machine a normal thread wakes milliseconds late,
+    // which would become emulated delay (netem runs in the kernel and has no such problem). The
+    // kernel's RT throttling still leaves other work 5% of each second.
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: valid sched_param for the calling thread.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+        eprintln!(
+            "warning: no real-time priority ({}); delays may stretch on a busy machine",
+            io::Error::last_os_error()
+        );
+    }
     let mut link: Link<Vec<u8>> = Link::new(lock(&dir.spec).clone(), seed);
     let mut free: Vec<Vec<u8>> = Vec::new();
     let mut out: Vec<Vec<u8>> = Vec::new();

@@ -35,7 +35,7 @@ struct Client {
     /// The address the server gave us (set on the TUN device).
     addr: Mutex<Option<(Ipv4Addr, u8)>>,
     /// A refusal from the server that retrying cannot fix (e.g. address not allowed).
-    fatal: mpsc::UnboundedSender<String>,
+    fatal: mpsc::Sender<String>,
     mtu: u32,
 }
 
@@ -74,7 +74,8 @@ pub async fn run(cfg: Config, ccfg: ClientConfig) -> Result<()> {
             .context("TLS config unusable for QUIC")?,
     ));
     quic_client.transport_config(quic::transport(cfg.congestion, link_mtu));
-    let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel();
+    // The first refusal ends the process; later ones (other paths) are dropped.
+    let (fatal_tx, mut fatal_rx) = mpsc::channel(1);
     let client = Arc::new(Client {
         session: runtime::random_u64(),
         tun: tun.clone(),
