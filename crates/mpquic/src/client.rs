@@ -243,7 +243,7 @@ impl Client {
                 .unwrap_or_else(|| "refused without a reason".into());
             let _ = self
                 .fatal
-                .send(format!("server refused this client: {msg}"));
+                .try_send(format!("server refused this client: {msg}"));
             bail!("server refused: {msg}");
         }
         let (a, l) = ack
