@@ -283,10 +283,9 @@ pub fn stale() -> Vec<String> {
     if let Ok(dir) = std::fs::read_dir(STATE_ROOT) {
         for e in dir.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            let alive = load(&name)
-                .ok()
-                .and_then(|s| s.emulator_pid)
-                .is_some_and(pid_alive);
+            let alive = load(&name).is_ok_and(|s| {
+                s.emulator_pid.is_some_and(pid_alive) && s.owner_pid.is_none_or(pid_alive)
+            });
             if !alive {
                 names.insert(name);
             }
