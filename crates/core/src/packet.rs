@@ -155,9 +155,18 @@ fn parse_v6(pkt: &[u8]) -> Option<PacketInfo> {
 /// changed. The TCP checksum is updated incrementally (RFC 1624), so no pseudo-header is needed.
 /// This is what keeps TCP through the tunnel from producing segments that would not fit.
 pub fn clamp_mss(pkt: &mut [u8], max_mss: u16) -> bool {
-    let Some(info) = PacketInfo::parse(pkt) else {
-        return false;
-    };
+    PacketInfo::parse(pkt).is_some_and(|info| info.clamp_mss(pkt, max_mss))
+}
+
+impl PacketInfo {
+    /// `clamp_mss` for a packet whose header this `PacketInfo` was parsed from (the data path
+    /// parses each packet once and uses the result for both clamping and routing).
+    pub fn clamp_mss(&self, pkt: &mut [u8], max_mss: u16) -> bool {
+        clamp_parsed(self, pkt, max_mss)
+    }
+}
+
+fn clamp_parsed(info: &PacketInfo, pkt: &mut [u8], max_mss: u16) -> bool {
     if info.proto != PROTO_TCP {
         return false;
     }

@@ -6,7 +6,7 @@ use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use mpquic_core::{packet, PacketInfo};
+use mpquic_core::PacketInfo;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -203,8 +203,11 @@ impl Tun {
                 }
             };
             let pkt = &mut buf[..n];
-            packet::clamp_mss(pkt, mss);
             let info = PacketInfo::parse(pkt);
+            if let Some(i) = &info {
+                // Only the MSS option and the TCP checksum change: `info` stays valid.
+                i.clamp_mss(pkt, mss);
+            }
             f(pkt, info);
         }
     }

@@ -455,12 +455,9 @@ fn ms(d: Duration) -> f64 {
 
 /// Send one datagram, refusing (and reporting) rather than letting the QUIC engine silently
 /// drop older queued datagrams when its buffer is full.
+/// (`send_datagram` itself reports a too-large packet and missing datagram support, so no size
+/// check is needed first: each check takes the connection's lock, per packet.)
 fn send_datagram(conn: &quinn::Connection, pkt: &[u8]) -> Result<(), DropReason> {
-    match conn.max_datagram_size() {
-        Some(max) if pkt.len() > max => return Err(DropReason::Oversized),
-        None => return Err(DropReason::SendFailed),
-        _ => {}
-    }
     if conn.datagram_send_buffer_space() < pkt.len() {
         return Err(DropReason::QueueFull);
     }
