@@ -2,10 +2,14 @@
 # Installs what the demo and the tests need on a fresh Debian 12 machine (as root).
 set -euo pipefail
 missing=()
-for pair in iperf3:iperf3 nft:nftables ping:iputils-ping ip:iproute2 tc:iproute2 ss:iproute2 sysctl:procps ethtool:ethtool; do
+# wireguard-go + wg: the reference VPN of the scenario runner and bench/throughput.py;
+# fonts-dejavu-core: the text of mpquic-lab's PNG plots.
+for pair in iperf3:iperf3 nft:nftables ping:iputils-ping ip:iproute2 tc:iproute2 ss:iproute2 sysctl:procps ethtool:ethtool \
+            wireguard-go:wireguard-go wg:wireguard-tools; do
   cmd=${pair%%:*}; pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
 done
+[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive

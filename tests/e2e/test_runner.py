@@ -12,12 +12,15 @@ from lab import topo
 
 LAB = os.environ.get("MPQUIC_LAB_BIN", os.path.join(topo.REPO, "target", "release", "mpquic-lab"))
 
+WIREGUARD = os.path.join(topo.REPO, "bench", "vpns", "wireguard-go.yaml")
+
 SMOKE = """name: smoke
 description: two paths, path 1 black-holed for 3 s under a 20 ms ping
 paths:
   - "rate=50mbit,delay=5ms"
   - "rate=50mbit,delay=10ms"
-systems: [direct, mpquic]
+systems: [direct, mpquic, wireguard-go]
+vpns: {wireguard-go: @WIREGUARD@}
 mpquic:
   policy: failover
   priorities: [1, 2]
@@ -26,11 +29,12 @@ mpquic_variants:
   - {label: fec, requires: [fec]}
 traffic:
   - {kind: ping, interval: 20ms, duration: 8s}
+  - {kind: iperf3, label: tcp, duration: 8s, streams: 2, rate: 10M}
 schedule:
   - {at: 2s, path: 1, set: "state=blackhole"}
   - {at: 5s, path: 1, set: "state=up"}
 sample: 500ms
-"""
+""".replace("@WIREGUARD@", WIREGUARD)
 
 
 def mql_namespaces():
@@ -64,6 +68,60 @@ def test_run_smoke_scenario():
         assert mpq["longest_gap_s"] < 1.0
         assert systems["mpquic-failover"]["path_mean_mbit"][0]["up_mbit"] > 0
         assert "## mpquic-failover (ok)" in md and "unsupported" in md
+        # Another VPN from commands (bench/vpns/wireguard-go.yaml): single path, so the black hole
+        # cuts it off like the direct baseline; its daemons' CPU and RSS are sampled.
+        wg = systems["wireguard-go"]
+        assert wg["status"] == "ok", wg.get("reason")
+        wg_ping, wg_tcp = wg["traffic"]
+        report(f"runner smoke: wireguard-go longest gap {wg_ping['longest_gap_s']:.2f} s, "
+               f"tcp {wg_tcp['mbit']:.1f} Mbit/s; rss {[p['rss_kib'] for p in wg['samples'][-1]['procs']]} KiB")
+        assert wg_ping["longest_gap_s"] > 2.5 and wg_tcp["mbit"] > 5
+        assert len(wg["samples"][-1]["procs"]) == 2 and all(p["rss_kib"] for p in wg["samples"][-1]["procs"])
+        # Plots: three per system that ran, real PNGs, linked from the report.
+        for system in ("direct", "mpquic-failover", "wireguard-go"):
+            for plot in ("throughput", "rtt", "loss"):
+                rel = f"{system}/{plot}.png"
+                with open(os.path.join(out, rel), "rb") as f:
+                    png = f.read()
+                assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10000, rel
+                assert f"]({rel})" in md
+        # The ping series carries run times: the black hole (t=2..5 s) shows as unanswered pings.
+        lost_at = [t for t, rtt in direct["series"] if rtt is None]
+        assert lost_at and 1.8 < min(lost_at) < 2.3 and 4.7 < max(lost_at) < 5.3, (min(lost_at), max(lost_at))
+        # `plot` redraws from results.json alone.
+        os.remove(os.path.join(out, "direct", "rtt.png"))
+        r = subprocess.run([LAB, "plot", out], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert os.path.getsize(os.path.join(out, "direct", "rtt.png")) > 10000
+
+
+BROKEN_VPN = """description: a VPN whose client daemon cannot start
+daemons:
+  - {ns: server, cmd: "sleep 600"}
+  - {ns: client, cmd: "/nonexistent/vpn-client --up"}
+tunnel: {client_if: "tun{{id}}", cidr: 10.202.0.0/24}
+"""
+
+
+def test_failing_vpn_step_is_named_and_the_lab_removed():
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "broken.yaml"), "w") as f:
+            f.write(BROKEN_VPN)
+        scn = os.path.join(d, "s.yaml")
+        with open(scn, "w") as f:
+            f.write("name: broken\npaths: [\"delay=5ms\"]\nsystems: [broken]\nvpns: {broken: broken.yaml}\n"
+                    "traffic:\n  - {kind: ping, duration: 2s}\n")
+        out = os.path.join(d, "out")
+        p = subprocess.Popen([LAB, "run", scn, "--out", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err  # the run completes; the system is reported failed
+        res = json.load(open(os.path.join(out, "results.json")))
+        reason = res["systems"][0]["reason"]
+        report(f"broken VPN: {res['systems'][0]['status']}: {reason.splitlines()[0]}")
+        assert res["systems"][0]["status"] == "failed"
+        assert "daemons[1]" in reason and "vpn-client" in reason
+        assert [n for n in mql_namespaces() if n.startswith(f"mql-run{p.pid}-")] == []
 
 
 def test_interrupted_run_leaves_nothing_after_down_stale():

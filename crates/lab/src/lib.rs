@@ -10,6 +10,7 @@
 
 pub mod bridge;
 pub mod emu;
+pub mod plot;
 pub mod runner;
 pub mod scenario;
 pub mod topo;

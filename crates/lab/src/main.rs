@@ -54,12 +54,14 @@ enum Cmd {
     },
     /// Counters of each path and direction (JSON).
     Stats { name: String },
-    /// Run a scenario (bench/scenarios/*.yaml) against its systems; writes results.json and report.md.
+    /// Run a scenario (bench/scenarios/*.yaml) against its systems; writes results.json, report.md, PNG plots.
     Run {
         scenario: std::path::PathBuf,
         #[arg(long)]
         out: std::path::PathBuf,
     },
+    /// Redraw the plots and report.md of a finished run (DIR holds its results.json).
+    Plot { dir: std::path::PathBuf },
     /// Remove a lab, or with --stale every leftover of crashed runs.
     Down {
         name: Option<String>,
@@ -90,6 +92,7 @@ fn main() -> ExitCode {
         Cmd::Stats { name } => topo::control(&name, "stats").map(|r| println!("{r}")),
         Cmd::Down { name, stale } => down(name, stale),
         Cmd::Run { scenario, out } => mpquic_lab::runner::run(&scenario, &out),
+        Cmd::Plot { dir } => mpquic_lab::runner::redraw(&dir),
         Cmd::Emu { name, seed } => emu(&name, seed),
     };
     match r {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::scenario::{parse_duration, Kind, MpquicOpts, Scenario, Traffic};
+use crate::scenario::{parse_duration, Kind, MpquicOpts, Scenario, System, Traffic, VpnDef};
 use crate::topo::{self, LabState};
 
 /// Removes the lab whatever happens to the run.
@@ -59,13 +59,16 @@ pub fn run(scenario_path: &Path, out: &Path) -> Result<()> {
     let scn = Scenario::load(scenario_path)?;
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let mut systems = Vec::new();
-    for (system, opts) in scn.systems() {
+    for (system, sys) in scn.systems() {
         eprintln!("== {} / {system}", scn.name);
-        let unsupported = opts.unsupported();
-        let result = if system.starts_with("mpquic") && !unsupported.is_empty() {
+        let unsupported = match &sys {
+            System::Mpquic(opts) => opts.unsupported(),
+            _ => Vec::new(),
+        };
+        let result = if !unsupported.is_empty() {
             json!({"system": system, "status": "unsupported", "reason": format!("needs {} (not in mpquic yet)", unsupported.join(", "))})
         } else {
-            match run_system(&scn, &system, &opts, &out.join(&system)) {
+            match run_system(&scn, &system, &sys, &out.join(&system)) {
                 Ok(v) => v,
                 Err(e) => json!({"system": system, "status": "failed", "reason": format!("{e:#}")}),
             }
@@ -84,38 +87,74 @@ pub fn run(scenario_path: &Path, out: &Path) -> Result<()> {
         out.join("results.json"),
         serde_json::to_string_pretty(&report)?,
     )?;
-    std::fs::write(out.join("report.md"), markdown(&report))?;
-    eprintln!("wrote {}/results.json and report.md", out.display());
+    write_report(&report, out)?;
+    eprintln!("wrote {}/results.json, report.md and plots", out.display());
     Ok(())
+}
+
+/// Plots and report.md from a run's results.
+fn write_report(report: &Value, out: &Path) -> Result<()> {
+    let plots = crate::plot::draw_all(report, out);
+    for p in &plots.problems {
+        eprintln!("plots: {p}");
+    }
+    std::fs::write(out.join("report.md"), markdown(report, &plots))?;
+    Ok(())
+}
+
+/// `mpquic-lab plot DIR`: redraw the plots and report.md of a finished run from its results.json.
+pub fn redraw(dir: &Path) -> Result<()> {
+    let p = dir.join("results.json");
+    let text = std::fs::read_to_string(&p).with_context(|| format!("{}", p.display()))?;
+    let report: Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", p.display()))?;
+    write_report(&report, dir)
 }
 
 fn step<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     f().with_context(|| format!("step `{name}` failed"))
 }
 
-fn run_system(scn: &Scenario, system: &str, opts: &MpquicOpts, dir: &Path) -> Result<Value> {
+fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<Value> {
     std::fs::create_dir_all(dir)?;
-    let name = format!("run{}", std::process::id());
+    let id = std::process::id();
+    let name = format!("run{id}");
     let _guard = LabGuard(name.clone());
-    let lab = step("lab up", || {
-        topo::up(&name, &scn.paths, scn.seed, Some(std::process::id()))
-    })?;
+    let lab = step("lab up", || topo::up(&name, &scn.paths, scn.seed, Some(id)))?;
     let mut procs = Procs::default();
-    let mut sut_pids = Vec::new();
-    let (src_ns, dst_ns, dst_addr) = match system {
-        "direct" => (
-            lab.namespaces.client.clone(),
-            lab.namespaces.server.clone(),
-            lab.paths[0].server_addr.clone(),
-        ),
-        _ => {
-            let pids = step("start mpquic", || start_mpquic(opts, &lab, dir, &mut procs))?;
-            sut_pids = pids;
+    let through_tunnel = (
+        lab.namespaces.lan.clone(),
+        lab.namespaces.internet.clone(),
+        lab.hosts.internet_addr.clone(),
+    );
+    let (sut_pids, (src_ns, dst_ns, dst_addr)) = match sys {
+        System::Direct => (
+            Vec::new(),
             (
-                lab.namespaces.lan.clone(),
-                lab.namespaces.internet.clone(),
-                lab.hosts.internet_addr.clone(),
-            )
+                lab.namespaces.client.clone(),
+                lab.namespaces.server.clone(),
+                lab.paths[0].server_addr.clone(),
+            ),
+        ),
+        System::Mpquic(opts) => {
+            let pids = step("start mpquic", || start_mpquic(opts, &lab, dir, &mut procs))?;
+            step("route the LAN through mpquic", || {
+                route_lan_through(&lab, "mpq0", MPQUIC_TUNNEL_NET)
+            })?;
+            (pids, through_tunnel)
+        }
+        System::Vpn(def) => {
+            let pids = start_vpn(def, &lab, dir, id, &mut procs)?;
+            step(&format!("route the LAN through {system}"), || {
+                let vars = vpn_vars(&lab, dir, id);
+                route_lan_through(
+                    &lab,
+                    &fill(&def.tunnel.client_if, &vars)?,
+                    &fill(&def.tunnel.cidr, &vars)?,
+                )?;
+                wait_reachable(&lab)
+            })?;
+            (pids, through_tunnel)
         }
     };
     step("start iperf3 servers", || {
@@ -140,12 +179,18 @@ fn run_system(scn: &Scenario, system: &str, opts: &MpquicOpts, dir: &Path) -> Re
 
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
+    // ping -D stamps replies with the wall clock; this converts them to run time.
+    let t0_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
     let sample_every = parse_duration(&scn.sample)?;
     let npaths = lab.paths.len();
     let sampler = {
         let stop = stop.clone();
         let pids = sut_pids.clone();
-        std::thread::spawn(move || sample(probe_pid, npaths, &pids, t0, sample_every, &stop))
+        let name = name.clone();
+        std::thread::spawn(move || sample(&name, probe_pid, npaths, &pids, t0, sample_every, &stop))
     };
     let timeline = scn.timeline()?;
     let sched = {
@@ -169,7 +214,7 @@ fn run_system(scn: &Scenario, system: &str, opts: &MpquicOpts, dir: &Path) -> Re
         .enumerate()
         .map(|(i, t)| {
             let (t, src, dst) = (t.clone(), src_ns.clone(), dst_addr.clone());
-            std::thread::spawn(move || traffic(&t, i, &src, &dst, t0))
+            std::thread::spawn(move || traffic(&t, i, &src, &dst, t0, t0_unix))
         })
         .collect();
     let results: Vec<Value> = handles
@@ -308,22 +353,159 @@ fn start_mpquic(m: &MpquicOpts, lab: &LabState, dir: &Path, procs: &mut Procs) -
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    topo::ns_run(
-        &lab.namespaces.client,
-        "ip route replace 172.16.50.0/24 dev mpq0",
-    )?;
-    topo::ns_run(
-        &lab.namespaces.client,
-        "nft -f - <<'EOF'\nadd table ip labnat\nadd chain ip labnat post { type nat hook postrouting priority 100 ; }\nadd rule ip labnat post oifname mpq0 masquerade\nEOF",
-    )?;
-    topo::ns_run(
-        &lab.namespaces.internet,
-        "ip route replace 10.200.17.0/24 via 172.16.50.1",
-    )?;
     Ok(pids)
 }
 
-fn traffic(t: &Traffic, i: usize, src_ns: &str, dst: &str, t0: Instant) -> Value {
+/// The subnet of the server's tunnel in the mpquic configuration this runner writes.
+const MPQUIC_TUNNEL_NET: &str = "10.200.17.0/24";
+
+/// Make the LAN host reach the internet host through the client's tunnel interface: a route to
+/// the internet subnet over the tunnel, the LAN masqueraded behind the client's tunnel address,
+/// and the internet host's way back to the tunnel subnet via the server. The same for every VPN.
+fn route_lan_through(lab: &LabState, tun_if: &str, tunnel_net: &str) -> Result<()> {
+    let (inet_net, gw) = (topo::INTERNET_NET, topo::INTERNET_GW);
+    topo::ns_run(
+        &lab.namespaces.client,
+        &format!("ip route replace {inet_net} dev {tun_if}"),
+    )?;
+    topo::ns_run(
+        &lab.namespaces.client,
+        &format!("nft -f - <<'EOF'\nadd table ip labnat\nadd chain ip labnat post {{ type nat hook postrouting priority 100 ; }}\nadd rule ip labnat post oifname {tun_if} masquerade\nEOF"),
+    )?;
+    topo::ns_run(
+        &lab.namespaces.internet,
+        &format!("ip route replace {tunnel_net} via {gw}"),
+    )?;
+    Ok(())
+}
+
+/// The LAN host reaches the internet host (only possible through a tunnel: the client router has
+/// no other route to it), within 20 s.
+fn wait_reachable(lab: &LabState) -> Result<()> {
+    let t0 = Instant::now();
+    let ping = format!("ping -n -c 1 -W 1 {}", lab.hosts.internet_addr);
+    while topo::ns_run(&lab.namespaces.lan, &ping).is_err() {
+        if t0.elapsed() > Duration::from_secs(20) {
+            bail!("the internet host is not reachable from the LAN host through the tunnel within 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+/// The values a VPN definition's `{{name}}` placeholders may use.
+fn vpn_vars(lab: &LabState, dir: &Path, id: u32) -> Vec<(String, String)> {
+    let mut v = vec![
+        ("id".to_string(), id.to_string()),
+        ("dir".into(), dir.display().to_string()),
+        ("server_addr".into(), lab.hosts.server_service_addr.clone()),
+        ("lan_addr".into(), lab.hosts.lan_addr.clone()),
+        ("internet_addr".into(), lab.hosts.internet_addr.clone()),
+        ("internet_net".into(), topo::INTERNET_NET.into()),
+    ];
+    for p in &lab.paths {
+        let k = p.index;
+        v.push((format!("path{k}_if"), p.client_if.clone()));
+        v.push((format!("path{k}_addr"), p.client_addr.clone()));
+        v.push((format!("path{k}_server_addr"), p.server_addr.clone()));
+    }
+    v
+}
+
+/// `template` with every `{{name}}` replaced; an unknown name is an error that lists the known.
+fn fill(template: &str, vars: &[(String, String)]) -> Result<String> {
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(i) = rest.find("{{") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 2..];
+        let end = after
+            .find("}}")
+            .ok_or_else(|| anyhow!("unclosed `{{{{` in `{template}`"))?;
+        let key = after[..end].trim();
+        let val = vars.iter().find(|(k, _)| k == key).ok_or_else(|| {
+            let known: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
+            anyhow!(
+                "unknown placeholder `{{{{{key}}}}}` (known: {})",
+                known.join(", ")
+            )
+        })?;
+        out.push_str(&val.1);
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// A VPN from its definition: setup commands, daemons (started in their namespaces, logs in
+/// DIR/daemon-N.log), configure commands. Each command is its own named step.
+fn start_vpn(
+    def: &VpnDef,
+    lab: &LabState,
+    dir: &Path,
+    id: u32,
+    procs: &mut Procs,
+) -> Result<Vec<u32>> {
+    let vars = vpn_vars(lab, dir, id);
+    let ns_of = |c: &crate::scenario::NsCmd| match c.ns.as_str() {
+        "lan" => lab.namespaces.lan.clone(),
+        "client" => lab.namespaces.client.clone(),
+        "server" => lab.namespaces.server.clone(),
+        _ => lab.namespaces.internet.clone(),
+    };
+    let one_off = |what: &str, cmds: &[crate::scenario::NsCmd]| -> Result<()> {
+        for (i, c) in cmds.iter().enumerate() {
+            step(&format!("{what}[{i}] ({}: {})", c.ns, c.cmd), || {
+                let o = ns_cmd(&ns_of(c), &["sh", "-c", &fill(&c.cmd, &vars)?])
+                    .envs(&c.env)
+                    .output()?;
+                if !o.status.success() {
+                    bail!(
+                        "exit {}: {}",
+                        o.status,
+                        String::from_utf8_lossy(&o.stderr).trim()
+                    );
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    };
+    one_off("setup", &def.setup)?;
+    let mut pids = Vec::new();
+    for (i, c) in def.daemons.iter().enumerate() {
+        let child = step(&format!("daemons[{i}] ({}: {})", c.ns, c.cmd), || {
+            let log = std::fs::File::create(dir.join(format!("daemon-{i}.log")))?;
+            // `exec` so that the PID sampled for CPU and RSS is the daemon's own.
+            let cmd = format!("exec {}", fill(&c.cmd, &vars)?);
+            Ok(ns_cmd(&ns_of(c), &["sh", "-c", &cmd])
+                .envs(&c.env)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()?)
+        })?;
+        pids.push(child.id());
+        procs.0.push(child);
+    }
+    // Daemons that create their interfaces need a moment; one that exits at once is an error.
+    std::thread::sleep(Duration::from_millis(500));
+    for (i, child) in procs.0.iter_mut().rev().take(def.daemons.len()).enumerate() {
+        if let Ok(Some(status)) = child.try_wait() {
+            let k = def.daemons.len() - 1 - i;
+            let log =
+                std::fs::read_to_string(dir.join(format!("daemon-{k}.log"))).unwrap_or_default();
+            bail!(
+                "step `daemons[{k}]` failed: exited at once ({status}): {}",
+                log.trim()
+            );
+        }
+    }
+    one_off("configure", &def.configure)?;
+    Ok(pids)
+}
+
+fn traffic(t: &Traffic, i: usize, src_ns: &str, dst: &str, t0: Instant, t0_unix: f64) -> Value {
     let start = parse_duration(&t.start).unwrap_or_default();
     let dur = parse_duration(&t.duration).unwrap_or_default();
     if let Some(w) = (t0 + start).checked_duration_since(Instant::now()) {
@@ -412,7 +594,8 @@ fn traffic(t: &Traffic, i: usize, src_ns: &str, dst: &str, t0: Instant) -> Value
             let mut seqs = Vec::new();
             let mut rtts = Vec::new();
             // Reply times (ping -D): the send time is the reply time minus the RTT.
-            let mut sent_at = Vec::new();
+            // Send time (run time, s) of each answered ping, by sequence number.
+            let mut sent_by_seq = std::collections::BTreeMap::new();
             for l in out.lines() {
                 if let (Some(s), Some(r)) = (field(l, "icmp_seq="), field(l, "time=")) {
                     seqs.push(s as u64);
@@ -422,10 +605,11 @@ fn traffic(t: &Traffic, i: usize, src_ns: &str, dst: &str, t0: Instant) -> Value
                         .and_then(|x| x.split(']').next())
                         .and_then(|x| x.parse::<f64>().ok())
                     {
-                        sent_at.push(ts - r / 1000.0);
+                        sent_by_seq.insert(s as u64, ts - r / 1000.0 - t0_unix);
                     }
                 }
             }
+            let mut sent_at: Vec<f64> = sent_by_seq.values().copied().collect();
             sent_at.sort_by(|a, b| a.total_cmp(b));
             let sent: u64 = count.parse().unwrap_or(0);
             let mut sorted = rtts.clone();
@@ -444,13 +628,35 @@ fn traffic(t: &Traffic, i: usize, src_ns: &str, dst: &str, t0: Instant) -> Value
                 .fold(0.0f64, f64::max)
                 .max(0.0);
             let late = rtts.iter().filter(|r| **r > 1000.0).count();
+            let by_seq: std::collections::HashMap<u64, f64> =
+                seqs.iter().copied().zip(rtts.iter().copied()).collect();
+            // An unanswered ping's send time: interpolated between the answered ones around it
+            // (ping's real interval is a little longer than asked), else one interval per
+            // sequence number from the nearest answered one, else from the scheduled start.
+            let iv_s = iv.as_secs_f64();
+            let series: Vec<Value> = (1..=sent)
+                .map(|k| {
+                    let before = sent_by_seq.range(..=k).next_back();
+                    let after = sent_by_seq.range(k..).next();
+                    let t = match (before, after) {
+                        (Some((&sb, &tb)), Some((&sa, &ta))) if sa > sb => {
+                            tb + (ta - tb) * (k - sb) as f64 / (sa - sb) as f64
+                        }
+                        (Some((&sb, &tb)), _) => tb + (k - sb) as f64 * iv_s,
+                        (None, Some((&sa, &ta))) => ta - (sa - k) as f64 * iv_s,
+                        (None, None) => start.as_secs_f64() + (k - 1) as f64 * iv_s,
+                    };
+                    json!([(t * 1000.0).round() / 1000.0, by_seq.get(&k)])
+                })
+                .collect();
             json!({
                 "label": label, "kind": "ping", "start_s": start.as_secs_f64(), "sent": sent, "received": got.len(),
                 "loss_percent": if sent > 0 { 100.0 * (sent - got.len() as u64) as f64 / sent as f64 } else { 0.0 },
                 "rtt_ms": {"min": sorted.first(), "median": pct(0.5), "p99": pct(0.99), "max": sorted.last()},
                 "longest_gap_s": longest_gap,
                 "late_replies": late,
-                "rtt_series_ms": rtts,
+                // [t_s, rtt_ms or null] per ping sent, t_s from the start of the run.
+                "series": series,
             })
         }
     }
@@ -461,8 +667,10 @@ fn field(line: &str, key: &str) -> Option<f64> {
     rest.split(|c: char| c.is_whitespace()).next()?.parse().ok()
 }
 
-/// Interface counters of wan1..N in the client namespace, and CPU/RSS of the system's processes.
+/// Interface counters of wan1..N in the client namespace, the emulator's per-path counters, and
+/// CPU/RSS of the system's processes.
 fn sample(
+    lab: &str,
     probe: u32,
     npaths: usize,
     pids: &[u32],
@@ -512,7 +720,33 @@ fn sample(
                 json!({"pid": p, "cpu_s": cpu / tick, "rss_kib": rss})
             })
             .collect();
-        out.push(json!({"t_s": t0.elapsed().as_secs_f64(), "paths": paths, "procs": procs}));
+        // Packets into each emulated direction and those it dropped (any reason): loss over time.
+        let emu: Vec<Value> = topo::control(lab, "stats")
+            .ok()
+            .and_then(|s| serde_json::from_str::<Value>(&s).ok())
+            .and_then(|v| v["paths"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .map(|p| {
+                let d = |x: &Value| {
+                    let st = &x["stats"];
+                    let dropped: u64 = [
+                        "dropped_state",
+                        "dropped_mtu",
+                        "dropped_loss",
+                        "dropped_flow_cap",
+                        "dropped_queue",
+                        "dropped_codel",
+                    ]
+                    .iter()
+                    .map(|k| st[*k].as_u64().unwrap_or(0))
+                    .sum();
+                    json!({"in": st["in_packets"], "dropped": dropped})
+                };
+                json!({"up": d(&p["up"]), "down": d(&p["down"])})
+            })
+            .collect();
+        out.push(json!({"t_s": t0.elapsed().as_secs_f64(), "paths": paths, "emulator": emu, "procs": procs}));
         std::thread::sleep(every);
     }
     out
@@ -540,7 +774,7 @@ fn mean_rates(samples: &[Value], npaths: usize) -> Value {
         .collect()
 }
 
-fn markdown(r: &Value) -> String {
+fn markdown(r: &Value, plots: &crate::plot::Plots) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -548,6 +782,9 @@ fn markdown(r: &Value) -> String {
         r["scenario"].as_str().unwrap_or(""),
         r["description"].as_str().unwrap_or("")
     );
+    for p in &plots.problems {
+        let _ = writeln!(o, "Plots: {p}\n");
+    }
     let _ = writeln!(o, "Paths:");
     for (i, p) in r["paths"].as_array().into_iter().flatten().enumerate() {
         let _ = writeln!(o, "- path {}: `{}`", i + 1, p.as_str().unwrap_or(""));
@@ -619,6 +856,34 @@ fn markdown(r: &Value) -> String {
                 p["down_mbit"].as_f64().unwrap_or(0.0)
             );
         }
+        let _ = writeln!(o);
+        for p in plots
+            .plots
+            .iter()
+            .filter(|p| s["system"] == p.system.as_str())
+        {
+            let _ = writeln!(o, "![{}]({})\n", p.title, p.file);
+        }
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fill;
+
+    #[test]
+    fn placeholders_are_filled_and_unknown_ones_refused() {
+        let vars = vec![("id".to_string(), "42".to_string())];
+        assert_eq!(
+            fill("wg set wgc{{id}} x {{ id }}; nft { type nat ; }", &vars).unwrap(),
+            "wg set wgc42 x 42; nft { type nat ; }"
+        );
+        let e = fill("{{idd}}", &vars).unwrap_err().to_string();
+        assert!(
+            e.contains("unknown placeholder `{{idd}}`") && e.contains("known: id"),
+            "{e}"
+        );
+        assert!(fill("{{id", &vars).is_err());
+    }
 }

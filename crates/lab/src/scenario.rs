@@ -1,6 +1,7 @@
 //! Scenario files (bench/scenarios/*.yaml): the links, the systems under test, the traffic and the
 //! timed changes of one experiment. Unknown keys are errors, reported with the line.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -30,9 +31,16 @@ pub struct Scenario {
     pub description: String,
     /// One link spec per WAN path (both directions).
     pub paths: Vec<String>,
-    /// `direct` (no VPN, path 1 only) and/or `mpquic`.
+    /// `direct` (no VPN, path 1 only), `mpquic`, and any VPN named in `vpns`.
     #[serde(default = "default_systems")]
     pub systems: Vec<String>,
+    /// Other VPNs as systems under test: name -> definition file (relative to the scenario),
+    /// e.g. `wireguard-go: ../vpns/wireguard-go.yaml`.
+    #[serde(default)]
+    pub vpns: BTreeMap<String, String>,
+    /// The loaded `vpns` definitions.
+    #[serde(skip)]
+    pub vpn_defs: BTreeMap<String, VpnDef>,
     #[serde(default)]
     pub mpquic: MpquicOpts,
     /// Several mpquic configurations side by side: each runs as system `mpquic-LABEL`, with its
@@ -154,6 +162,80 @@ fn d_interval() -> String {
     "100ms".into()
 }
 
+/// Another VPN, driven by shell commands (see bench/vpns/). Every command runs with `sh -c` in
+/// one of the lab's namespaces (`lan`, `client`, `server`, `internet`); `{{name}}` placeholders
+/// are filled from the lab (see `runner::vpn_vars`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VpnDef {
+    #[serde(default)]
+    pub description: String,
+    /// One-off commands before the daemons start (keys, configuration files), in order.
+    #[serde(default)]
+    pub setup: Vec<NsCmd>,
+    /// The VPN's long-running processes: their CPU and RSS are sampled, SIGTERM at the end.
+    pub daemons: Vec<NsCmd>,
+    /// One-off commands once the daemons run (addresses, peers), in order.
+    #[serde(default)]
+    pub configure: Vec<NsCmd>,
+    /// The client's tunnel interface and the tunnel's subnet: the runner routes the LAN host's
+    /// traffic for the internet host through it, as it does for mpquic.
+    pub tunnel: TunnelDef,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NsCmd {
+    pub ns: String,
+    pub cmd: String,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TunnelDef {
+    pub client_if: String,
+    pub cidr: String,
+}
+
+impl VpnDef {
+    pub fn load(path: &Path) -> Result<VpnDef> {
+        let text = std::fs::read_to_string(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        let d: VpnDef = serde_yaml_ng::from_str(&text).map_err(|e| located(path, &e))?;
+        for c in d.setup.iter().chain(&d.daemons).chain(&d.configure) {
+            if !matches!(c.ns.as_str(), "lan" | "client" | "server" | "internet") {
+                bail!(
+                    "{}: ns `{}`: lan, client, server or internet",
+                    path.display(),
+                    c.ns
+                );
+            }
+        }
+        if d.daemons.is_empty() {
+            bail!("{}: `daemons` is empty", path.display());
+        }
+        Ok(d)
+    }
+}
+
+fn located(path: &Path, e: &serde_yaml_ng::Error) -> anyhow::Error {
+    let loc = e
+        .location()
+        .map(|l| format!(":{}:{}", l.line(), l.column()))
+        .unwrap_or_default();
+    anyhow!("{}{loc}: {e}", path.display())
+}
+
+/// A system under test.
+#[derive(Debug, Clone)]
+pub enum System {
+    /// No VPN: client to server over path 1.
+    Direct,
+    Mpquic(MpquicOpts),
+    Vpn(VpnDef),
+}
+
 /// A timed change of one path: once (`at`) or periodically (`every`, from `from` until `until`),
 /// optionally undone after `revert_after` with `revert`.
 #[derive(Debug, Clone, Deserialize)]
@@ -191,13 +273,13 @@ pub fn parse_duration(s: &str) -> Result<Duration> {
 impl Scenario {
     pub fn load(path: &Path) -> Result<Scenario> {
         let text = std::fs::read_to_string(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
-        let s: Scenario = serde_yaml_ng::from_str(&text).map_err(|e| {
-            let loc = e
-                .location()
-                .map(|l| format!(":{}:{}", l.line(), l.column()))
-                .unwrap_or_default();
-            anyhow!("{}{loc}: {e}", path.display())
-        })?;
+        let mut s: Scenario = serde_yaml_ng::from_str(&text).map_err(|e| located(path, &e))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for (name, file) in &s.vpns {
+            let def = VpnDef::load(&base.join(file))
+                .map_err(|e| anyhow!("{}: vpns.{name}: {e}", path.display()))?;
+            s.vpn_defs.insert(name.clone(), def);
+        }
         s.validate()
             .map_err(|e| anyhow!("{}: {e}", path.display()))?;
         Ok(s)
@@ -211,8 +293,13 @@ impl Scenario {
             LinkSpec::parse(p).map_err(|e| anyhow!("paths[{i}]: {e}"))?;
         }
         for s in &self.systems {
-            if !matches!(s.as_str(), "direct" | "mpquic") {
-                bail!("systems: unknown `{s}` (direct, mpquic)");
+            if !matches!(s.as_str(), "direct" | "mpquic") && !self.vpns.contains_key(s) {
+                bail!("systems: unknown `{s}` (direct, mpquic, or a VPN defined under `vpns`)");
+            }
+        }
+        for name in self.vpns.keys() {
+            if name == "direct" || name.starts_with("mpquic") {
+                bail!("vpns: `{name}` is reserved (direct, mpquic*)");
             }
         }
         for t in &self.traffic {
@@ -308,22 +395,29 @@ impl Scenario {
         Ok(out)
     }
 
-    /// The systems to run: `direct`, and `mpquic` or one `mpquic-LABEL` per variant, each with
-    /// its mpquic options.
-    pub fn systems(&self) -> Vec<(String, MpquicOpts)> {
+    /// The systems to run, by label: `direct`; `mpquic`, or one `mpquic-LABEL` per variant;
+    /// and the other VPNs.
+    pub fn systems(&self) -> Vec<(String, System)> {
         let mut out = Vec::new();
         for s in &self.systems {
-            if s == "mpquic" && !self.mpquic_variants.is_empty() {
-                for v in &self.mpquic_variants {
-                    let mut o = self.mpquic.clone();
-                    o.policy = v.policy.clone().unwrap_or(o.policy);
-                    o.mode = v.mode.clone().unwrap_or(o.mode);
-                    o.congestion = v.congestion.clone().unwrap_or(o.congestion);
-                    o.requires.extend(v.requires.iter().cloned());
-                    out.push((format!("mpquic-{}", v.label), o));
+            match s.as_str() {
+                "direct" => out.push((s.clone(), System::Direct)),
+                "mpquic" if !self.mpquic_variants.is_empty() => {
+                    for v in &self.mpquic_variants {
+                        let mut o = self.mpquic.clone();
+                        o.policy = v.policy.clone().unwrap_or(o.policy);
+                        o.mode = v.mode.clone().unwrap_or(o.mode);
+                        o.congestion = v.congestion.clone().unwrap_or(o.congestion);
+                        o.requires.extend(v.requires.iter().cloned());
+                        out.push((format!("mpquic-{}", v.label), System::Mpquic(o)));
+                    }
                 }
-            } else {
-                out.push((s.clone(), self.mpquic.clone()));
+                "mpquic" => out.push((s.clone(), System::Mpquic(self.mpquic.clone()))),
+                vpn => {
+                    if let Some(d) = self.vpn_defs.get(vpn) {
+                        out.push((s.clone(), System::Vpn(d.clone())));
+                    }
+                }
             }
         }
         out
@@ -361,6 +455,37 @@ mod tests {
         assert_eq!(at, vec![15000, 15200, 20000, 30000, 30200]);
         assert_eq!(t[2].dir, "down");
         assert!(s.mpquic.unsupported().is_empty());
+    }
+
+    #[test]
+    fn vpn_systems_need_a_definition() {
+        let dir = std::env::temp_dir().join(format!("mql-scn-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let scn = dir.join("s.yaml");
+        let base = "name: x\npaths: [\"delay=5ms\"]\ntraffic: []\n";
+        std::fs::write(&scn, format!("{base}systems: [direct, wg]\n")).unwrap();
+        let e = Scenario::load(&scn).unwrap_err().to_string();
+        assert!(e.contains("unknown `wg`"), "{e}");
+        std::fs::write(
+            dir.join("wg.yaml"),
+            "daemons:\n- {ns: router, cmd: x}\ntunnel: {client_if: t, cidr: 10.0.0.0/24}\n",
+        )
+        .unwrap();
+        std::fs::write(
+            &scn,
+            format!("{base}systems: [wg]\nvpns: {{wg: wg.yaml}}\n"),
+        )
+        .unwrap();
+        let e = Scenario::load(&scn).unwrap_err().to_string();
+        assert!(e.contains("vpns.wg") && e.contains("ns `router`"), "{e}");
+        std::fs::write(
+            dir.join("wg.yaml"),
+            "daemons:\n- {ns: client, cmd: x}\ntunnel: {client_if: t, cidr: 10.0.0.0/24}\n",
+        )
+        .unwrap();
+        let s = Scenario::load(&scn).unwrap();
+        assert!(matches!(s.systems()[0], (ref n, System::Vpn(_)) if n == "wg"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -23,6 +23,9 @@ pub const STATE_ROOT: &str = "/run/mpquic-lab";
 pub const SERVER_SERVICE_ADDR: &str = "10.99.0.1";
 pub const LAN_ADDR: &str = "192.168.10.2";
 pub const INTERNET_ADDR: &str = "172.16.50.2";
+/// The internet host's subnet, and the server's address on it.
+pub const INTERNET_NET: &str = "172.16.50.0/24";
+pub const INTERNET_GW: &str = "172.16.50.1";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Namespaces {
