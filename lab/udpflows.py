@@ -2,6 +2,8 @@
 
     udpflows.py recv PORT SECONDS            -> prints {"src_port": bytes, ...} as JSON
     udpflows.py send HOST PORT FLOWS MBIT SECONDS [LEN]
+    udpflows.py seqsend HOST PORT COUNT PPS  -> COUNT numbered packets at PPS
+    udpflows.py seqrecv PORT SECONDS COUNT   -> prints {"received", "lost", "bursts": [run lengths]}
 """
 
 import json
@@ -45,8 +47,54 @@ def send(host, port, flows, mbit, seconds, length=1400):
         n += 1
 
 
+def seqsend(host, port, count, pps):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    start = time.monotonic()
+    for n in range(count):
+        due = start + n / pps
+        now = time.monotonic()
+        if due > now:
+            time.sleep(due - now)
+        s.sendto(n.to_bytes(4, "big") + b"x" * 60, (host, port))
+
+
+def seqrecv(port, seconds, count):
+    """Which of COUNT numbered packets arrived; the lengths of the runs of missing ones (loss
+    bursts), so a burst-loss model can be checked from outside."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
+    s.bind(("0.0.0.0", port))
+    s.settimeout(0.2)
+    got = bytearray(count)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            data = s.recv(2048)
+        except socket.timeout:
+            continue
+        n = int.from_bytes(data[:4], "big")
+        if n < count:
+            got[n] = 1
+    bursts, run = [], 0
+    for x in got:
+        if x:
+            if run:
+                bursts.append(run)
+            run = 0
+        else:
+            run += 1
+    if run:
+        bursts.append(run)
+    print(json.dumps({"received": sum(got), "lost": count - sum(got), "bursts": bursts}))
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "recv":
+    if sys.argv[1] == "seqsend":
+        a = sys.argv[2:]
+        seqsend(a[0], int(a[1]), int(a[2]), float(a[3]))
+    elif sys.argv[1] == "seqrecv":
+        seqrecv(int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
+    elif sys.argv[1] == "recv":
         recv(int(sys.argv[2]), float(sys.argv[3]))
     else:
         a = sys.argv[2:]

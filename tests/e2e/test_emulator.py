@@ -123,6 +123,31 @@ def test_bernoulli_loss_over_100k_packets(emulab):
     assert abs(s["lost_percent"] - 10.0) <= 1.0
 
 
+def test_gilbert_elliott_mean_burst_length(emulab):
+    # ge=1%:25%: good->bad 1% per packet, bad->good 25%, every packet in the bad state lost:
+    # bursts of 1/0.25 = 4 packets on average, 0.01/(0.01+0.25) = 3.85% lost overall.
+    lab = emulab("ge=1%:25%")
+    tool = os.path.join(topo.REPO, "lab", "udpflows.py")
+    count = 100_000
+    rx = subprocess.Popen(["ip", "netns", "exec", lab.ns["server"], "python3", tool, "seqrecv", "6001", "9",
+                           str(count)], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    lab.sh("client", f"python3 {tool} seqsend 10.10.1.1 6001 {count} 20000", timeout=60)
+    out = json.loads(rx.communicate(timeout=60)[0])
+    bursts = out["bursts"]
+    mean = statistics.mean(bursts)
+    stats = json.loads(subprocess.run([LAB, "stats", lab.name], capture_output=True, text=True).stdout)
+    by_model = stats["paths"][0]["up"]["stats"]["dropped_loss"]
+    report(f"emulator ge=1%:25%: {out['lost']} of {count} lost ({100 * out['lost'] / count:.2f}%, model 3.85%), "
+           f"{len(bursts)} bursts, mean length {mean:.2f} (configured 4.0), longest {max(bursts)}; "
+           f"emulator counted {by_model} loss drops")
+    # Every missing packet is one the model dropped (nothing lost elsewhere), so the bursts seen
+    # from outside are the model's.
+    assert out["lost"] == by_model
+    assert abs(mean - 4.0) <= 0.4, mean
+    assert 3.0 <= 100 * out["lost"] / count <= 4.7
+
+
 def test_per_flow_cap(emulab):
     lab = emulab("rate=100mbit,flow_rate=20mbit")
     tool = os.path.join(topo.REPO, "lab", "udpflows.py")
