@@ -774,6 +774,15 @@ fn mean_rates(samples: &[Value], npaths: usize) -> Value {
         .collect()
 }
 
+/// Mbit/s with the digits that matter: a ping-only run moves a few kbit/s.
+fn mbit(x: f64) -> String {
+    if x < 10.0 {
+        format!("{x:.3}")
+    } else {
+        format!("{x:.1}")
+    }
+}
+
 fn markdown(r: &Value, plots: &crate::plot::Plots) -> String {
     let mut o = String::new();
     let _ = writeln!(
@@ -850,10 +859,10 @@ fn markdown(r: &Value, plots: &crate::plot::Plots) -> String {
         for p in s["path_mean_mbit"].as_array().into_iter().flatten() {
             let _ = writeln!(
                 o,
-                "| {} | {:.1} | {:.1} |",
+                "| {} | {} | {} |",
                 p["path"],
-                p["up_mbit"].as_f64().unwrap_or(0.0),
-                p["down_mbit"].as_f64().unwrap_or(0.0)
+                mbit(p["up_mbit"].as_f64().unwrap_or(0.0)),
+                mbit(p["down_mbit"].as_f64().unwrap_or(0.0))
             );
         }
         let _ = writeln!(o);
