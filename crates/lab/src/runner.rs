@@ -575,6 +575,14 @@ fn traffic(t: &Traffic, i: usize, src_ns: &str, dst: &str, t0: Instant, t0_unix:
                 "mbit": recv["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6,
                 "retransmits": end["sum_sent"]["retransmits"],
                 "lost_percent": recv["lost_percent"],
+                // UDP: iperf3's loss counts gaps below the highest number received, so packets
+                // a tunnel still holds (or dropped at its tail) when the test ends are not in
+                // it; sent vs received packets counts them.
+                "sent_mbit": end["sum_sent"]["bits_per_second"].as_f64().map(|b| b / 1e6),
+                "undelivered_percent": match (end["sum_sent"]["packets"].as_f64(), recv["packets"].as_f64(), recv["lost_packets"].as_f64()) {
+                    (Some(sent), Some(n), Some(lost)) if sent > 0.0 => Some(100.0 * (sent - (n - lost)).max(0.0) / sent),
+                    _ => None,
+                },
                 "intervals_mbit": intervals,
             })
         }
@@ -828,7 +836,12 @@ fn markdown(r: &Value, plots: &crate::plot::Plots) -> String {
                 format!("error: {e}")
             } else if t["kind"] == "iperf3" {
                 let extra = if t["protocol"] == "udp" {
-                    format!("lost {:.2}%", t["lost_percent"].as_f64().unwrap_or(0.0))
+                    format!(
+                        "lost {:.2}% (iperf3), {:.2}% of {:.1} Mbit/s sent not delivered",
+                        t["lost_percent"].as_f64().unwrap_or(0.0),
+                        t["undelivered_percent"].as_f64().unwrap_or(0.0),
+                        t["sent_mbit"].as_f64().unwrap_or(0.0)
+                    )
                 } else {
                     format!("retransmits {}", t["retransmits"])
                 };
