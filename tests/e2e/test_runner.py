@@ -142,3 +142,22 @@ def test_interrupted_run_leaves_nothing_after_down_stale():
         report(f"crash mid-run: {len(mine)} namespaces, {len(left)} left after down --stale ({r.stdout.strip()})")
         assert left == []
         assert not os.path.exists(f"/run/mpquic-lab/run{p.pid}")
+
+
+def test_ctrl_c_removes_the_lab():
+    with tempfile.TemporaryDirectory() as d:
+        scn = os.path.join(d, "smoke.yaml")
+        with open(scn, "w") as f:
+            f.write(SMOKE)
+        p = subprocess.Popen([LAB, "run", scn, "--out", os.path.join(d, "out")], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+        time.sleep(4)
+        mine = [n for n in mql_namespaces() if n.startswith(f"mql-run{p.pid}-")]
+        assert mine, "the run had built its lab"
+        os.killpg(p.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground process group
+        _, err = p.communicate(timeout=30)
+        left = [n for n in mql_namespaces() if n.startswith(f"mql-run{p.pid}-")]
+        report(f"Ctrl-C mid-run: exit {p.returncode}, {len(mine)} namespaces, {len(left)} left")
+        assert p.returncode == 130, err
+        assert "interrupted: removing lab" in err
+        assert left == [] and not os.path.exists(f"/run/mpquic-lab/run{p.pid}")

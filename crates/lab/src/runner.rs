@@ -15,12 +15,50 @@ use serde_json::{json, Value};
 use crate::scenario::{parse_duration, Kind, MpquicOpts, Scenario, System, Traffic, VpnDef};
 use crate::topo::{self, LabState};
 
-/// Removes the lab whatever happens to the run.
+/// Removes the lab whatever happens to the run (Ctrl-C and SIGTERM included, see
+/// `remove_lab_on_interrupt`).
 struct LabGuard(String);
+impl LabGuard {
+    fn new(name: &str) -> LabGuard {
+        *CURRENT_LAB.lock().unwrap_or_else(|e| e.into_inner()) = Some(name.to_string());
+        LabGuard(name.to_string())
+    }
+}
 impl Drop for LabGuard {
     fn drop(&mut self) {
         topo::teardown(&self.0);
+        CURRENT_LAB.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+static CURRENT_LAB: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+extern "C" fn on_interrupt(_: libc::c_int) {
+    // Only an atomic store: all a signal handler may safely do.
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// On SIGINT or SIGTERM, remove the lab of the system being run (its processes die with its
+/// namespaces) and exit 130; the run's threads are blocked in iperf3 and ping, so a watcher
+/// thread does it. A SIGKILL leaves the lab to `mpquic-lab down --stale`.
+fn remove_lab_on_interrupt() {
+    // SAFETY: the handler only stores to an atomic. Children get default handlers back at exec.
+    unsafe {
+        libc::signal(libc::SIGINT, on_interrupt as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_interrupt as *const () as libc::sighandler_t);
+    }
+    std::thread::spawn(|| loop {
+        std::thread::sleep(Duration::from_millis(100));
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            let lab = CURRENT_LAB.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(name) = lab {
+                eprintln!("interrupted: removing lab {name}");
+                topo::teardown(&name);
+            }
+            std::process::exit(130);
+        }
+    });
 }
 
 /// Processes this run started; SIGTERM on drop.
@@ -57,6 +95,7 @@ fn mpquic_bin() -> PathBuf {
 
 pub fn run(scenario_path: &Path, out: &Path) -> Result<()> {
     let scn = Scenario::load(scenario_path)?;
+    remove_lab_on_interrupt();
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let mut systems = Vec::new();
     for (system, sys) in scn.systems() {
@@ -119,7 +158,7 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
     std::fs::create_dir_all(dir)?;
     let id = std::process::id();
     let name = format!("run{id}");
-    let _guard = LabGuard(name.clone());
+    let _guard = LabGuard::new(&name);
     let lab = step("lab up", || topo::up(&name, &scn.paths, scn.seed, Some(id)))?;
     let mut procs = Procs::default();
     let through_tunnel = (
