@@ -76,7 +76,9 @@ def test_run_smoke_scenario():
         report(f"runner smoke: wireguard-go longest gap {wg_ping['longest_gap_s']:.2f} s, "
                f"tcp {wg_tcp['mbit']:.1f} Mbit/s; rss {[p['rss_kib'] for p in wg['samples'][-1]['procs']]} KiB")
         assert wg_ping["longest_gap_s"] > 2.5 and wg_tcp["mbit"] > 5
-        assert len(wg["samples"][-1]["procs"]) == 2 and all(p["rss_kib"] for p in wg["samples"][-1]["procs"])
+        assert [p["name"] for p in wg["samples"][-1]["procs"]] == ["server: wireguard-go", "client: wireguard-go"]
+        assert all(p["rss_kib"] for p in wg["samples"][-1]["procs"])
+        assert "| mpquic server |" in md and "| client: wireguard-go |" in md
         # Plots: three per system that ran, real PNGs, linked from the report.
         for system in ("direct", "mpquic-failover", "wireguard-go"):
             for plot in ("throughput", "rtt", "loss"):

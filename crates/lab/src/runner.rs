@@ -45,8 +45,14 @@ extern "C" fn on_interrupt(_: libc::c_int) {
 fn remove_lab_on_interrupt() {
     // SAFETY: the handler only stores to an atomic. Children get default handlers back at exec.
     unsafe {
-        libc::signal(libc::SIGINT, on_interrupt as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_interrupt as *const () as libc::sighandler_t);
+        libc::signal(
+            libc::SIGINT,
+            on_interrupt as *const () as libc::sighandler_t,
+        );
+        libc::signal(
+            libc::SIGTERM,
+            on_interrupt as *const () as libc::sighandler_t,
+        );
     }
     std::thread::spawn(|| loop {
         std::thread::sleep(Duration::from_millis(100));
@@ -281,7 +287,10 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
 }
 
 /// PKI, configs from templates filled with the lab's addresses, server and client started, routes.
-fn start_mpquic(m: &MpquicOpts, lab: &LabState, dir: &Path, procs: &mut Procs) -> Result<Vec<u32>> {
+/// The system's processes, by name (`mpquic server`, `client: wireguard-go`...), for sampling.
+type Named = Vec<(String, u32)>;
+
+fn start_mpquic(m: &MpquicOpts, lab: &LabState, dir: &Path, procs: &mut Procs) -> Result<Named> {
     let bin = mpquic_bin();
     let b = bin.to_str().ok_or_else(|| anyhow!("bad mpquic path"))?;
     let pki = dir.join("pki");
@@ -364,7 +373,7 @@ fn start_mpquic(m: &MpquicOpts, lab: &LabState, dir: &Path, procs: &mut Procs) -
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()?;
-        pids.push(child.id());
+        pids.push((format!("mpquic {who}"), child.id()));
         procs.0.push(child);
         if who == "server" {
             std::thread::sleep(Duration::from_millis(300));
@@ -484,7 +493,7 @@ fn start_vpn(
     dir: &Path,
     id: u32,
     procs: &mut Procs,
-) -> Result<Vec<u32>> {
+) -> Result<Named> {
     let vars = vpn_vars(lab, dir, id);
     let ns_of = |c: &crate::scenario::NsCmd| match c.ns.as_str() {
         "lan" => lab.namespaces.lan.clone(),
@@ -524,7 +533,8 @@ fn start_vpn(
                 .stderr(log)
                 .spawn()?)
         })?;
-        pids.push(child.id());
+        let prog = c.cmd.split_whitespace().next().unwrap_or("daemon");
+        pids.push((format!("{}: {prog}", c.ns), child.id()));
         procs.0.push(child);
     }
     // Daemons that create their interfaces need a moment; one that exits at once is an error.
@@ -720,7 +730,7 @@ fn sample(
     lab: &str,
     probe: u32,
     npaths: usize,
-    pids: &[u32],
+    pids: &[(String, u32)],
     t0: Instant,
     every: Duration,
     stop: &AtomicBool,
@@ -747,7 +757,7 @@ fn sample(
             .collect();
         let procs: Vec<Value> = pids
             .iter()
-            .map(|p| {
+            .map(|(name, p)| {
                 let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
                 let x: Vec<&str> = stat
                     .rsplit(')')
@@ -764,7 +774,7 @@ fn sample(
                     .find(|l| l.starts_with("VmRSS:"))
                     .and_then(|l| l.split_whitespace().nth(1))
                     .and_then(|v| v.parse::<u64>().ok());
-                json!({"pid": p, "cpu_s": cpu / tick, "rss_kib": rss})
+                json!({"name": name, "pid": p, "cpu_s": cpu / tick, "rss_kib": rss})
             })
             .collect();
         // Packets into each emulated direction and those it dropped (any reason): loss over time.
@@ -819,6 +829,39 @@ fn mean_rates(samples: &[Value], npaths: usize) -> Value {
             json!({"path": i + 1, "up_mbit": d("tx_bytes"), "down_mbit": d("rx_bytes")})
         })
         .collect()
+}
+
+/// CPU (% of one core over the run) and RSS at the first and last sample and at most, per
+/// process of the system: the numbers a stability run is about.
+fn process_table(o: &mut String, samples: &[Value]) {
+    let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
+        return;
+    };
+    let n = last["procs"].as_array().map_or(0, Vec::len);
+    if n == 0 {
+        return;
+    }
+    let dt = last["t_s"].as_f64().unwrap_or(0.0) - first["t_s"].as_f64().unwrap_or(0.0);
+    let _ = writeln!(
+        o,
+        "\n| process | CPU % of a core | RSS first / last / max MiB |\n|---|---|---|"
+    );
+    for i in 0..n {
+        let cpu = |v: &Value| v["procs"][i]["cpu_s"].as_f64().unwrap_or(0.0);
+        let rss = |v: &Value| v["procs"][i]["rss_kib"].as_f64().unwrap_or(0.0) / 1024.0;
+        let max = samples.iter().map(rss).fold(0.0, f64::max);
+        let _ = writeln!(
+            o,
+            "| {} | {:.0} | {:.1} / {:.1} / {:.1} |",
+            last["procs"][i]["name"]
+                .as_str()
+                .map_or_else(|| format!("pid {}", last["procs"][i]["pid"]), String::from),
+            100.0 * (cpu(last) - cpu(first)) / dt.max(1e-9),
+            rss(first),
+            rss(last),
+            max
+        );
+    }
 }
 
 /// Mbit/s with the digits that matter: a ping-only run moves a few kbit/s.
@@ -917,6 +960,10 @@ fn markdown(r: &Value, plots: &crate::plot::Plots) -> String {
                 mbit(p["down_mbit"].as_f64().unwrap_or(0.0))
             );
         }
+        process_table(
+            &mut o,
+            s["samples"].as_array().map_or(&[][..], Vec::as_slice),
+        );
         let _ = writeln!(o);
         for p in plots
             .plots
