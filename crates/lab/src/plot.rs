@@ -280,6 +280,19 @@ fn loss(s: &Value, events: &[(f64, String)], file: &Path, title: &str) -> Result
             }
         }
     }
+    // The client kernel's drops at the tunnel interface (its queue full), next to the links'.
+    let tx = rates(&samples, |v| v["tunnel_if"]["tx_packets"].as_f64(), 1.0);
+    let dropped = rates(&samples, |v| v["tunnel_if"]["tx_dropped"].as_f64(), 1.0);
+    if dropped.iter().any(|d| d.1 > 0.0) {
+        emu_lines.push(Series {
+            name: "client tunnel interface (kernel queue)".into(),
+            points: tx
+                .iter()
+                .zip(&dropped)
+                .map(|(a, d)| (a.0, 100.0 * d.1 / (a.1 + d.1).max(1.0)))
+                .collect(),
+        });
+    }
     let mut ping_lines = Vec::new();
     for p in pings(s) {
         // Share of each second's pings that got no answer.
@@ -300,7 +313,7 @@ fn loss(s: &Value, events: &[(f64, String)], file: &Path, title: &str) -> Result
     let mut panels = Vec::new();
     if !emu_lines.is_empty() {
         panels.push((
-            "packets the emulator dropped (any reason), % per sample".to_string(),
+            "packets dropped by the emulated links (any reason) and at the client's tunnel interface, % per sample".to_string(),
             emu_lines,
         ));
     }

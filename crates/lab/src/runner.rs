@@ -172,9 +172,10 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
         lab.namespaces.internet.clone(),
         lab.hosts.internet_addr.clone(),
     );
-    let (sut_pids, (src_ns, dst_ns, dst_addr)) = match sys {
+    let (sut_pids, tunnel_if, (src_ns, dst_ns, dst_addr)) = match sys {
         System::Direct => (
             Vec::new(),
+            None,
             (
                 lab.namespaces.client.clone(),
                 lab.namespaces.server.clone(),
@@ -186,20 +187,18 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
             step("route the LAN through mpquic", || {
                 route_lan_through(&lab, "mpq0", MPQUIC_TUNNEL_NET)
             })?;
-            (pids, through_tunnel)
+            (pids, Some("mpq0".to_string()), through_tunnel)
         }
         System::Vpn(def) => {
             let pids = start_vpn(def, &lab, dir, id, &mut procs)?;
-            step(&format!("route the LAN through {system}"), || {
+            let tun = step(&format!("route the LAN through {system}"), || {
                 let vars = vpn_vars(&lab, dir, id);
-                route_lan_through(
-                    &lab,
-                    &fill(&def.tunnel.client_if, &vars)?,
-                    &fill(&def.tunnel.cidr, &vars)?,
-                )?;
-                wait_reachable(&lab)
+                let tun = fill(&def.tunnel.client_if, &vars)?;
+                route_lan_through(&lab, &tun, &fill(&def.tunnel.cidr, &vars)?)?;
+                wait_reachable(&lab)?;
+                Ok(tun)
             })?;
-            (pids, through_tunnel)
+            (pids, Some(tun), through_tunnel)
         }
     };
     step("start iperf3 servers", || {
@@ -221,6 +220,20 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
     let probe = ns_cmd(&lab.namespaces.client, &["sleep", "100000"]).spawn()?;
     let probe_pid = probe.id();
     procs.0.push(probe);
+    step("park a process in the client namespace", || {
+        // Until `ip netns exec` has entered the namespace, the PID shows the host's interfaces.
+        let t = Instant::now();
+        while !std::fs::read_to_string(format!("/proc/{probe_pid}/net/dev"))
+            .unwrap_or_default()
+            .contains("wan1:")
+        {
+            if t.elapsed() > Duration::from_secs(5) {
+                bail!("it does not see the namespace's interfaces after 5 s");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    })?;
 
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
@@ -233,9 +246,14 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
     let npaths = lab.paths.len();
     let sampler = {
         let stop = stop.clone();
-        let pids = sut_pids.clone();
-        let name = name.clone();
-        std::thread::spawn(move || sample(&name, probe_pid, npaths, &pids, t0, sample_every, &stop))
+        let what = Sampled {
+            lab: name.clone(),
+            probe: probe_pid,
+            npaths,
+            pids: sut_pids.clone(),
+            tunnel_if: tunnel_if.clone(),
+        };
+        std::thread::spawn(move || sample(&what, t0, sample_every, &stop))
     };
     let timeline = scn.timeline()?;
     let sched = {
@@ -275,7 +293,20 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
     let emu_stats = topo::control(&name, "stats")
         .ok()
         .and_then(|s| serde_json::from_str::<Value>(&s).ok());
+    // mpquic's own view at the end (drops by reason, per path), next to the lab's.
+    let mpquic_status = matches!(sys, System::Mpquic(_)).then(|| {
+        let one = |who: &str| {
+            Command::new(mpquic_bin())
+                .args(["status", "--json", "--socket"])
+                .arg(dir.join(format!("{who}.sock")))
+                .output()
+                .ok()
+                .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
+        };
+        json!({"client": one("client"), "server": one("server")})
+    });
     Ok(json!({
+        "mpquic_status": mpquic_status,
         "system": system,
         "status": "ok",
         "traffic": results,
@@ -724,37 +755,42 @@ fn field(line: &str, key: &str) -> Option<f64> {
     rest.split(|c: char| c.is_whitespace()).next()?.parse().ok()
 }
 
-/// Interface counters of wan1..N in the client namespace, the emulator's per-path counters, and
-/// CPU/RSS of the system's processes.
-fn sample(
-    lab: &str,
+/// What the sampler reads: the lab's emulator, a process parked in the client namespace (whose
+/// /proc/PID/net/dev are that namespace's interfaces), the system's processes, the tunnel.
+struct Sampled {
+    lab: String,
     probe: u32,
     npaths: usize,
-    pids: &[(String, u32)],
-    t0: Instant,
-    every: Duration,
-    stop: &AtomicBool,
-) -> Vec<Value> {
+    pids: Named,
+    tunnel_if: Option<String>,
+}
+
+/// Interface counters of wan1..N and of the tunnel in the client namespace, the emulator's
+/// per-path counters, and CPU/RSS of the system's processes.
+fn sample(what: &Sampled, t0: Instant, every: Duration, stop: &AtomicBool) -> Vec<Value> {
+    let Sampled {
+        lab,
+        probe,
+        npaths,
+        pids,
+        tunnel_if,
+    } = what;
     let tick = 100.0;
     let mut out = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         let dev = std::fs::read_to_string(format!("/proc/{probe}/net/dev")).unwrap_or_default();
-        let paths: Vec<Value> = (1..=npaths)
+        let paths: Vec<Value> = (1..=*npaths)
             .map(|k| {
-                let name = format!("wan{k}:");
-                let f: Vec<u64> = dev
-                    .lines()
-                    .find(|l| l.trim_start().starts_with(&name))
-                    .map(|l| {
-                        l.split_whitespace()
-                            .skip(1)
-                            .filter_map(|x| x.parse().ok())
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let f = if_counters(&dev, &format!("wan{k}"));
                 json!({"rx_bytes": f.first(), "tx_bytes": f.get(8)})
             })
             .collect();
+        // The kernel drops packets on their way into a tunnel when its TUN queue is full, before
+        // the VPN sees them: only the interface's counters show that loss.
+        let tunnel = tunnel_if.as_deref().map(|t| {
+            let f = if_counters(&dev, t);
+            json!({"tx_packets": f.get(9), "tx_dropped": f.get(11), "rx_dropped": f.get(3)})
+        });
         let procs: Vec<Value> = pids
             .iter()
             .map(|(name, p)| {
@@ -803,10 +839,24 @@ fn sample(
                 json!({"up": d(&p["up"]), "down": d(&p["down"])})
             })
             .collect();
-        out.push(json!({"t_s": t0.elapsed().as_secs_f64(), "paths": paths, "emulator": emu, "procs": procs}));
+        out.push(json!({"t_s": t0.elapsed().as_secs_f64(), "paths": paths, "tunnel_if": tunnel, "emulator": emu, "procs": procs}));
         std::thread::sleep(every);
     }
     out
+}
+
+/// The counters of interface `name` in a /proc/net/dev text: rx bytes, packets, errs, drop, ...,
+/// then tx bytes (index 8), packets (9), errs (10), drop (11), ...
+fn if_counters(dev: &str, name: &str) -> Vec<u64> {
+    dev.lines()
+        .filter_map(|l| l.trim_start().split_once(':'))
+        .find(|(n, _)| *n == name)
+        .map(|(_, rest)| {
+            rest.split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Mean Mbit/s per path and direction over the run (client side: tx = upload, rx = download).
@@ -860,6 +910,64 @@ fn process_table(o: &mut String, samples: &[Value]) {
             rss(first),
             rss(last),
             max
+        );
+    }
+}
+
+/// Packets the client's kernel dropped at the tunnel interface (its queue full: the VPN did not
+/// read fast enough), which no VPN counter can show.
+fn tunnel_drops(o: &mut String, samples: &[Value]) {
+    let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
+        return;
+    };
+    let d = |k: &str| {
+        last["tunnel_if"][k]
+            .as_u64()
+            .zip(first["tunnel_if"][k].as_u64())
+            .map(|(b, a)| b.saturating_sub(a))
+    };
+    if let (Some(sent), Some(dropped)) = (d("tx_packets"), d("tx_dropped")) {
+        let _ = writeln!(
+            o,
+            "\nClient tunnel interface: {dropped} of {} packets dropped by the kernel on their way into the tunnel ({:.2}%; queue full).",
+            sent + dropped,
+            100.0 * dropped as f64 / (sent + dropped).max(1) as f64
+        );
+    }
+}
+
+/// mpquic's drop counters at the end of the run, every non-zero one (status --json of each side).
+fn mpquic_drops(o: &mut String, status: &Value) {
+    let mut lines = Vec::new();
+    for who in ["client", "server"] {
+        let st = &status[who];
+        let mut add = |scope: String, drops: &Value| {
+            for (reason, n) in drops.as_object().into_iter().flatten() {
+                if n.as_u64().unwrap_or(0) > 0 {
+                    lines.push(format!("{who} {scope}{reason} {n}"));
+                }
+            }
+        };
+        add(String::new(), &st["drops"]);
+        for t in st["tunnels"].as_array().into_iter().flatten() {
+            add(String::new(), &t["drops"]);
+            for p in t["paths"].as_array().into_iter().flatten() {
+                add(
+                    format!("{}: ", p["name"].as_str().unwrap_or("?")),
+                    &p["drops"],
+                );
+            }
+        }
+    }
+    if status.is_object() {
+        let _ = writeln!(
+            o,
+            "\nmpquic drops at the end: {}.",
+            if lines.is_empty() {
+                "none".to_string()
+            } else {
+                lines.join(", ")
+            }
         );
     }
 }
@@ -960,10 +1068,10 @@ fn markdown(r: &Value, plots: &crate::plot::Plots) -> String {
                 mbit(p["down_mbit"].as_f64().unwrap_or(0.0))
             );
         }
-        process_table(
-            &mut o,
-            s["samples"].as_array().map_or(&[][..], Vec::as_slice),
-        );
+        let samples = s["samples"].as_array().map_or(&[][..], Vec::as_slice);
+        process_table(&mut o, samples);
+        tunnel_drops(&mut o, samples);
+        mpquic_drops(&mut o, &s["mpquic_status"]);
         let _ = writeln!(o);
         for p in plots
             .plots
