@@ -79,6 +79,9 @@ def test_run_smoke_scenario():
         assert [p["name"] for p in wg["samples"][-1]["procs"]] == ["server: wireguard-go", "client: wireguard-go"]
         assert all(p["rss_kib"] for p in wg["samples"][-1]["procs"])
         assert "| mpquic server |" in md and "| client: wireguard-go |" in md
+        # Where loss happens: the kernel's drops at each tunnel interface and mpquic's own counters.
+        assert md.count("Client tunnel interface:") == 2 and "mpquic drops at the end:" in md
+        assert wg["samples"][0]["tunnel_if"]["tx_packets"] is not None  # sampled from the first sample on
         # Plots: three per system that ran, real PNGs, linked from the report.
         for system in ("direct", "mpquic-failover", "wireguard-go"):
             for plot in ("throughput", "rtt", "loss"):
