@@ -129,18 +129,24 @@ def test_failing_vpn_step_is_named_and_the_lab_removed():
         assert [n for n in mql_namespaces() if n.startswith(f"mql-run{p.pid}-")] == []
 
 
+def start_smoke_run(d):
+    """The smoke scenario started in its own process group; returns it once its lab exists."""
+    scn = os.path.join(d, "smoke.yaml")
+    with open(scn, "w") as f:
+        f.write(SMOKE)
+    p = subprocess.Popen([LAB, "run", scn, "--out", os.path.join(d, "out")], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    time.sleep(4)
+    mine = [n for n in mql_namespaces() if n.startswith(f"mql-run{p.pid}-")]
+    assert mine, "the run had built its lab"
+    return p, mine
+
+
 def test_interrupted_run_leaves_nothing_after_down_stale():
     with tempfile.TemporaryDirectory() as d:
-        scn = os.path.join(d, "smoke.yaml")
-        with open(scn, "w") as f:
-            f.write(SMOKE)
-        p = subprocess.Popen([LAB, "run", scn, "--out", os.path.join(d, "out")], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
-        time.sleep(4)
-        mine = [n for n in mql_namespaces() if n.startswith(f"mql-run{p.pid}-")]
-        assert mine, "the run had built its lab"
+        p, mine = start_smoke_run(d)
         os.killpg(p.pid, signal.SIGKILL)  # a crash: nothing of the runner's own cleanup runs
-        p.wait()
+        p.communicate(timeout=30)
         r = subprocess.run([LAB, "down", "--stale"], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         left = [n for n in mql_namespaces() if n.startswith(f"mql-run{p.pid}-")]
@@ -151,14 +157,7 @@ def test_interrupted_run_leaves_nothing_after_down_stale():
 
 def test_ctrl_c_removes_the_lab():
     with tempfile.TemporaryDirectory() as d:
-        scn = os.path.join(d, "smoke.yaml")
-        with open(scn, "w") as f:
-            f.write(SMOKE)
-        p = subprocess.Popen([LAB, "run", scn, "--out", os.path.join(d, "out")], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-        time.sleep(4)
-        mine = [n for n in mql_namespaces() if n.startswith(f"mql-run{p.pid}-")]
-        assert mine, "the run had built its lab"
+        p, mine = start_smoke_run(d)
         os.killpg(p.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground process group
         _, err = p.communicate(timeout=30)
         left = [n for n in mql_namespaces() if n.startswith(f"mql-run{p.pid}-")]
