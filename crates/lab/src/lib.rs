@@ -1,16 +1,18 @@
-//! mpquic-lab: link emulator, lab topologies and scenario runner (issue 3, in progress).
+//! mpquic-lab: link emulator, lab topologies and scenario runner (docs/LAB.md).
 //!
 //! - `emu`: the emulator's model, sans-IO, tested in virtual time (`tests/emu_model.rs`);
 //! - `bridge`: its I/O shell (AF_PACKET, one thread per path direction);
-//! - `topo`: namespaces and links of a lab (`mpquic-lab up/show/down/set`).
-//!
-//! - `scenario`, `runner`: `mpquic-lab run SCENARIO.yaml --out DIR` (results.json, report.md).
-//!
-//! Next: PNG plots, the full scenario catalogue, other VPNs as systems under test.
+//! - `topo`: namespaces and links of a lab (`mpquic-lab up/show/down/set`);
+//! - `scenario`: scenario and VPN definition files;
+//! - `runner`: `mpquic-lab run SCENARIO.yaml --out DIR` (lab, traffic, schedule, sampling);
+//! - `sut`: the systems under test started in a lab (mpquic, other VPNs from commands);
+//! - `report`, `plot`: report.md and the PNG plots from results.json (`mpquic-lab plot DIR`).
 
 pub mod bridge;
 pub mod emu;
 pub mod plot;
+pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod sut;
 pub mod topo;

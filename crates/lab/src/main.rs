@@ -92,7 +92,7 @@ fn main() -> ExitCode {
         Cmd::Stats { name } => topo::control(&name, "stats").map(|r| println!("{r}")),
         Cmd::Down { name, stale } => down(name, stale),
         Cmd::Run { scenario, out } => mpquic_lab::runner::run(&scenario, &out),
-        Cmd::Plot { dir } => mpquic_lab::runner::redraw(&dir),
+        Cmd::Plot { dir } => mpquic_lab::report::redraw(&dir),
         Cmd::Emu { name, seed } => emu(&name, seed),
     };
     match r {

@@ -1,0 +1,231 @@
+//! report.md and the plots of a run, from its results (also `mpquic-lab plot DIR` for a finished
+//! run): per system the traffic results, mean rate per path, CPU and RSS per process, and where
+//! packets were lost besides the links.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+/// Plots and report.md from a run's results.
+pub(crate) fn write_report(report: &Value, out: &Path) -> Result<()> {
+    let plots = crate::plot::draw_all(report, out);
+    for p in &plots.problems {
+        eprintln!("plots: {p}");
+    }
+    std::fs::write(out.join("report.md"), markdown(report, &plots))?;
+    Ok(())
+}
+
+/// `mpquic-lab plot DIR`: redraw the plots and report.md of a finished run from its results.json.
+pub fn redraw(dir: &Path) -> Result<()> {
+    let p = dir.join("results.json");
+    let text = std::fs::read_to_string(&p).with_context(|| format!("{}", p.display()))?;
+    let report: Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", p.display()))?;
+    write_report(&report, dir)
+}
+
+/// CPU (% of one core over the run) and RSS at the first and last sample and at most, per
+/// process of the system: the numbers a stability run is about.
+fn process_table(o: &mut String, samples: &[Value]) {
+    let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
+        return;
+    };
+    let n = last["procs"].as_array().map_or(0, Vec::len);
+    if n == 0 {
+        return;
+    }
+    let dt = last["t_s"].as_f64().unwrap_or(0.0) - first["t_s"].as_f64().unwrap_or(0.0);
+    let _ = writeln!(
+        o,
+        "\n| process | CPU % of a core | RSS first / last / max MiB |\n|---|---|---|"
+    );
+    for i in 0..n {
+        let cpu = |v: &Value| v["procs"][i]["cpu_s"].as_f64().unwrap_or(0.0);
+        let rss = |v: &Value| v["procs"][i]["rss_kib"].as_f64().unwrap_or(0.0) / 1024.0;
+        let max = samples.iter().map(rss).fold(0.0, f64::max);
+        let _ = writeln!(
+            o,
+            "| {} | {:.0} | {:.1} / {:.1} / {:.1} |",
+            last["procs"][i]["name"]
+                .as_str()
+                .map_or_else(|| format!("pid {}", last["procs"][i]["pid"]), String::from),
+            100.0 * (cpu(last) - cpu(first)) / dt.max(1e-9),
+            rss(first),
+            rss(last),
+            max
+        );
+    }
+}
+
+/// Packets the client's kernel dropped at the tunnel interface (its queue full: the VPN did not
+/// read fast enough), which no VPN counter can show.
+fn tunnel_drops(o: &mut String, samples: &[Value]) {
+    let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
+        return;
+    };
+    let d = |k: &str| {
+        last["tunnel_if"][k]
+            .as_u64()
+            .zip(first["tunnel_if"][k].as_u64())
+            .map(|(b, a)| b.saturating_sub(a))
+    };
+    if let (Some(sent), Some(dropped)) = (d("tx_packets"), d("tx_dropped")) {
+        let _ = writeln!(
+            o,
+            "\nClient tunnel interface: {dropped} of {} packets dropped by the kernel on their way into the tunnel ({:.2}%; queue full).",
+            sent + dropped,
+            100.0 * dropped as f64 / (sent + dropped).max(1) as f64
+        );
+    }
+}
+
+/// mpquic's drop counters at the end of the run, every non-zero one (status --json of each side).
+fn mpquic_drops(o: &mut String, status: &Value) {
+    let mut lines = Vec::new();
+    for who in ["client", "server"] {
+        let st = &status[who];
+        let mut add = |scope: String, drops: &Value| {
+            for (reason, n) in drops.as_object().into_iter().flatten() {
+                if n.as_u64().unwrap_or(0) > 0 {
+                    lines.push(format!("{who} {scope}{reason} {n}"));
+                }
+            }
+        };
+        add(String::new(), &st["drops"]);
+        for t in st["tunnels"].as_array().into_iter().flatten() {
+            add(String::new(), &t["drops"]);
+            for p in t["paths"].as_array().into_iter().flatten() {
+                add(
+                    format!("{}: ", p["name"].as_str().unwrap_or("?")),
+                    &p["drops"],
+                );
+            }
+        }
+    }
+    if status.is_object() {
+        let _ = writeln!(
+            o,
+            "\nmpquic drops at the end: {}.",
+            if lines.is_empty() {
+                "none".to_string()
+            } else {
+                lines.join(", ")
+            }
+        );
+    }
+}
+
+/// Mbit/s with the digits that matter: a ping-only run moves a few kbit/s.
+fn mbit(x: f64) -> String {
+    if x < 10.0 {
+        format!("{x:.3}")
+    } else {
+        format!("{x:.1}")
+    }
+}
+
+fn markdown(r: &Value, plots: &crate::plot::Plots) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "# {}\n\n{}\n",
+        r["scenario"].as_str().unwrap_or(""),
+        r["description"].as_str().unwrap_or("")
+    );
+    for p in &plots.problems {
+        let _ = writeln!(o, "Plots: {p}\n");
+    }
+    let _ = writeln!(o, "Paths:");
+    for (i, p) in r["paths"].as_array().into_iter().flatten().enumerate() {
+        let _ = writeln!(o, "- path {}: `{}`", i + 1, p.as_str().unwrap_or(""));
+    }
+    if let Some(s) = r["schedule"].as_array().filter(|s| !s.is_empty()) {
+        let _ = writeln!(o, "\nSchedule:");
+        for c in s {
+            let _ = writeln!(
+                o,
+                "- t={}s path {} {}: `{}`",
+                c["at_s"],
+                c["path"],
+                c["dir"].as_str().unwrap_or(""),
+                c["set"].as_str().unwrap_or("")
+            );
+        }
+    }
+    for s in r["systems"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            o,
+            "\n## {} ({})\n",
+            s["system"].as_str().unwrap_or(""),
+            s["status"].as_str().unwrap_or("")
+        );
+        if let Some(reason) = s["reason"].as_str() {
+            let _ = writeln!(o, "{reason}\n");
+            continue;
+        }
+        let _ = writeln!(o, "| traffic | result |\n|---|---|");
+        for t in s["traffic"].as_array().into_iter().flatten() {
+            let line = if let Some(e) = t.get("error") {
+                format!("error: {e}")
+            } else if t["kind"] == "iperf3" {
+                let extra = if t["protocol"] == "udp" {
+                    format!(
+                        "lost {:.2}% (iperf3), {:.2}% of {:.1} Mbit/s sent not delivered",
+                        t["lost_percent"].as_f64().unwrap_or(0.0),
+                        t["undelivered_percent"].as_f64().unwrap_or(0.0),
+                        t["sent_mbit"].as_f64().unwrap_or(0.0)
+                    )
+                } else {
+                    format!("retransmits {}", t["retransmits"])
+                };
+                format!(
+                    "{:.1} Mbit/s ({} {} stream(s){}), {extra}",
+                    t["mbit"].as_f64().unwrap_or(0.0),
+                    t["protocol"].as_str().unwrap_or(""),
+                    t["streams"],
+                    if t["reverse"] == true {
+                        ", reverse"
+                    } else {
+                        ""
+                    },
+                )
+            } else {
+                format!(
+                    "{}/{} received ({:.1}% loss, {} after more than 1 s), RTT median {} p99 {} ms, longest gap {:.2} s",
+                    t["received"], t["sent"], t["loss_percent"].as_f64().unwrap_or(0.0), t["late_replies"], t["rtt_ms"]["median"], t["rtt_ms"]["p99"],
+                    t["longest_gap_s"].as_f64().unwrap_or(0.0)
+                )
+            };
+            let _ = writeln!(o, "| {} | {line} |", t["label"].as_str().unwrap_or(""));
+        }
+        let _ = writeln!(
+            o,
+            "\n| path | mean up Mbit/s | mean down Mbit/s |\n|---|---|---|"
+        );
+        for p in s["path_mean_mbit"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} |",
+                p["path"],
+                mbit(p["up_mbit"].as_f64().unwrap_or(0.0)),
+                mbit(p["down_mbit"].as_f64().unwrap_or(0.0))
+            );
+        }
+        let samples = s["samples"].as_array().map_or(&[][..], Vec::as_slice);
+        process_table(&mut o, samples);
+        tunnel_drops(&mut o, samples);
+        mpquic_drops(&mut o, &s["mpquic_status"]);
+        let _ = writeln!(o);
+        for p in plots
+            .plots
+            .iter()
+            .filter(|p| s["system"] == p.system.as_str())
+        {
+            let _ = writeln!(o, "![{}]({})\n", p.title, p.file);
+        }
+    }
+    o
+}

@@ -1,0 +1,341 @@
+//! Starting the systems under test in a lab: mpquic from configuration templates filled with the
+//! lab's addresses and a fresh PKI, or another VPN from its command file (bench/vpns/); then the
+//! same routing for both, so the LAN host reaches the internet host through the tunnel.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+
+use crate::runner::step;
+use crate::scenario::{MpquicOpts, NsCmd, VpnDef};
+use crate::topo::{self, LabState};
+
+/// Processes this run started; SIGTERM on drop.
+#[derive(Default)]
+pub(crate) struct Procs(pub(crate) Vec<Child>);
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            // SAFETY: signalling a child we started.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        }
+        for c in &mut self.0 {
+            let _ = c.wait();
+        }
+    }
+}
+
+pub(crate) fn ns_cmd(ns: &str, args: &[&str]) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns]).args(args);
+    c
+}
+
+pub(crate) fn mpquic_bin() -> PathBuf {
+    std::env::var_os("MPQUIC_BIN")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|p| p.parent().map(|d| d.join("mpquic")))
+        })
+        .unwrap_or_else(|| PathBuf::from("mpquic"))
+}
+
+/// The system's processes, by name (`mpquic server`, `client: wireguard-go`...), for sampling.
+pub(crate) type Named = Vec<(String, u32)>;
+
+/// PKI, configs from templates filled with the lab's addresses, server and client started; waits
+/// until the tunnel is up.
+pub(crate) fn start_mpquic(
+    m: &MpquicOpts,
+    lab: &LabState,
+    dir: &Path,
+    procs: &mut Procs,
+) -> Result<Named> {
+    let bin = mpquic_bin();
+    let b = bin.to_str().ok_or_else(|| anyhow!("bad mpquic path"))?;
+    let pki = dir.join("pki");
+    let p = pki.to_str().unwrap_or_default();
+    for args in [
+        vec!["pki", "init", "--dir", p, "--force"],
+        vec![
+            "pki",
+            "server",
+            "--dir",
+            p,
+            "--name",
+            "mpquic-server",
+            "--san",
+            topo::SERVER_SERVICE_ADDR,
+        ],
+        vec!["pki", "client", "--dir", p, "--name", "site1"],
+    ] {
+        let o = Command::new(b)
+            .args(&args)
+            .output()
+            .with_context(|| format!("running {b}"))?;
+        if !o.status.success() {
+            bail!(
+                "mpquic {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
+    let server_sock = dir.join("server.sock");
+    let client_sock = dir.join("client.sock");
+    let server = format!(
+        "role: server\nbind_ip: 0.0.0.0\nremote_port: 45017\ntun_name: mpq0\ntun_cidr: 10.200.17.254/24\n\
+         tls_cert_file: {p}/mpquic-server.crt\ntls_key_file: {p}/mpquic-server.key\n\
+         congestion_algorithm: {cc}\ntransport_mode: {mode}\ncontrol_socket: {s}\n",
+        cc = m.congestion,
+        mode = m.mode,
+        s = server_sock.display()
+    );
+    let mut client = format!(
+        "role: client\nmultipath_enabled: true\nmultipath_policy: {pol}\ntun_name: mpq0\ntun_cidr: 10.200.17.1/24\n\
+         tls_ca_file: {p}/ca.crt\ntls_cert_file: {p}/site1.crt\ntls_key_file: {p}/site1.key\n\
+         tls_server_name: mpquic-server\ncongestion_algorithm: {cc}\ntransport_mode: {mode}\ncontrol_socket: {s}\n\
+         multipath_paths:\n",
+        pol = m.policy,
+        cc = m.congestion,
+        mode = m.mode,
+        s = client_sock.display()
+    );
+    for (i, path) in lab.paths.iter().enumerate() {
+        let prio = m
+            .priorities
+            .as_ref()
+            .and_then(|v| v.get(i).copied())
+            .unwrap_or(i as u32 + 1);
+        let weight = m
+            .weights
+            .as_ref()
+            .and_then(|v| v.get(i).copied())
+            .unwrap_or(1);
+        let _ = write!(
+            client,
+            "- name: wan{k}\n  bind_ip: if:{ifn}\n  remote_addr: {addr}\n  remote_port: 45017\n  priority: {prio}\n  weight: {weight}\n",
+            k = path.index,
+            ifn = path.client_if,
+            addr = topo::SERVER_SERVICE_ADDR
+        );
+    }
+    std::fs::write(dir.join("server.yaml"), server)?;
+    std::fs::write(dir.join("client.yaml"), client)?;
+    let mut pids = Vec::new();
+    for (who, ns) in [
+        ("server", &lab.namespaces.server),
+        ("client", &lab.namespaces.client),
+    ] {
+        let log = std::fs::File::create(dir.join(format!("{who}.log")))?;
+        let cfg = dir.join(format!("{who}.yaml"));
+        let child = ns_cmd(ns, &[b, "--config", cfg.to_str().unwrap_or_default()])
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        pids.push((format!("mpquic {who}"), child.id()));
+        procs.0.push(child);
+        if who == "server" {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    let t0 = Instant::now();
+    loop {
+        let o = Command::new(b)
+            .args(["status", "--json", "--socket"])
+            .arg(&client_sock)
+            .output()?;
+        if o.status.success() {
+            let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+            let t = &v["tunnels"][0];
+            let up = t["paths"]
+                .as_array()
+                .is_some_and(|p| p.iter().all(|x| x["state"] == "up"));
+            if t["address"].is_string() && up {
+                break;
+            }
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let log = std::fs::read_to_string(dir.join("client.log")).unwrap_or_default();
+            bail!("tunnel not up within 20 s; client log:\n{log}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(pids)
+}
+
+/// The subnet of the server's tunnel in the mpquic configuration this runner writes.
+pub(crate) const MPQUIC_TUNNEL_NET: &str = "10.200.17.0/24";
+
+/// Make the LAN host reach the internet host through the client's tunnel interface: a route to
+/// the internet subnet over the tunnel, the LAN masqueraded behind the client's tunnel address,
+/// and the internet host's way back to the tunnel subnet via the server. The same for every VPN.
+pub(crate) fn route_lan_through(lab: &LabState, tun_if: &str, tunnel_net: &str) -> Result<()> {
+    let (inet_net, gw) = (topo::INTERNET_NET, topo::INTERNET_GW);
+    topo::ns_run(
+        &lab.namespaces.client,
+        &format!("ip route replace {inet_net} dev {tun_if}"),
+    )?;
+    topo::ns_run(
+        &lab.namespaces.client,
+        &format!("nft -f - <<'EOF'\nadd table ip labnat\nadd chain ip labnat post {{ type nat hook postrouting priority 100 ; }}\nadd rule ip labnat post oifname {tun_if} masquerade\nEOF"),
+    )?;
+    topo::ns_run(
+        &lab.namespaces.internet,
+        &format!("ip route replace {tunnel_net} via {gw}"),
+    )?;
+    Ok(())
+}
+
+/// The LAN host reaches the internet host (only possible through a tunnel: the client router has
+/// no other route to it), within 20 s.
+pub(crate) fn wait_reachable(lab: &LabState) -> Result<()> {
+    let t0 = Instant::now();
+    let ping = format!("ping -n -c 1 -W 1 {}", lab.hosts.internet_addr);
+    while topo::ns_run(&lab.namespaces.lan, &ping).is_err() {
+        if t0.elapsed() > Duration::from_secs(20) {
+            bail!("the internet host is not reachable from the LAN host through the tunnel within 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+/// The values a VPN definition's `{{name}}` placeholders may use.
+pub(crate) fn vpn_vars(lab: &LabState, dir: &Path, id: u32) -> Vec<(String, String)> {
+    let mut v = vec![
+        ("id".to_string(), id.to_string()),
+        ("dir".into(), dir.display().to_string()),
+        ("server_addr".into(), lab.hosts.server_service_addr.clone()),
+        ("lan_addr".into(), lab.hosts.lan_addr.clone()),
+        ("internet_addr".into(), lab.hosts.internet_addr.clone()),
+        ("internet_net".into(), topo::INTERNET_NET.into()),
+    ];
+    for p in &lab.paths {
+        let k = p.index;
+        v.push((format!("path{k}_if"), p.client_if.clone()));
+        v.push((format!("path{k}_addr"), p.client_addr.clone()));
+        v.push((format!("path{k}_server_addr"), p.server_addr.clone()));
+    }
+    v
+}
+
+/// `template` with every `{{name}}` replaced; an unknown name is an error that lists the known.
+pub(crate) fn fill(template: &str, vars: &[(String, String)]) -> Result<String> {
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(i) = rest.find("{{") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 2..];
+        let end = after
+            .find("}}")
+            .ok_or_else(|| anyhow!("unclosed `{{{{` in `{template}`"))?;
+        let key = after[..end].trim();
+        let val = vars.iter().find(|(k, _)| k == key).ok_or_else(|| {
+            let known: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
+            anyhow!(
+                "unknown placeholder `{{{{{key}}}}}` (known: {})",
+                known.join(", ")
+            )
+        })?;
+        out.push_str(&val.1);
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// A VPN from its definition: setup commands, daemons (started in their namespaces, logs in
+/// DIR/daemon-N.log), configure commands. Each command is its own named step.
+pub(crate) fn start_vpn(
+    def: &VpnDef,
+    lab: &LabState,
+    dir: &Path,
+    id: u32,
+    procs: &mut Procs,
+) -> Result<Named> {
+    let vars = vpn_vars(lab, dir, id);
+    let ns_of = |c: &NsCmd| match c.ns.as_str() {
+        "lan" => lab.namespaces.lan.clone(),
+        "client" => lab.namespaces.client.clone(),
+        "server" => lab.namespaces.server.clone(),
+        _ => lab.namespaces.internet.clone(),
+    };
+    let one_off = |what: &str, cmds: &[NsCmd]| -> Result<()> {
+        for (i, c) in cmds.iter().enumerate() {
+            step(&format!("{what}[{i}] ({}: {})", c.ns, c.cmd), || {
+                let o = ns_cmd(&ns_of(c), &["sh", "-c", &fill(&c.cmd, &vars)?])
+                    .envs(&c.env)
+                    .output()?;
+                if !o.status.success() {
+                    bail!(
+                        "exit {}: {}",
+                        o.status,
+                        String::from_utf8_lossy(&o.stderr).trim()
+                    );
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    };
+    one_off("setup", &def.setup)?;
+    let mut pids = Vec::new();
+    for (i, c) in def.daemons.iter().enumerate() {
+        let child = step(&format!("daemons[{i}] ({}: {})", c.ns, c.cmd), || {
+            let log = std::fs::File::create(dir.join(format!("daemon-{i}.log")))?;
+            // `exec` so that the PID sampled for CPU and RSS is the daemon's own.
+            let cmd = format!("exec {}", fill(&c.cmd, &vars)?);
+            Ok(ns_cmd(&ns_of(c), &["sh", "-c", &cmd])
+                .envs(&c.env)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()?)
+        })?;
+        let prog = c.cmd.split_whitespace().next().unwrap_or("daemon");
+        pids.push((format!("{}: {prog}", c.ns), child.id()));
+        procs.0.push(child);
+    }
+    // Daemons that create their interfaces need a moment; one that exits at once is an error.
+    std::thread::sleep(Duration::from_millis(500));
+    for (i, child) in procs.0.iter_mut().rev().take(def.daemons.len()).enumerate() {
+        if let Ok(Some(status)) = child.try_wait() {
+            let k = def.daemons.len() - 1 - i;
+            let log =
+                std::fs::read_to_string(dir.join(format!("daemon-{k}.log"))).unwrap_or_default();
+            bail!(
+                "step `daemons[{k}]` failed: exited at once ({status}): {}",
+                log.trim()
+            );
+        }
+    }
+    one_off("configure", &def.configure)?;
+    Ok(pids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fill;
+
+    #[test]
+    fn placeholders_are_filled_and_unknown_ones_refused() {
+        let vars = vec![("id".to_string(), "42".to_string())];
+        assert_eq!(
+            fill("wg set wgc{{id}} x {{ id }}; nft { type nat ; }", &vars).unwrap(),
+            "wg set wgc42 x 42; nft { type nat ; }"
+        );
+        let e = fill("{{idd}}", &vars).unwrap_err().to_string();
+        assert!(
+            e.contains("unknown placeholder `{{idd}}`") && e.contains("known: id"),
+            "{e}"
+        );
+        assert!(fill("{{id", &vars).is_err());
+    }
+}
