@@ -29,12 +29,14 @@ impl Drop for Procs {
     }
 }
 
+/// `ip netns exec NS ARGS...`.
 pub(crate) fn ns_cmd(ns: &str, args: &[&str]) -> Command {
     let mut c = Command::new("ip");
     c.args(["netns", "exec", ns]).args(args);
     c
 }
 
+/// The mpquic binary: `$MPQUIC_BIN`, else the one next to this executable (target/release/).
 pub(crate) fn mpquic_bin() -> PathBuf {
     std::env::var_os("MPQUIC_BIN")
         .map(PathBuf::from)
