@@ -137,6 +137,9 @@ fn throughput(s: &Value, events: &[(f64, String)], file: &Path, title: &str) -> 
         return Ok(false);
     }
     let npaths = samples[0]["paths"].as_array().map_or(0, Vec::len);
+    if npaths == 0 {
+        return Ok(false);
+    }
     let mut panels = Vec::new();
     for (key, label) in [("tx_bytes", "upload"), ("rx_bytes", "download")] {
         let mut lines: Vec<Series> = (0..npaths)
@@ -145,16 +148,15 @@ fn throughput(s: &Value, events: &[(f64, String)], file: &Path, title: &str) -> 
                 points: rates(&samples, |v| v["paths"][i][key].as_f64(), 8.0 / 1e6),
             })
             .collect();
+        // The total from the summed counters: no index pairing of the per-path series, which
+        // a sample missing one path's counters would break.
         let total = Series {
             name: "total".into(),
-            points: (0..lines[0].points.len())
-                .map(|k| {
-                    (
-                        lines[0].points[k].0,
-                        lines.iter().map(|l| l.points[k].1).sum(),
-                    )
-                })
-                .collect(),
+            points: rates(
+                &samples,
+                |v| (0..npaths).map(|i| v["paths"][i][key].as_f64()).sum(),
+                8.0 / 1e6,
+            ),
         };
         lines.push(total);
         panels.push((
