@@ -2,6 +2,8 @@
 at once, with the emulator's CPU. Target: at least 1 Gbit/s aggregate so it is never what we measure.
 
     sudo python3 bench/emulator.py [--seconds 6] [--out bench/results/emulator.json]
+
+MPQUIC_LAB_BIN=PATH runs another build (to compare two side by side in one session).
 """
 
 import argparse
@@ -14,7 +16,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lab import topo  # noqa: E402
 
-LAB = os.path.join(topo.REPO, "target", "release", "mpquic-lab")
+LAB = os.environ.get("MPQUIC_LAB_BIN", os.path.join(topo.REPO, "target", "release", "mpquic-lab"))
 TICK = os.sysconf("SC_CLK_TCK")
 
 

@@ -12,14 +12,13 @@ use std::time::{Duration, Instant};
 use mpquic_core::PacketInfo;
 
 use crate::emu::{Link, LinkSpec, LinkStats};
+use crate::timing::{arrival_age, WakeTuner};
 
 const ETH_HDR: usize = 14;
 const ETH_P_ALL: u16 = 0x0003;
 const MAX_FRAME: usize = 65_536 + ETH_HDR;
 /// Longest sleep between checks for live changes and shutdown.
 const MAX_WAIT: Duration = Duration::from_millis(20);
-/// Busy-wait window before a deadline.
-const SPIN: Duration = Duration::from_micros(60);
 
 /// A raw socket bound to one interface.
 pub struct RawSocket {
@@ -83,6 +82,9 @@ impl RawSocket {
         };
         s.setopt(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 16 << 20)?;
         s.setopt(libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 16 << 20)?;
+        // The kernel's receive time of each frame: the emulated delay starts there, not when
+        // this thread gets round to reading it.
+        s.setopt(libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
         Ok(s)
     }
 
@@ -104,11 +106,38 @@ impl RawSocket {
         }
     }
 
-    /// One frame, or `None` when nothing is waiting.
-    fn recv(&self, buf: &mut [u8]) -> Option<usize> {
-        // SAFETY: buf valid for len bytes.
-        let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        (n > 0).then_some(n as usize)
+    /// One frame and its kernel receive stamp (ns, 0 if none), or `None` when nothing is waiting.
+    fn recv(&self, buf: &mut [u8]) -> Option<(usize, u64)> {
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // u64s keep the control buffer aligned for cmsghdr.
+        let mut control = [0u64; 8];
+        // SAFETY: zeroed msghdr is valid; the pointers set below outlive the call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control);
+        // SAFETY: msg describes valid buffers.
+        let n = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, 0) };
+        if n <= 0 {
+            return None;
+        }
+        let mut stamp = 0;
+        // SAFETY: walking the control messages the kernel wrote into `control`.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                    let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                    stamp = timespec_ns(&ts);
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+        }
+        Some((n as usize, stamp))
     }
 
     fn send(&self, frame: &[u8]) -> bool {
@@ -117,8 +146,8 @@ impl RawSocket {
         n == frame.len() as isize
     }
 
-    /// Wait until readable or `timeout` passes (nanosecond resolution).
-    fn wait(&self, timeout: Duration) {
+    /// Wait until readable or `timeout` passes (nanosecond resolution); false on timeout.
+    fn wait(&self, timeout: Duration) -> bool {
         let mut pfd = libc::pollfd {
             fd: self.fd.as_raw_fd(),
             events: libc::POLLIN,
@@ -129,7 +158,7 @@ impl RawSocket {
             tv_nsec: i64::from(timeout.subsec_nanos()),
         };
         // SAFETY: one valid pollfd; null sigmask.
-        unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+        unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) > 0 }
     }
 }
 
@@ -186,6 +215,9 @@ pub fn run_direction(
     let mut buf = vec![0u8; MAX_FRAME];
     let mut last_publish = Instant::now();
     let (mut passthrough, mut send_errors) = (0u64, 0u64);
+    let mut tuner = WakeTuner::new();
+    // Arrival times handed to the model never go backwards (stamps come from several CPUs).
+    let mut last_arrival = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         if let Some(spec) = lock(&dir.pending).take() {
             link.set_spec(spec.clone());
@@ -195,16 +227,22 @@ pub fn run_direction(
         let wait = link
             .next_deadline()
             .map_or(MAX_WAIT, |d| d.saturating_duration_since(now).min(MAX_WAIT));
-        // Sleeping wakes up tens of microseconds late; for the last stretch before a deadline,
-        // spin instead so delays stay within a few microseconds of the model.
-        if wait > SPIN {
-            input.wait(wait - SPIN);
+        // Sleeping wakes up late; for the last stretch before a deadline, spin instead so delays
+        // stay close to the model. The stretch follows the lateness this thread observes.
+        let spin = tuner.spin(wait);
+        if wait > spin {
+            let sleep = wait - spin;
+            if !input.wait(sleep) {
+                tuner.observe(sleep, now.elapsed().saturating_sub(sleep));
+            }
         } else if !wait.is_zero() {
             std::thread::yield_now();
         }
         // Drain what has arrived (bounded, so output keeps flowing under load).
         for _ in 0..256 {
-            let Some(n) = input.recv(&mut buf) else { break };
+            let Some((n, stamp)) = input.recv(&mut buf) else {
+                break;
+            };
             let frame = &buf[..n];
             let ip = frame.get(ETH_HDR..).filter(|_| is_ip(frame));
             match ip.and_then(|p| PacketInfo::parse(p).map(|i| (p.len(), i))) {
@@ -212,7 +250,18 @@ pub fn run_direction(
                     let mut v = free.pop().unwrap_or_default();
                     v.clear();
                     v.extend_from_slice(frame);
-                    link.push(Instant::now(), v, len, info.flow_hash());
+                    let now = Instant::now();
+                    let age = arrival_age(
+                        stamp,
+                        clock_ns(libc::CLOCK_REALTIME),
+                        clock_ns(libc::CLOCK_MONOTONIC),
+                    );
+                    let arrival = age
+                        .and_then(|a| now.checked_sub(a))
+                        .unwrap_or(now)
+                        .max(last_arrival);
+                    last_arrival = arrival;
+                    link.push(arrival, v, len, info.flow_hash());
                 }
                 None => {
                     passthrough += 1;
@@ -238,6 +287,22 @@ pub fn run_direction(
             last_publish = Instant::now();
         }
     }
+}
+
+fn timespec_ns(ts: &libc::timespec) -> u64 {
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid clock id and timespec (vDSO, no syscall).
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    timespec_ns(&ts)
 }
 
 fn is_ip(frame: &[u8]) -> bool {

@@ -1,7 +1,8 @@
 //! mpquic-lab: link emulator, lab topologies and scenario runner (docs/LAB.md).
 //!
 //! - `emu`: the emulator's model, sans-IO, tested in virtual time (`tests/emu_model.rs`);
-//! - `bridge`: its I/O shell (AF_PACKET, one thread per path direction);
+//! - `bridge`: its I/O shell (AF_PACKET, one thread per path direction), with `timing`
+//!   (arrival times from kernel stamps, the adaptive spin before deadlines);
 //! - `topo`: namespaces and links of a lab (`mpquic-lab up/show/down/set`);
 //! - `scenario`: scenario and VPN definition files;
 //! - `runner`: `mpquic-lab run SCENARIO.yaml --out DIR` (lab, traffic, schedule, sampling);
@@ -15,4 +16,5 @@ pub mod report;
 pub mod runner;
 pub mod scenario;
 pub mod sut;
+pub mod timing;
 pub mod topo;
