@@ -131,6 +131,26 @@ fn rates(samples: &[Value], get: impl Fn(&Value) -> Option<f64>, scale: f64) -> 
         .collect()
 }
 
+/// Percent of the packets offered in each sample interval that were dropped; `get` reads a
+/// sample's (offered, dropped) counters. Both deltas come from the same pair of samples, so a
+/// sample missing a counter is skipped rather than pairing one interval's drops with another's.
+fn drop_share(samples: &[Value], get: impl Fn(&Value) -> Option<(f64, f64)>) -> Vec<(f64, f64)> {
+    samples
+        .windows(2)
+        .filter_map(|w| {
+            let (t0, t1) = (w[0]["t_s"].as_f64()?, w[1]["t_s"].as_f64()?);
+            let ((o0, d0), (o1, d1)) = (get(&w[0])?, get(&w[1])?);
+            let (offered, dropped) = ((o1 - o0).max(0.0), (d1 - d0).max(0.0));
+            let pct = if offered > 0.0 {
+                100.0 * dropped / offered
+            } else {
+                0.0
+            };
+            (t1 > t0).then_some((t1, pct))
+        })
+        .collect()
+}
+
 fn throughput(s: &Value, events: &[(f64, String)], file: &Path, title: &str) -> Result<bool> {
     let samples = s["samples"].as_array().cloned().unwrap_or_default();
     if samples.len() < 2 {
@@ -267,13 +287,11 @@ fn loss(s: &Value, events: &[(f64, String)], file: &Path, title: &str) -> Result
         .map_or(0, Vec::len);
     for i in 0..npaths {
         for dir in ["up", "down"] {
-            let ins = rates(&samples, |v| v["emulator"][i][dir]["in"].as_f64(), 1.0);
-            let drops = rates(&samples, |v| v["emulator"][i][dir]["dropped"].as_f64(), 1.0);
-            let points: Vec<(f64, f64)> = ins
-                .iter()
-                .zip(&drops)
-                .map(|(a, d)| (a.0, if a.1 > 0.0 { 100.0 * d.1 / a.1 } else { 0.0 }))
-                .collect();
+            // `in` counts every packet offered to the link, the dropped ones included.
+            let points = drop_share(&samples, |v| {
+                let d = &v["emulator"][i][dir];
+                Some((d["in"].as_f64()?, d["dropped"].as_f64()?))
+            });
             if points.iter().any(|p| p.1 > 0.0) || i == 0 && dir == "up" {
                 emu_lines.push(Series {
                     name: format!("path {} {dir}", i + 1),
@@ -283,16 +301,16 @@ fn loss(s: &Value, events: &[(f64, String)], file: &Path, title: &str) -> Result
         }
     }
     // The client kernel's drops at the tunnel interface (its queue full), next to the links'.
-    let tx = rates(&samples, |v| v["tunnel_if"]["tx_packets"].as_f64(), 1.0);
-    let dropped = rates(&samples, |v| v["tunnel_if"]["tx_dropped"].as_f64(), 1.0);
-    if dropped.iter().any(|d| d.1 > 0.0) {
+    // `tx_packets` counts only what was sent, so the packets offered are sent + dropped.
+    let points = drop_share(&samples, |v| {
+        let t = &v["tunnel_if"];
+        let dropped = t["tx_dropped"].as_f64()?;
+        Some((t["tx_packets"].as_f64()? + dropped, dropped))
+    });
+    if points.iter().any(|p| p.1 > 0.0) {
         emu_lines.push(Series {
             name: "client tunnel interface (kernel queue)".into(),
-            points: tx
-                .iter()
-                .zip(&dropped)
-                .map(|(a, d)| (a.0, 100.0 * d.1 / (a.1 + d.1).max(1.0)))
-                .collect(),
+            points,
         });
     }
     let mut ping_lines = Vec::new();
