@@ -215,7 +215,7 @@ pub fn run_direction(
     let mut buf = vec![0u8; MAX_FRAME];
     let mut last_publish = Instant::now();
     let (mut passthrough, mut send_errors) = (0u64, 0u64);
-    let mut tuner = WakeTuner::new();
+    let mut tuner = WakeTuner::default();
     // Arrival times handed to the model never go backwards (stamps come from several CPUs).
     let mut last_arrival = Instant::now();
     while !stop.load(Ordering::Relaxed) {
@@ -251,11 +251,9 @@ pub fn run_direction(
                     v.clear();
                     v.extend_from_slice(frame);
                     let now = Instant::now();
-                    let age = arrival_age(
-                        stamp,
-                        clock_ns(libc::CLOCK_REALTIME),
-                        clock_ns(libc::CLOCK_MONOTONIC),
-                    );
+                    let age = arrival_age(stamp, clock_ns(libc::CLOCK_REALTIME), || {
+                        clock_ns(libc::CLOCK_MONOTONIC)
+                    });
                     let arrival = age
                         .and_then(|a| now.checked_sub(a))
                         .unwrap_or(now)
