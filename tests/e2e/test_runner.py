@@ -76,9 +76,13 @@ def test_run_smoke_scenario():
         report(f"runner smoke: wireguard-go longest gap {wg_ping['longest_gap_s']:.2f} s, "
                f"tcp {wg_tcp['mbit']:.1f} Mbit/s; rss {[p['rss_kib'] for p in wg['samples'][-1]['procs']]} KiB")
         assert wg_ping["longest_gap_s"] > 2.5 and wg_tcp["mbit"] > 5
-        assert [p["name"] for p in wg["samples"][-1]["procs"]] == ["server: wireguard-go", "client: wireguard-go"]
+        assert [p["name"] for p in wg["samples"][-1]["procs"]] == ["server: wireguard-go", "client: wireguard-go",
+                                                                   "emulator (mpquic-lab)"]
         assert all(p["rss_kib"] for p in wg["samples"][-1]["procs"])
         assert "| mpquic server |" in md and "| client: wireguard-go |" in md
+        # The emulator's CPU beside the tunnel's, for every system that ran (direct too).
+        ran = [s for s in systems.values() if s["status"] == "ok"]
+        assert md.count("| emulator (mpquic-lab) |") == len(ran), md
         # Where loss happens: the kernel's drops at each tunnel interface and mpquic's own counters.
         assert md.count("Client tunnel interface:") == 2 and "mpquic drops at the end:" in md
         assert wg["samples"][0]["tunnel_if"]["tx_packets"] is not None  # sampled from the first sample on

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
-use mpquic_lab::bridge::{self, Direction, RawSocket};
+use mpquic_lab::bridge::{self, Direction, DirectionIo, RawSocket};
 use mpquic_lab::emu::LinkSpec;
 use mpquic_lab::topo;
 
@@ -161,17 +161,20 @@ fn emu(name: &str, seed: u64) -> Result<()> {
         let c = format!("c{}", p.index);
         let s = format!("s{}", p.index);
         for (from, to, d, k) in [(&c, &s, up.clone(), 0u64), (&s, &c, down.clone(), 1u64)] {
-            let input = RawSocket::bind(from).with_context(|| format!("raw socket on {from}"))?;
-            let output = RawSocket::bind(to).with_context(|| format!("raw socket on {to}"))?;
+            let io = DirectionIo {
+                input: RawSocket::bind(from).with_context(|| format!("raw socket on {from}"))?,
+                output: RawSocket::bind(to).with_context(|| format!("raw socket on {to}"))?,
+                dir: d,
+                seed: seed.wrapping_mul(1000).wrapping_add(p.index as u64 * 2 + k),
+            };
             let stop = stop.clone();
-            let seed = seed.wrapping_mul(1000).wrapping_add(p.index as u64 * 2 + k);
             std::thread::Builder::new()
                 .name(format!(
                     "path{}-{}",
                     p.index,
                     if k == 0 { "up" } else { "down" }
                 ))
-                .spawn(move || bridge::run_direction(input, output, d, seed, stop))?;
+                .spawn(move || bridge::run(vec![io], stop))?;
         }
         dirs.push((up, down));
     }
@@ -213,6 +216,7 @@ fn handle(dirs: &[(Arc<Direction>, Arc<Direction>)], line: &str) -> Result<Strin
                             "stats": *x.stats.lock().unwrap_or_else(|e| e.into_inner()),
                             "passthrough": *x.passthrough.lock().unwrap_or_else(|e| e.into_inner()),
                             "send_errors": *x.send_errors.lock().unwrap_or_else(|e| e.into_inner()),
+                            "socket_drops": *x.socket_drops.lock().unwrap_or_else(|e| e.into_inner()),
                         })
                     };
                     serde_json::json!({"index": i + 1, "up": one(u), "down": one(d)})
@@ -242,9 +246,9 @@ fn handle(dirs: &[(Arc<Direction>, Arc<Direction>)], line: &str) -> Result<Strin
                 specs.push(spec);
             }
             for (dir, spec) in which.iter().zip(specs) {
-                *dir.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(spec);
+                dir.set_pending(spec);
             }
-            // Answer only once the direction threads run with the change (they look every <= 20 ms).
+            // Answer only once the direction threads run with the change (they are woken up for it).
             let t0 = Instant::now();
             while which
                 .iter()

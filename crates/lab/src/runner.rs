@@ -205,7 +205,15 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
             lab: name.clone(),
             probe: probe_pid,
             npaths,
-            pids: sut_pids.clone(),
+            // The emulator beside the system: both share the machine's cores.
+            pids: sut_pids
+                .iter()
+                .cloned()
+                .chain(
+                    lab.emulator_pid
+                        .map(|p| ("emulator (mpquic-lab)".to_string(), p)),
+                )
+                .collect(),
             tunnel_if: tunnel_if.clone(),
         };
         std::thread::spawn(move || sample(&what, t0, sample_every, &stop))

@@ -197,3 +197,118 @@ fn codel_keeps_the_standing_queue_short() {
     assert!(drops > 0);
     assert!(codel < tail, "codel {codel} ms vs drop-tail {tail} ms");
 }
+
+/// Every packet the link delivered, in order, with the stats, when the shell polls only every
+/// `every` (a busy shell batching its wake-ups) instead of at each deadline; pushes are at the
+/// same times either way.
+fn delivered_polling_every(spec: &str, every: Option<Duration>) -> (Vec<Pkt>, u64, u64) {
+    let mut r = Run::new(spec);
+    let (gap, end) = (Duration::from_micros(70), Duration::from_secs(1));
+    let mut t = Duration::ZERO;
+    let mut next_poll = Duration::ZERO;
+    let mut got = Vec::new();
+    let mut seq = 0;
+    while t < end {
+        match every {
+            None => r.advance_to(t),
+            Some(e) if t >= next_poll => {
+                r.link.poll(r.t0 + t, &mut got);
+                next_poll += e;
+            }
+            Some(_) => {}
+        }
+        // Three flows, one of them bursty, 1200-byte packets: ~410 Mbit/s offered.
+        for f in 0..3 {
+            if f < 2 || seq % 4 == 0 {
+                r.link.push(r.t0 + t, (f, seq, 0), 1200, f);
+            }
+        }
+        seq += 1;
+        t += gap;
+    }
+    r.advance_to(end + Duration::from_secs(2));
+    r.link.poll(r.t0 + end + Duration::from_secs(2), &mut got);
+    got.extend(r.out.into_iter().map(|(_, p)| p));
+    let s = r.link.stats;
+    (
+        got,
+        s.dropped_queue + s.dropped_codel + s.dropped_flow_cap,
+        s.out_packets,
+    )
+}
+
+#[test]
+fn late_polls_change_no_decision_of_the_model() {
+    for spec in [
+        "rate=300mbit,delay=5ms,queue=20ms",
+        "rate=300mbit,delay=5ms,queue=64kb,codel=on",
+        "rate=300mbit,flow_rate=120mbit,flow_queue=5ms,delay=2ms,jitter=1ms",
+        "rate=200mbit,delay=10ms,jitter=3ms,jitter_dist=pareto,keep_order=false",
+    ] {
+        let exact = delivered_polling_every(spec, None);
+        assert!(exact.1 > 0, "{spec}: the case should drop something");
+        for every in [250, 1000, 4000] {
+            let lazy = delivered_polling_every(spec, Some(Duration::from_micros(every)));
+            // The same packets in the same order, the same drops: only release times differ.
+            let first_difference = exact.0.iter().zip(&lazy.0).position(|(a, b)| a != b);
+            assert!(
+                exact == lazy,
+                "{spec}, polled every {every} us: {} vs {} delivered, {} vs {} dropped, \
+                 first difference at {first_difference:?}",
+                exact.2,
+                lazy.2,
+                exact.1,
+                lazy.1
+            );
+        }
+    }
+}
+
+#[test]
+fn deadlines_are_deliveries_not_departures() {
+    // A saturated 300 Mbit/s FIFO releases a packet every 40 us; its deliveries are what a shell
+    // must wake up for, and (with a constant delay) each deadline delivers something.
+    let mut r = Run::new("rate=300mbit,delay=5ms");
+    let (mut polls, mut empty) = (0, 0);
+    let mut got = Vec::new();
+    let mut t = Duration::ZERO;
+    while t < Duration::from_millis(500) {
+        let now = r.t0 + t;
+        while let Some(d) = r.link.next_deadline().filter(|d| *d <= now) {
+            got.clear();
+            r.link.poll(d, &mut got);
+            polls += 1;
+            empty += usize::from(got.is_empty());
+        }
+        r.link.push(now, (0, 0, 0), 1500, 0);
+        t += Duration::from_micros(30);
+    }
+    assert!(polls > 10_000, "{polls}");
+    assert_eq!(empty, 0, "{empty} of {polls} deadlines delivered nothing");
+    assert_eq!(
+        r.link.stats.late_ns_total, 0,
+        "polled exactly at the deadlines"
+    );
+}
+
+#[test]
+fn lower_bound_of_delivery_holds_for_every_jitter() {
+    // Polling only at deadlines never delivers a packet after its time (lateness stays 0), with
+    // jitter of any distribution, reordering and a per-flow shaper in front.
+    for spec in [
+        "rate=100mbit,delay=20ms,jitter=5ms",
+        "rate=100mbit,delay=20ms,jitter=5ms,jitter_dist=normal,keep_order=false",
+        "rate=100mbit,delay=20ms,jitter=6ms,jitter_dist=pareto,keep_order=false",
+        "delay=10ms,reorder=20%,flow_rate=30mbit",
+    ] {
+        let mut r = Run::new(spec);
+        r.offer(3, 20.0, 1000, 1.0);
+        assert!(r.out.len() > 1000, "{spec}");
+        let s = r.link.stats;
+        assert!(
+            s.late_ns_max < 1_000,
+            "{spec}: a packet left {} ns after its time",
+            s.late_ns_max
+        );
+    }
+}

@@ -7,7 +7,10 @@
 //! (order kept unless asked) and optional reordering.
 //!
 //! Departure and arrival times are computed exactly when a packet enters a stage, so a late
-//! `poll` delays delivery only by its own lateness, never the link's model.
+//! `poll` delays delivery only by its own lateness, never the link's model. The inner stages move
+//! lazily (on `push` and `poll`, in time order), so `next_deadline()` is the next time a packet
+//! may *leave* the link: a shell wakes up for deliveries, not for every departure from the rate
+//! limiter (at 300 Mbit/s that would be every 40 us).
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -32,6 +35,10 @@ pub struct LinkStats {
     pub dropped_codel: u64,
     pub duplicated: u64,
     pub reordered: u64,
+    /// How late `poll` released packets after their model time, summed (ns) and at most (ns):
+    /// the shell's contribution to the delay (wake-up latency and batching).
+    pub late_ns_total: u64,
+    pub late_ns_max: u64,
 }
 
 /// An entry of a time-ordered heap; `seq` keeps equal times in arrival order.
@@ -173,6 +180,8 @@ impl<P: Clone> Link<P> {
 
     /// A packet of `len` bytes (IP length) enters the link; `flow` is its 5-tuple hash.
     pub fn push(&mut self, now: Instant, payload: P, len: usize, flow: u64) {
+        // The queue as it is at `now` (departures due by then have left it).
+        self.advance(now);
         self.stats.in_packets += 1;
         self.stats.in_bytes += len as u64;
         if self.spec.state != LinkState::Up {
@@ -304,45 +313,89 @@ impl<P: Clone> Link<P> {
         Duration::from_secs_f64((d + offset).max(0.0))
     }
 
+    /// Move the inner stages forward to `now`, in time order: a shaped packet enters the FIFO
+    /// at its time, the FIFO's front leaves at its departure (CoDel decides then, seeing the
+    /// queue as it was at that moment). Nothing leaves the link here.
+    fn advance(&mut self, now: Instant) {
+        loop {
+            let shaped = self.flow_wait.peek().map(|t| t.0.at).filter(|t| *t <= now);
+            let departs = self.queue.front().map(|q| q.depart).filter(|t| *t <= now);
+            match (shaped, departs) {
+                // At equal times the departure goes first: it frees its place in the queue.
+                (Some(s), Some(d)) if d <= s => self.depart_front(),
+                (Some(_), _) => {
+                    let Reverse(t) = self.flow_wait.pop().expect("peeked");
+                    self.enqueue(t.at, t.payload, t.len);
+                }
+                (None, Some(_)) => self.depart_front(),
+                (None, None) => break,
+            }
+        }
+    }
+
+    fn depart_front(&mut self) {
+        let q = self.queue.pop_front().expect("caller saw a front");
+        self.queued_bytes -= q.len as u64;
+        if self.spec.codel {
+            let sojourn = q.depart.saturating_duration_since(q.enqueued);
+            if self
+                .codel
+                .should_drop(q.depart, sojourn, self.queue.is_empty())
+            {
+                self.stats.dropped_codel += 1;
+                return;
+            }
+        }
+        self.propagate(q.depart, q.payload, q.len);
+    }
+
     /// Move time forward to `now`; packets that have arrived are appended to `out`.
     pub fn poll(&mut self, now: Instant, out: &mut Vec<P>) {
-        while self.flow_wait.peek().is_some_and(|t| t.0.at <= now) {
-            let Reverse(t) = self.flow_wait.pop().expect("peeked");
-            self.enqueue(t.at, t.payload, t.len);
-        }
-        while self.queue.front().is_some_and(|q| q.depart <= now) {
-            let q = self.queue.pop_front().expect("peeked");
-            self.queued_bytes -= q.len as u64;
-            if self.spec.codel {
-                let sojourn = q.depart.saturating_duration_since(q.enqueued);
-                if self
-                    .codel
-                    .should_drop(q.depart, sojourn, self.queue.is_empty())
-                {
-                    self.stats.dropped_codel += 1;
-                    continue;
-                }
-            }
-            self.propagate(q.depart, q.payload, q.len);
-        }
+        self.advance(now);
         while self.in_flight.peek().is_some_and(|t| t.0.at <= now) {
             let Reverse(t) = self.in_flight.pop().expect("peeked");
             self.stats.out_packets += 1;
             self.stats.out_bytes += t.len as u64;
+            let late = now.saturating_duration_since(t.at).as_nanos() as u64;
+            self.stats.late_ns_total += late;
+            self.stats.late_ns_max = self.stats.late_ns_max.max(late);
             out.push(t.payload);
         }
     }
 
-    /// When `poll` next has something to do.
+    /// The earliest time a packet may leave the link (`poll` has something to deliver then,
+    /// or, rarely, only inner stages to move: a CoDel drop, or jitter that came out longer
+    /// than its lower bound). A packet still in the shaper or the FIFO leaves no earlier than
+    /// its stage time plus the shortest propagation delay.
     pub fn next_deadline(&self) -> Option<Instant> {
+        let min = self.min_delay();
         [
-            self.flow_wait.peek().map(|t| t.0.at),
-            self.queue.front().map(|q| q.depart),
             self.in_flight.peek().map(|t| t.0.at),
+            self.queue.front().map(|q| q.depart + min),
+            self.flow_wait.peek().map(|t| t.0.at + min),
         ]
         .into_iter()
         .flatten()
         .min()
+    }
+
+    /// No packet pushed at `t` leaves before `t + min_delay()`: the shortest propagation delay
+    /// the spec can give (a shell may read its input this late without changing the model).
+    pub fn min_delay(&self) -> Duration {
+        // Float rounding in `delay_sample` stays far within this margin.
+        const MARGIN: Duration = Duration::from_micros(1);
+        let (d, j) = (self.spec.delay, self.spec.jitter);
+        if self.spec.reorder > 0.0 {
+            return Duration::ZERO;
+        }
+        let min = match self.spec.jitter_dist {
+            _ if j.is_zero() => return d,
+            JitterDist::Uniform => d.saturating_sub(j),
+            JitterDist::Normal => Duration::ZERO,
+            // pareto_mean1(3) >= 2/3, so the offset is at least -j/3.
+            JitterDist::Pareto => d.saturating_sub(j / 3),
+        };
+        min.saturating_sub(MARGIN)
     }
 
     /// Packets inside the link (shapers, queue, in flight).
