@@ -179,7 +179,7 @@ fn wait_readable(fds: &[i32], until: Option<Instant>) -> bool {
         fd: -1,
         events: libc::POLLIN,
         revents: 0,
-    }; 4];
+    }; 2];
     for (p, fd) in pfds.iter_mut().zip(fds) {
         p.fd = *fd;
     }
@@ -267,11 +267,11 @@ pub struct DirectionIo {
     pub seed: u64,
 }
 
-/// Forward `directions` until `stop`, in rounds (`timing::plan`). The emulator runs one thread
-/// per direction: one thread for both directions of a path saved few wake-ups (the CPU goes to
-/// handling frames, above all to the receiving endpoint's network stack, which runs inside our
-/// send()) and capped a path at ~0.9 Gbit/s with packets released 7.6 ms late on average.
-pub fn run(directions: Vec<DirectionIo>, stop: Arc<AtomicBool>) {
+/// Forward one direction until `stop`, in rounds (`timing::plan`). One thread per direction:
+/// a thread for both directions of a path saved few wake-ups (the CPU goes to handling frames,
+/// above all to the receiving endpoint's network stack, which runs inside our send()) and capped
+/// a path at ~0.9 Gbit/s with packets released 7.6 ms late on average.
+pub fn run(io: DirectionIo, stop: Arc<AtomicBool>) {
     // SAFETY: prctl with a constant option; 1 us timer slack keeps delays precise.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000u64, 0, 0, 0) };
     // The lowest real-time priority: on a busy machine a normal thread wakes milliseconds late,
@@ -285,53 +285,35 @@ pub fn run(directions: Vec<DirectionIo>, stop: Arc<AtomicBool>) {
             io::Error::last_os_error()
         );
     }
-    let mut fwds: Vec<Forwarder> = directions.into_iter().map(Forwarder::new).collect();
+    let mut f = Forwarder::new(io);
     // Deaf phase: control events only; listening: input too.
-    let wake_fds: Vec<i32> = fwds.iter().map(|f| f.dir.wakeup.fd.as_raw_fd()).collect();
-    let all_fds: Vec<i32> = fwds
-        .iter()
-        .map(|f| f.input.fd.as_raw_fd())
-        .chain(wake_fds.iter().copied())
-        .collect();
+    let wake_fd = f.dir.wakeup.fd.as_raw_fd();
+    let all_fds = [f.input.fd.as_raw_fd(), wake_fd];
     let mut tuner = WakeTuner::default();
     while !stop.load(Ordering::Relaxed) {
         // What is due leaves first (its time is what the round was planned for), then the
         // input is read and what it made due (a link without delay) leaves too.
-        let mut more = false;
-        for f in &mut fwds {
-            f.apply_pending();
-            f.release();
-        }
-        for f in &mut fwds {
-            more |= f.read_input();
-        }
-        for f in &mut fwds {
-            f.release();
-        }
+        f.apply_pending();
+        f.release();
+        let more = f.read_input();
+        f.release();
         let now = Instant::now();
-        for f in &mut fwds {
-            f.publish_if_due(now);
-        }
+        f.publish_if_due(now);
         if more {
             continue;
         }
-        let times: Vec<LinkTimes> = fwds.iter().map(Forwarder::times).collect();
-        let mut plan = timing::plan(now, &times, &tuner);
-        if plan.listen_until.is_none() {
+        let mut plan = timing::plan(now, &[f.times()], &tuner);
+        if plan.listen_until.is_none() && f.published.dirty(&f.link, f.counters) {
             // Idle with counters not yet published: wake up to publish them.
-            plan.listen_until = fwds
-                .iter()
-                .filter(|f| f.published.dirty(&f.link, f.counters))
-                .map(|f| f.published.due().unwrap_or(now))
-                .min();
+            plan.listen_until = Some(f.published.due().unwrap_or(now));
         }
-        if wait_readable(&wake_fds, Some(plan.deaf_until)) {
-            fwds.iter().for_each(|f| f.dir.wakeup.clear());
+        if wait_readable(&[wake_fd], Some(plan.deaf_until)) {
+            f.dir.wakeup.clear();
             continue;
         }
         let from = Instant::now();
         if wait_readable(&all_fds, plan.listen_until) {
-            fwds.iter().for_each(|f| f.dir.wakeup.clear());
+            f.dir.wakeup.clear();
             continue;
         }
         if let Some(until) = plan.spin_until {

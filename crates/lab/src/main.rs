@@ -174,7 +174,7 @@ fn emu(name: &str, seed: u64) -> Result<()> {
                     p.index,
                     if k == 0 { "up" } else { "down" }
                 ))
-                .spawn(move || bridge::run(vec![io], stop))?;
+                .spawn(move || bridge::run(io, stop))?;
         }
         dirs.push((up, down));
     }
