@@ -12,50 +12,60 @@ use std::time::{Duration, Instant};
 use mpquic_core::PacketInfo;
 
 use crate::emu::{Link, LinkSpec, LinkStats};
+use crate::packet_ring::RxRing;
 use crate::timing::{self, arrival_age, LinkTimes, WakeTuner};
 
 const ETH_HDR: usize = 14;
 const ETH_P_ALL: u16 = 0x0003;
-const MAX_FRAME: usize = 65_536 + ETH_HDR;
+const VLAN_HDR: usize = 4;
 /// Longest sleep of an idle direction (live changes wake it up at once).
 const MAX_IDLE: Duration = Duration::from_secs(1);
 
-/// A raw socket bound to one interface.
+/// An AF_PACKET socket bound to one interface.
 pub struct RawSocket {
     fd: OwnedFd,
 }
 
 impl RawSocket {
-    pub fn bind(ifname: &str) -> io::Result<RawSocket> {
+    /// A socket that only sends on `ifname`: bound to protocol 0, so the kernel queues it no
+    /// copies of the interface's traffic (which nobody would read).
+    pub fn output(ifname: &str) -> io::Result<RawSocket> {
+        let s = RawSocket::open(0)?;
+        s.bind(ifname, 0)?;
+        s.setopt(libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 16 << 20)?;
+        Ok(s)
+    }
+
+    fn open(protocol: u16) -> io::Result<RawSocket> {
         // SAFETY: plain socket(2); result checked and owned.
         let fd = unsafe {
             libc::socket(
                 libc::AF_PACKET,
                 libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-                i32::from(ETH_P_ALL.to_be()),
+                i32::from(protocol.to_be()),
             )
         };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let name =
-            std::ffi::CString::new(ifname).map_err(|_| io::Error::other("bad interface name"))?;
-        // SAFETY: valid C string.
-        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        if ifindex == 0 {
-            return Err(io::Error::other(format!("no interface {ifname}")));
-        }
+        Ok(RawSocket {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// Bind to `ifname` for `protocol` (0: send only); its interface index.
+    fn bind(&self, ifname: &str, protocol: u16) -> io::Result<i32> {
+        let ifindex = ifindex(ifname)?;
         // SAFETY: zeroed sockaddr_ll is valid; fields set below.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = ETH_P_ALL.to_be();
-        sll.sll_ifindex = ifindex as i32;
+        sll.sll_protocol = protocol.to_be();
+        sll.sll_ifindex = ifindex;
         // SAFETY: sll is a valid sockaddr_ll of the given size.
         let rc = unsafe {
             libc::bind(
-                fd.as_raw_fd(),
+                self.fd.as_raw_fd(),
                 (&sll as *const libc::sockaddr_ll).cast(),
                 std::mem::size_of::<libc::sockaddr_ll>() as u32,
             )
@@ -63,29 +73,7 @@ impl RawSocket {
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
-        let s = RawSocket { fd };
-        // Our own transmissions must not come back to us as input.
-        s.setopt(libc::SOL_PACKET, 23 /* PACKET_IGNORE_OUTGOING */, 1)?;
-        // Frames for other MACs (the far end's) must reach us.
-        let mut mreq: libc::packet_mreq = unsafe { std::mem::zeroed() };
-        mreq.mr_ifindex = ifindex as i32;
-        mreq.mr_type = libc::PACKET_MR_PROMISC as u16;
-        // SAFETY: valid packet_mreq.
-        unsafe {
-            libc::setsockopt(
-                s.fd.as_raw_fd(),
-                libc::SOL_PACKET,
-                libc::PACKET_ADD_MEMBERSHIP,
-                (&mreq as *const libc::packet_mreq).cast(),
-                std::mem::size_of::<libc::packet_mreq>() as u32,
-            )
-        };
-        s.setopt(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 16 << 20)?;
-        s.setopt(libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 16 << 20)?;
-        // The kernel's receive time of each frame: the emulated delay starts there, not when
-        // this thread gets round to reading it.
-        s.setopt(libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
-        Ok(s)
+        Ok(ifindex)
     }
 
     fn setopt(&self, level: i32, name: i32, v: i32) -> io::Result<()> {
@@ -106,41 +94,7 @@ impl RawSocket {
         }
     }
 
-    /// One frame and its kernel receive stamp (ns, 0 if none), or `None` when nothing is waiting.
-    fn recv(&self, buf: &mut [u8]) -> Option<(usize, u64)> {
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        // u64s keep the control buffer aligned for cmsghdr.
-        let mut control = [0u64; 8];
-        // SAFETY: zeroed msghdr is valid; the pointers set below outlive the call.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&control);
-        // SAFETY: msg describes valid buffers.
-        let n = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, 0) };
-        if n <= 0 {
-            return None;
-        }
-        let mut stamp = 0;
-        // SAFETY: walking the control messages the kernel wrote into `control`.
-        unsafe {
-            let mut c = libc::CMSG_FIRSTHDR(&msg);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
-                    let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                    stamp = timespec_ns(&ts);
-                }
-                c = libc::CMSG_NXTHDR(&msg, c);
-            }
-        }
-        Some((n as usize, stamp))
-    }
-
-    /// Frames the kernel dropped for this socket since the last call (its buffer was full).
+    /// Frames the kernel dropped for this socket since the last call (its ring was full).
     fn take_drops(&self) -> u64 {
         let mut st = libc::tpacket_stats {
             tp_packets: 0,
@@ -169,6 +123,74 @@ impl RawSocket {
         let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
         n == frame.len() as isize
     }
+}
+
+/// The receiving side of a direction: every frame arriving on an interface (promiscuous, so
+/// frames for the far end's MAC too), read from a shared-memory ring with the kernel's stamps.
+pub struct Input {
+    sock: RawSocket,
+    ring: RxRing,
+}
+
+impl Input {
+    pub fn open(ifname: &str) -> io::Result<Input> {
+        let sock = RawSocket::open(ETH_P_ALL)?;
+        // The ring before the bind: no frame may land in the ordinary receive queue.
+        let ring = RxRing::new(sock.fd.as_raw_fd(), mtu(&sock, ifname)? + ETH_HDR + VLAN_HDR)?;
+        let ifindex = sock.bind(ifname, ETH_P_ALL)?;
+        // Our own transmissions must not come back to us as input.
+        sock.setopt(libc::SOL_PACKET, 23 /* PACKET_IGNORE_OUTGOING */, 1)?;
+        // Frames for other MACs (the far end's) must reach us.
+        // SAFETY: zeroed packet_mreq is valid; fields set below.
+        let mut mreq: libc::packet_mreq = unsafe { std::mem::zeroed() };
+        mreq.mr_ifindex = ifindex;
+        mreq.mr_type = libc::PACKET_MR_PROMISC as u16;
+        // SAFETY: valid packet_mreq of the given size.
+        let rc = unsafe {
+            libc::setsockopt(
+                sock.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_ADD_MEMBERSHIP,
+                (&mreq as *const libc::packet_mreq).cast(),
+                std::mem::size_of::<libc::packet_mreq>() as u32,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // Stamped where the kernel receives the frame: the emulated delay starts there, not
+        // when this thread gets round to reading it.
+        sock.setopt(libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)?;
+        Ok(Input { sock, ring })
+    }
+}
+
+fn ifindex(ifname: &str) -> io::Result<i32> {
+    let name =
+        std::ffi::CString::new(ifname).map_err(|_| io::Error::other("bad interface name"))?;
+    // SAFETY: valid C string.
+    match unsafe { libc::if_nametoindex(name.as_ptr()) } {
+        0 => Err(io::Error::other(format!("no interface {ifname}"))),
+        i => Ok(i as i32),
+    }
+}
+
+/// The interface's MTU (the ring's slots hold a frame of that size).
+fn mtu(sock: &RawSocket, ifname: &str) -> io::Result<usize> {
+    // SAFETY: zeroed ifreq is valid; the name is copied in below (NUL-terminated by the zeroes).
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    if ifname.len() >= req.ifr_name.len() {
+        return Err(io::Error::other(format!("interface name too long: {ifname}")));
+    }
+    for (d, s) in req.ifr_name.iter_mut().zip(ifname.bytes()) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: SIOCGIFMTU reads ifr_name and writes ifru_mtu of our ifreq.
+    if unsafe { libc::ioctl(sock.fd.as_raw_fd(), libc::SIOCGIFMTU, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel filled the union's MTU member.
+    Ok(usize::try_from(unsafe { req.ifr_ifru.ifru_mtu }).unwrap_or(0))
 }
 
 /// Wait until one of `fds` is readable or `until` passes (nanosecond resolution); false on
@@ -231,6 +253,8 @@ pub struct Direction {
     pub send_errors: Mutex<u64>,
     /// Frames the kernel dropped before this thread read them (its socket buffer was full).
     pub socket_drops: Mutex<u64>,
+    /// Frames longer than the input interface's MTU allows (cut by the kernel, so dropped).
+    pub oversize_drops: Mutex<u64>,
     wakeup: Wakeup,
 }
 
@@ -243,6 +267,7 @@ impl Direction {
             passthrough: Mutex::new(0),
             send_errors: Mutex::new(0),
             socket_drops: Mutex::new(0),
+            oversize_drops: Mutex::new(0),
             wakeup: Wakeup::new(),
         })
     }
@@ -261,7 +286,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// One direction of a path: frames read from `input` go through the link model of `dir` and
 /// leave on `output`.
 pub struct DirectionIo {
-    pub input: RawSocket,
+    pub input: Input,
     pub output: RawSocket,
     pub dir: Arc<Direction>,
     pub seed: u64,
@@ -288,7 +313,7 @@ pub fn run(io: DirectionIo, stop: Arc<AtomicBool>) {
     let mut f = Forwarder::new(io);
     // Deaf phase: control events only; listening: input too.
     let wake_fd = f.dir.wakeup.fd.as_raw_fd();
-    let all_fds = [f.input.fd.as_raw_fd(), wake_fd];
+    let all_fds = [f.input.sock.fd.as_raw_fd(), wake_fd];
     let mut tuner = WakeTuner::default();
     while !stop.load(Ordering::Relaxed) {
         // What is due leaves first (its time is what the round was planned for), then the
@@ -337,18 +362,18 @@ struct ShellCounters {
     passthrough: u64,
     send_errors: u64,
     socket_drops: u64,
+    oversize_drops: u64,
 }
 
 /// One direction's frames and model.
 struct Forwarder {
-    input: RawSocket,
+    input: Input,
     output: RawSocket,
     dir: Arc<Direction>,
     link: Link<Vec<u8>>,
     /// Frame buffers to reuse.
     free: Vec<Vec<u8>>,
     out: Vec<Vec<u8>>,
-    buf: Vec<u8>,
     counters: ShellCounters,
     published: Published,
     /// Arrival times handed to the model never go backwards (stamps come from several CPUs).
@@ -367,7 +392,6 @@ impl Forwarder {
             link,
             free: Vec::new(),
             out: Vec::new(),
-            buf: vec![0u8; MAX_FRAME],
             counters: ShellCounters::default(),
             published: Published::default(),
             last_arrival: Instant::now(),
@@ -389,11 +413,12 @@ impl Forwarder {
             return;
         }
         // Read (and reset) by the kernel; a full buffer only happens while frames arrive.
-        self.counters.socket_drops += self.input.take_drops();
+        self.counters.socket_drops += self.input.sock.take_drops();
         *lock(&self.dir.stats) = self.link.stats;
         *lock(&self.dir.passthrough) = self.counters.passthrough;
         *lock(&self.dir.send_errors) = self.counters.send_errors;
         *lock(&self.dir.socket_drops) = self.counters.socket_drops;
+        *lock(&self.dir.oversize_drops) = self.counters.oversize_drops;
         (p.stats, p.counters) = (self.link.stats, self.counters);
         p.at = Some(now);
     }
@@ -414,33 +439,39 @@ impl Forwarder {
     /// Read what has arrived into the model, at the kernel's arrival times.
     fn read_input(&mut self) -> bool {
         for _ in 0..Self::READ_BUDGET {
-            let Some((n, stamp)) = self.input.recv(&mut self.buf) else {
-                return false;
-            };
-            let frame = &self.buf[..n];
-            let ip = frame.get(ETH_HDR..).filter(|_| is_ip(frame));
-            match ip.and_then(|p| PacketInfo::parse(p).map(|i| (p.len(), i))) {
-                Some((len, info)) => {
-                    let mut v = self.free.pop().unwrap_or_default();
-                    v.clear();
-                    v.extend_from_slice(frame);
-                    let now = Instant::now();
-                    let age = arrival_age(stamp, clock_ns(libc::CLOCK_REALTIME), || {
-                        clock_ns(libc::CLOCK_MONOTONIC)
-                    });
-                    let arrival = age
-                        .and_then(|a| now.checked_sub(a))
-                        .unwrap_or(now)
-                        .max(self.last_arrival);
-                    self.last_arrival = arrival;
-                    self.link.push(arrival, v, len, info.flow_hash());
+            let taken = self.input.ring.take(|rx| {
+                if rx.truncated {
+                    self.counters.oversize_drops += 1;
+                    return;
                 }
-                None => {
-                    self.counters.passthrough += 1;
-                    if !self.output.send(frame) {
-                        self.counters.send_errors += 1;
+                let frame = rx.data;
+                let ip = frame.get(ETH_HDR..).filter(|_| is_ip(frame));
+                match ip.and_then(|p| PacketInfo::parse(p).map(|i| (p.len(), i))) {
+                    Some((len, info)) => {
+                        let mut v = self.free.pop().unwrap_or_default();
+                        v.clear();
+                        v.extend_from_slice(frame);
+                        let now = Instant::now();
+                        let age = arrival_age(rx.stamp_ns, clock_ns(libc::CLOCK_REALTIME), || {
+                            clock_ns(libc::CLOCK_MONOTONIC)
+                        });
+                        let arrival = age
+                            .and_then(|a| now.checked_sub(a))
+                            .unwrap_or(now)
+                            .max(self.last_arrival);
+                        self.last_arrival = arrival;
+                        self.link.push(arrival, v, len, info.flow_hash());
+                    }
+                    None => {
+                        self.counters.passthrough += 1;
+                        if !self.output.send(frame) {
+                            self.counters.send_errors += 1;
+                        }
                     }
                 }
+            });
+            if taken.is_none() {
+                return false;
             }
         }
         true

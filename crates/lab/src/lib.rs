@@ -1,7 +1,8 @@
 //! mpquic-lab: link emulator, lab topologies and scenario runner (docs/LAB.md).
 //!
 //! - `emu`: the emulator's model, sans-IO, tested in virtual time (`tests/emu_model.rs`);
-//! - `bridge`: its I/O shell (AF_PACKET, one thread per path direction), with `timing`
+//! - `bridge`: its I/O shell (AF_PACKET, one thread per path direction; frames read from a
+//!   shared ring, `packet_ring`), with `timing`
 //!   (arrival times from kernel stamps, the adaptive spin before deadlines);
 //! - `topo`: namespaces and links of a lab (`mpquic-lab up/show/down/set`);
 //! - `scenario`: scenario and VPN definition files;
@@ -11,6 +12,7 @@
 
 pub mod bridge;
 pub mod emu;
+pub mod packet_ring;
 pub mod plot;
 pub mod report;
 pub mod runner;

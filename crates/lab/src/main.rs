@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
-use mpquic_lab::bridge::{self, Direction, DirectionIo, RawSocket};
+use mpquic_lab::bridge::{self, Direction, DirectionIo, Input, RawSocket};
 use mpquic_lab::emu::LinkSpec;
 use mpquic_lab::topo;
 
@@ -162,8 +162,8 @@ fn emu(name: &str, seed: u64) -> Result<()> {
         let s = format!("s{}", p.index);
         for (from, to, d, k) in [(&c, &s, up.clone(), 0u64), (&s, &c, down.clone(), 1u64)] {
             let io = DirectionIo {
-                input: RawSocket::bind(from).with_context(|| format!("raw socket on {from}"))?,
-                output: RawSocket::bind(to).with_context(|| format!("raw socket on {to}"))?,
+                input: Input::open(from).with_context(|| format!("raw socket on {from}"))?,
+                output: RawSocket::output(to).with_context(|| format!("raw socket on {to}"))?,
                 dir: d,
                 seed: seed.wrapping_mul(1000).wrapping_add(p.index as u64 * 2 + k),
             };
@@ -217,6 +217,7 @@ fn handle(dirs: &[(Arc<Direction>, Arc<Direction>)], line: &str) -> Result<Strin
                             "passthrough": *x.passthrough.lock().unwrap_or_else(|e| e.into_inner()),
                             "send_errors": *x.send_errors.lock().unwrap_or_else(|e| e.into_inner()),
                             "socket_drops": *x.socket_drops.lock().unwrap_or_else(|e| e.into_inner()),
+                            "oversize_drops": *x.oversize_drops.lock().unwrap_or_else(|e| e.into_inner()),
                         })
                     };
                     serde_json::json!({"index": i + 1, "up": one(u), "down": one(d)})
