@@ -136,7 +136,10 @@ impl Input {
     pub fn open(ifname: &str) -> io::Result<Input> {
         let sock = RawSocket::open(ETH_P_ALL)?;
         // The ring before the bind: no frame may land in the ordinary receive queue.
-        let ring = RxRing::new(sock.fd.as_raw_fd(), mtu(&sock, ifname)? + ETH_HDR + VLAN_HDR)?;
+        let ring = RxRing::new(
+            sock.fd.as_raw_fd(),
+            mtu(&sock, ifname)? + ETH_HDR + VLAN_HDR,
+        )?;
         let ifindex = sock.bind(ifname, ETH_P_ALL)?;
         // Our own transmissions must not come back to us as input.
         sock.setopt(libc::SOL_PACKET, 23 /* PACKET_IGNORE_OUTGOING */, 1)?;
@@ -180,7 +183,9 @@ fn mtu(sock: &RawSocket, ifname: &str) -> io::Result<usize> {
     // SAFETY: zeroed ifreq is valid; the name is copied in below (NUL-terminated by the zeroes).
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     if ifname.len() >= req.ifr_name.len() {
-        return Err(io::Error::other(format!("interface name too long: {ifname}")));
+        return Err(io::Error::other(format!(
+            "interface name too long: {ifname}"
+        )));
     }
     for (d, s) in req.ifr_name.iter_mut().zip(ifname.bytes()) {
         *d = s as libc::c_char;
