@@ -82,6 +82,39 @@ fn tunnel_drops(o: &mut String, samples: &[Value]) {
     }
 }
 
+/// Frames the emulator itself lost outside its link model (receive ring full, longer than the
+/// MTU, send failed) and how late it released packets: a run with lab losses or large lateness
+/// measured the lab, not the system.
+fn emulator_health(o: &mut String, emu: &Value) {
+    let mut lost = Vec::new();
+    let (mut late_ns, mut out) = (0u64, 0u64);
+    for p in emu["paths"].as_array().into_iter().flatten() {
+        for dir in ["up", "down"] {
+            let x = &p[dir];
+            for k in ["socket_drops", "oversize_drops", "send_errors"] {
+                let n = x[k].as_u64().unwrap_or(0);
+                if n > 0 {
+                    lost.push(format!("path {} {dir}: {k} {n}", p["index"]));
+                }
+            }
+            late_ns += x["stats"]["late_ns_total"].as_u64().unwrap_or(0);
+            out += x["stats"]["out_packets"].as_u64().unwrap_or(0);
+        }
+    }
+    if emu.is_object() {
+        let _ = writeln!(
+            o,
+            "\nEmulator: {}; packets left {:.0} us after their model time on average.",
+            if lost.is_empty() {
+                "no frame lost outside the link model".to_string()
+            } else {
+                format!("frames lost outside the link model: {}", lost.join(", "))
+            },
+            late_ns as f64 / out.max(1) as f64 / 1000.0
+        );
+    }
+}
+
 /// mpquic's drop counters at the end of the run, every non-zero one (status --json of each side).
 fn mpquic_drops(o: &mut String, status: &Value) {
     let mut lines = Vec::new();
@@ -218,6 +251,7 @@ fn markdown(r: &Value, plots: &crate::plot::Plots) -> String {
         process_table(&mut o, samples);
         tunnel_drops(&mut o, samples);
         mpquic_drops(&mut o, &s["mpquic_status"]);
+        emulator_health(&mut o, &s["emulator"]);
         let _ = writeln!(o);
         for p in plots
             .plots

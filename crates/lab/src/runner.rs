@@ -518,7 +518,7 @@ fn sample(what: &Sampled, t0: Instant, every: Duration, stop: &AtomicBool) -> Ve
             .map(|p| {
                 let d = |x: &Value| {
                     let st = &x["stats"];
-                    let dropped: u64 = [
+                    let model: u64 = [
                         "dropped_state",
                         "dropped_mtu",
                         "dropped_loss",
@@ -529,6 +529,12 @@ fn sample(what: &Sampled, t0: Instant, every: Duration, stop: &AtomicBool) -> Ve
                     .iter()
                     .map(|k| st[*k].as_u64().unwrap_or(0))
                     .sum();
+                    // The shell's own losses are losses the traffic saw too.
+                    let shell: u64 = ["socket_drops", "oversize_drops", "send_errors"]
+                        .iter()
+                        .map(|k| x[*k].as_u64().unwrap_or(0))
+                        .sum();
+                    let dropped = model + shell;
                     json!({"in": st["in_packets"], "dropped": dropped})
                 };
                 json!({"up": d(&p["up"]), "down": d(&p["down"])})
