@@ -56,7 +56,10 @@ pub struct Drops([u64; DropReason::ALL.len()]);
 
 impl Drops {
     pub fn add(&mut self, r: DropReason) {
-        self.0[r.index()] += 1;
+        self.add_n(r, 1);
+    }
+    pub fn add_n(&mut self, r: DropReason, n: u64) {
+        self.0[r.index()] += n;
     }
     pub fn get(&self, r: DropReason) -> u64 {
         self.0[r.index()]

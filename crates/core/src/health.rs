@@ -128,9 +128,20 @@ impl PathHealth {
             .min(self.cfg.down_after_max)
     }
 
-    /// When the shell must call `poll` again at the latest.
+    /// When the shell must call `poll` again at the latest: the next probe, or the moment the
+    /// silence since the last reply takes the path down, whichever comes first.
     pub fn next_deadline(&self) -> Instant {
-        self.next_probe_at
+        if self.state == PathState::Down {
+            return self.next_probe_at;
+        }
+        // `check_silence` needs the silence to exceed `down_after`: one nanosecond past it.
+        let silent = self.silence_reference() + self.down_after() + Duration::from_nanos(1);
+        self.next_probe_at.min(silent)
+    }
+
+    /// Silence is measured from the last reply, or from the start of probing.
+    fn silence_reference(&self) -> Instant {
+        self.last_reply_at.unwrap_or(self.since).max(self.since)
     }
 
     /// Advance time. Returns a probe sequence number when a probe is due.
@@ -182,9 +193,7 @@ impl PathHealth {
         if self.state == PathState::Down {
             return;
         }
-        // Silence is measured from the last reply, or from the start of probing.
-        let reference = self.last_reply_at.unwrap_or(self.since).max(self.since);
-        if now.saturating_duration_since(reference) > self.down_after() {
+        if now.saturating_duration_since(self.silence_reference()) > self.down_after() {
             self.consecutive = 0;
             self.set_state(PathState::Down, now);
         }

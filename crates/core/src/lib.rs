@@ -7,9 +7,15 @@ pub mod drops;
 pub mod flow;
 pub mod health;
 pub mod packet;
+pub mod paths;
+pub mod router;
+pub mod scheduler;
 pub mod wire;
 
-pub use bond::{Bond, PathCounters, PathSpec, Policy, ProbeDue, Transition};
+pub use bond::Bond;
 pub use drops::{DropReason, Drops};
 pub use health::{HealthConfig, PathHealth, PathState};
 pub use packet::PacketInfo;
+pub use paths::{PathCounters, PathId, PathSet, PathSpec, ProbeDue, Transition};
+pub use router::Router;
+pub use scheduler::{Policy, Scheduler};

@@ -1,4 +1,4 @@
-//! Deterministic simulator: the real client and server `Bond`s exchange probes and data over
+//! Deterministic simulator: the real client and server `Router`s exchange probes and data over
 //! modelled links in virtual time. Hours of link behaviour run in milliseconds and every run with
 //! the same inputs is identical, so the properties below are checked over many generated cases.
 
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use mpquic_core::packet::PacketInfo;
 use mpquic_core::wire::{self, Datagram};
-use mpquic_core::{Bond, HealthConfig, PathSpec, Policy, ProbeDue};
+use mpquic_core::{HealthConfig, PathId, PathSpec, Policy, ProbeDue, Router};
 use proptest::prelude::*;
 
 #[derive(Clone, Copy, Debug)]
@@ -33,7 +33,7 @@ struct InFlight {
     at: Duration,
     order: u64,
     to: Side,
-    path: usize,
+    path: PathId,
     bytes: Vec<u8>,
 }
 
@@ -41,8 +41,8 @@ struct Sim {
     t0: Instant,
     now: Duration,
     links: Vec<Link>,
-    client: Bond,
-    server: Bond,
+    client: Router,
+    server: Router,
     queue: BinaryHeap<Reverse<InFlight>>,
     order: u64,
     rng: u64,
@@ -66,11 +66,11 @@ impl Sim {
     fn new(policy: Policy, specs: &[PathSpec], links: Vec<Link>, seed: u64) -> Sim {
         let t0 = Instant::now();
         let cfg = HealthConfig::default();
-        let mut client = Bond::new(policy, cfg);
-        let mut server = Bond::new(policy, cfg);
+        let mut client = Router::new(policy, cfg);
+        let mut server = Router::new(policy, cfg);
         for s in specs {
-            let c = client.add_path(s.clone());
-            let v = server.add_path(s.clone());
+            let c = client.path(s.clone()).unwrap();
+            let v = server.path(s.clone()).unwrap();
             client.connected(c, t0);
             server.connected(v, t0);
         }
@@ -95,8 +95,8 @@ impl Sim {
         (self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    fn send(&mut self, from: Side, path: usize, bytes: Vec<u8>) {
-        let link = self.links[path];
+    fn send(&mut self, from: Side, path: PathId, bytes: Vec<u8>) {
+        let link = self.links[path.index()];
         let blocked = match from {
             Side::Client => link.drop_up,
             Side::Server => link.drop_down,
@@ -118,21 +118,22 @@ impl Sim {
         }));
     }
 
-    fn bond(&mut self, side: Side) -> &mut Bond {
+    fn router(&mut self, side: Side) -> &mut Router {
         match side {
             Side::Client => &mut self.client,
             Side::Server => &mut self.server,
         }
     }
 
-    /// Send one data packet of flow `port` from `side`; returns the path the policy chose.
+    /// Send one data packet of flow `port` from `side`; returns the index of the path the
+    /// policy chose.
     fn send_data(&mut self, side: Side, port: u16, seq: u32) -> Option<usize> {
         let pkt = ip_packet(port, seq);
         let info = PacketInfo::parse(&pkt);
         let now = self.t0 + self.now;
-        let path = self.bond(side).route(info.as_ref(), pkt.len(), now)?;
+        let path = self.router(side).route(info.as_ref(), pkt.len(), now)?;
         self.send(side, path, pkt);
-        Some(path)
+        Some(path.index())
     }
 
     /// Run until `until`, in steps of 1 ms, delivering messages and polling both bonds.
@@ -141,7 +142,7 @@ impl Sim {
             for side in [Side::Client, Side::Server] {
                 let now = self.t0 + self.now;
                 let mut probes: Vec<ProbeDue> = Vec::new();
-                self.bond(side).poll(now, &mut probes, &mut Vec::new());
+                self.router(side).poll(now, &mut probes, &mut Vec::new());
                 for p in probes {
                     self.send(
                         side,
@@ -160,12 +161,12 @@ impl Sim {
                         wire::encode_probe(wire::PROBE_REPLY, seq).to_vec(),
                     ),
                     Datagram::ProbeReply(seq) => {
-                        self.bond(m.to).on_probe_reply(m.path, seq, now);
+                        self.router(m.to).on_probe_reply(m.path, seq, now);
                     }
                     Datagram::Packet(p) => {
                         let port = u16::from_be_bytes([p[20], p[21]]);
                         let seq = u32::from_be_bytes([p[28], p[29], p[30], p[31]]);
-                        self.bond(m.to).on_received(m.path, p.len());
+                        self.router(m.to).on_received(m.path, p.len());
                         self.delivered.push((m.to, port, seq));
                     }
                 }
@@ -340,7 +341,7 @@ fn seed_failover_scenario_gaps() {
             last[1],
             back[0],
             back[1],
-            sim.client.paths()[0].health.as_ref().unwrap().transitions
+            sim.client.paths().iter().next().unwrap().1.health.as_ref().unwrap().transitions
         );
         assert!(last[0].unwrap_or_default() < Duration::from_millis(600));
     }

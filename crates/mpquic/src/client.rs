@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use mpquic_core::PathSpec;
+use mpquic_core::{PathId, PathSpec};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -31,6 +31,8 @@ struct Client {
     session: u64,
     tun: Arc<Tun>,
     tunnel: Arc<Tunnel>,
+    /// The tunnel's id of each configured path, in config order.
+    path_ids: Vec<PathId>,
     quic_client: quinn::ClientConfig,
     /// The address the server gave us (set on the TUN device).
     addr: Mutex<Option<(Ipv4Addr, u8)>>,
@@ -57,13 +59,19 @@ pub async fn run(cfg: Config, ccfg: ClientConfig) -> Result<()> {
         ccfg.policy,
         None,
     );
-    for p in &ccfg.paths {
-        tunnel.path(PathSpec {
-            name: p.name.clone(),
-            priority: p.priority,
-            weight: p.weight,
-        });
-    }
+    let path_ids = ccfg
+        .paths
+        .iter()
+        .map(|p| {
+            tunnel
+                .path(PathSpec {
+                    name: p.name.clone(),
+                    priority: p.priority,
+                    weight: p.weight,
+                })
+                .ok_or_else(|| anyhow!("too many paths"))
+        })
+        .collect::<Result<Vec<_>>>()?;
     let cert_key = match (&cfg.cert_file, &cfg.key_file) {
         (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
         _ => None,
@@ -80,6 +88,7 @@ pub async fn run(cfg: Config, ccfg: ClientConfig) -> Result<()> {
         session: runtime::random_u64(),
         tun: tun.clone(),
         tunnel: tunnel.clone(),
+        path_ids,
         quic_client,
         addr: Mutex::new(None),
         fatal: fatal_tx,
@@ -105,7 +114,7 @@ pub async fn run(cfg: Config, ccfg: ClientConfig) -> Result<()> {
         })
         .collect();
     let t = tunnel.clone();
-    tokio::spawn(runtime::ticker(move || t.tick()));
+    tokio::spawn(async move { t.run_timers().await });
     let c = client.clone();
     tokio::spawn(async move { c.tun_reader().await });
 
@@ -169,22 +178,23 @@ impl Client {
     /// Watch an installed connection; replace it when it has been unusable for too long.
     async fn supervise(&self, idx: usize, link: NewLink) {
         let name = &self.ccfg.paths[idx].name;
+        let id = self.path_ids[idx];
         let mut conn = link.conn.clone();
-        let mut generation = self.tunnel.install(idx, link);
+        let mut generation = self.tunnel.install(id, link);
         loop {
             tokio::select! {
                 reason = conn.closed() => {
-                    self.tunnel.remove(idx, generation);
+                    self.tunnel.remove(id, generation);
                     info!(path = %name, reason = %reason, "path connection closed");
                     return;
                 }
                 _ = tokio::time::sleep(Duration::from_millis(250)) => {
-                    if self.tunnel.unusable_for(idx).is_some_and(|d| d >= RECONNECT_AFTER) {
+                    if self.tunnel.unusable_for(id).is_some_and(|d| d >= RECONNECT_AFTER) {
                         match self.connect(idx).await {
                             Ok(new) => {
                                 info!(path = %name, "path unusable; replaced its connection");
                                 conn = new.conn.clone();
-                                generation = self.tunnel.install(idx, new);
+                                generation = self.tunnel.install(id, new);
                             }
                             Err(e) => info!(path = %name, error = %format!("{e:#}"), "path still unusable; reconnect failed"),
                         }

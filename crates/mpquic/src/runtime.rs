@@ -1,12 +1,7 @@
 //! Small pieces of the process shell shared by client and server.
 
-use std::time::Duration;
-
 use crate::config::Config;
 use crate::quic;
-
-/// Health tick: probe timing resolution and the cadence of failure detection.
-pub const TICK: Duration = Duration::from_millis(10);
 
 /// TUN MTU: as configured, or the link MTU minus the tunnel overhead.
 pub fn tun_mtu(cfg: &Config, link_mtu: u32) -> u32 {
@@ -18,15 +13,6 @@ pub fn tun_mtu(cfg: &Config, link_mtu: u32) -> u32 {
 /// the same value, 20 bytes more conservative than needed).
 pub fn mss_for(mtu: u32) -> u16 {
     mtu.saturating_sub(40).min(u32::from(u16::MAX)) as u16
-}
-
-pub async fn ticker(mut f: impl FnMut()) {
-    let mut iv = tokio::time::interval(TICK);
-    iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        iv.tick().await;
-        f();
-    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use mpquic_core::{DropReason, Drops, PathSpec, Policy};
+use mpquic_core::{DropReason, Drops, PathId, PathSpec, Policy};
 use tracing::{info, warn};
 
 use crate::config::{Config, ServerConfig};
@@ -22,6 +22,8 @@ use crate::{addressing, quic, runtime, tls};
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// A session with no connected path for this long is forgotten (its address becomes free).
 const SESSION_LINGER: Duration = Duration::from_secs(120);
+/// How often sessions are checked for expiry (path health runs on each session's own timers).
+const HOUSEKEEPING: Duration = Duration::from_secs(1);
 
 struct Session {
     name: String,
@@ -30,6 +32,14 @@ struct Session {
     tunnel: Arc<Tunnel>,
     /// Last time the session had a connected path.
     last_connected: Mutex<Instant>,
+    /// The task serving the tunnel's timers; it ends with the session.
+    timers: tokio::task::AbortHandle,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.timers.abort();
+    }
 }
 
 #[derive(Default)]
@@ -91,7 +101,13 @@ pub async fn run(cfg: Config, scfg: ServerConfig) -> Result<()> {
     .await?;
 
     let s = server.clone();
-    tokio::spawn(runtime::ticker(move || s.tick()));
+    tokio::spawn(async move {
+        let mut iv = tokio::time::interval(HOUSEKEEPING);
+        loop {
+            iv.tick().await;
+            s.expire_sessions();
+        }
+    });
     let s = server.clone();
     tokio::spawn(async move { s.tun_reader().await });
     let ep = endpoint.clone();
@@ -154,13 +170,12 @@ impl Server {
         self.drops.lock().unwrap_or_else(|e| e.into_inner()).add(r);
     }
 
-    /// Health for every session; forget sessions that have been without paths for long.
-    fn tick(&self) {
+    /// Forget sessions that have been without paths for long.
+    fn expire_sessions(&self) {
         let sessions: Vec<Arc<Session>> = self.read().by_name.values().cloned().collect();
         let now = Instant::now();
         let mut stale = Vec::new();
         for s in sessions {
-            s.tunnel.tick();
             let mut last = s.last_connected.lock().unwrap_or_else(|e| e.into_inner());
             if s.tunnel.connected_paths() > 0 {
                 *last = now;
@@ -274,7 +289,7 @@ impl Server {
     }
 
     /// Attach a path to the client's session, creating or replacing the session as needed.
-    fn join(&self, name: &str, h: &Hello) -> Result<(Arc<Session>, usize), String> {
+    fn join(&self, name: &str, h: &Hello) -> Result<(Arc<Session>, PathId), String> {
         let policy =
             Policy::parse(&h.policy).ok_or_else(|| format!("unknown policy `{}`", h.policy))?;
         let mut reg = self.write();
@@ -306,12 +321,15 @@ impl Server {
                     policy,
                     Some(addr),
                 );
+                let t = tunnel.clone();
+                let timers = tokio::spawn(async move { t.run_timers().await }).abort_handle();
                 let s = Arc::new(Session {
                     name: name.to_string(),
                     id: h.session,
                     addr,
                     tunnel,
                     last_connected: Mutex::new(Instant::now()),
+                    timers,
                 });
                 reg.by_name.insert(name.to_string(), s.clone());
                 reg.by_addr.insert(addr, s.clone());
@@ -320,11 +338,14 @@ impl Server {
                 s
             }
         };
-        let path = session.tunnel.path(PathSpec {
-            name: h.path.clone(),
-            priority: h.priority,
-            weight: h.weight.max(1),
-        });
+        let path = session
+            .tunnel
+            .path(PathSpec {
+                name: h.path.clone(),
+                priority: h.priority,
+                weight: h.weight.max(1),
+            })
+            .ok_or("too many paths in this session")?;
         Ok((session, path))
     }
 }

@@ -1,6 +1,6 @@
 //! One tunnel's data path, shared by the client and by each client session on the server: the
-//! sans-IO `Bond` plus the QUIC connection of each path. It sends inner packets on the path the
-//! bond picks, receives from every path into the TUN device, answers and sends probes, and
+//! sans-IO `Router` (paths, health, the bond's scheduler) plus the QUIC connection of each path.
+//! It sends inner packets on the path the bond picks, receives from every path into the TUN device, answers and sends probes, and
 //! counts every packet it does not deliver.
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use mpquic_core::wire::{self, Datagram};
 use mpquic_core::{
-    Bond, DropReason, PacketInfo, PathSpec, PathState, Policy, ProbeDue, Transition,
+    DropReason, PacketInfo, PathId, PathSpec, PathState, Policy, ProbeDue, Router, Transition,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tracing::{debug, info, warn};
 
 use crate::config::TransportMode;
@@ -49,9 +49,16 @@ struct Link {
 }
 
 struct State {
-    bond: Bond,
+    router: Router,
+    /// The live connection of each path, by `PathId::index()`.
     links: Vec<Option<Link>>,
     next_generation: u64,
+}
+
+impl State {
+    fn link(&self, path: PathId) -> Option<&Link> {
+        self.links.get(path.index()).and_then(Option::as_ref)
+    }
 }
 
 pub struct Tunnel {
@@ -62,6 +69,9 @@ pub struct Tunnel {
     /// Server side: inner packets from the peer must carry this source address.
     expect_src: Option<Ipv4Addr>,
     state: Mutex<State>,
+    /// Wakes the timer task when the core's next deadline may have moved earlier (a path was
+    /// connected), so it can sleep until that deadline rather than tick.
+    timers_changed: Notify,
 }
 
 /// What a new path connection brings.
@@ -88,10 +98,11 @@ impl Tunnel {
             mode,
             expect_src,
             state: Mutex::new(State {
-                bond: Bond::new(policy, Default::default()),
+                router: Router::new(policy, Default::default()),
                 links: Vec::new(),
                 next_generation: 1,
             }),
+            timers_changed: Notify::new(),
         })
     }
 
@@ -100,29 +111,24 @@ impl Tunnel {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The index of the path called `name`, created if new; its spec is refreshed.
-    pub fn path(&self, spec: PathSpec) -> usize {
+    /// The id of the path called `name`, created if new; its spec is refreshed. `None` when the
+    /// tunnel has no room for another path.
+    pub fn path(&self, spec: PathSpec) -> Option<PathId> {
         let mut s = self.lock();
-        match s.bond.find(&spec.name) {
-            Some(i) => {
-                s.bond.set_spec(i, spec);
-                i
-            }
-            None => {
-                let i = s.bond.add_path(spec);
-                s.links.push(None);
-                i
-            }
+        let id = s.router.path(spec)?;
+        if s.links.len() <= id.index() {
+            s.links.resize_with(id.index() + 1, || None);
         }
+        Some(id)
     }
 
-    pub fn path_name(&self, path: usize) -> String {
-        self.lock().bond.paths()[path].spec.name.clone()
+    pub fn path_name(&self, path: PathId) -> String {
+        self.lock().router.paths().get(path).spec.name.clone()
     }
 
     /// Put a fresh connection on `path`, replacing (and closing) any previous one, and start its
     /// receive tasks. Returns the link generation for `remove`.
-    pub fn install(self: &Arc<Self>, path: usize, new: NewLink) -> u64 {
+    pub fn install(self: &Arc<Self>, path: PathId, new: NewLink) -> u64 {
         let NewLink {
             conn,
             send,
@@ -141,15 +147,17 @@ impl Tunnel {
             let mut s = self.lock();
             let generation = s.next_generation;
             s.next_generation += 1;
-            let old = s.links[path].replace(Link {
+            let old = s.links[path.index()].replace(Link {
                 conn: conn.clone(),
                 stream_tx,
                 generation,
                 _endpoint: endpoint,
             });
-            s.bond.connected(path, now);
+            s.router.connected(path, now);
             (generation, old)
         };
+        // A new path probes at once.
+        self.timers_changed.notify_one();
         if let Some(old) = old {
             old.conn
                 .close(close::REPLACED.into(), b"replaced by a new connection");
@@ -184,15 +192,12 @@ impl Tunnel {
     }
 
     /// The connection with `generation` on `path` is gone (if it is still the current one).
-    pub fn remove(&self, path: usize, generation: u64) {
+    pub fn remove(&self, path: PathId, generation: u64) {
         let mut s = self.lock();
-        if s.links[path]
-            .as_ref()
-            .is_some_and(|l| l.generation == generation)
-        {
-            s.links[path] = None;
-            s.bond.disconnected(path);
-            let name = s.bond.paths()[path].spec.name.clone();
+        if s.link(path).is_some_and(|l| l.generation == generation) {
+            s.links[path.index()] = None;
+            s.router.disconnected(path);
+            let name = s.router.paths().get(path).spec.name.clone();
             drop(s);
             info!(tunnel = %self.peer, path = %name, "path disconnected");
         }
@@ -202,8 +207,8 @@ impl Tunnel {
         self.lock().links.iter().filter(|l| l.is_some()).count()
     }
 
-    pub fn unusable_for(&self, path: usize) -> Option<Duration> {
-        self.lock().bond.unusable_for(path, Instant::now())
+    pub fn unusable_for(&self, path: PathId) -> Option<Duration> {
+        self.lock().router.unusable_for(path, Instant::now())
     }
 
     /// Close every connection (shutdown, or the session was replaced).
@@ -225,16 +230,16 @@ impl Tunnel {
         let now = Instant::now();
         let (path, sender) = {
             let mut s = self.lock();
-            let Some(path) = s.bond.route(info, pkt.len(), now) else {
+            let Some(path) = s.router.route(info, pkt.len(), now) else {
                 return; // counted as no_path by the bond
             };
-            match s.links[path].as_ref() {
+            match s.link(path) {
                 Some(link) => match &link.stream_tx {
                     Some(tx) => (path, Sender::Stream(tx.clone())),
                     None => (path, Sender::Datagram(link.conn.clone())),
                 },
                 None => {
-                    s.bond.drop_tx(path, pkt.len(), DropReason::NoPath);
+                    s.router.drop_tx(path, pkt.len(), DropReason::NoPath);
                     return;
                 }
             }
@@ -249,13 +254,13 @@ impl Tunnel {
             Sender::Datagram(conn) => send_datagram(&conn, pkt),
         };
         if let Err(reason) = result {
-            self.lock().bond.drop_tx(path, pkt.len(), reason);
+            self.lock().router.drop_tx(path, pkt.len(), reason);
         }
     }
 
     /// Deliver a packet received on `path` to the TUN device. The TUN write (which runs the
     /// kernel's forwarding of the packet) happens outside the lock.
-    fn deliver(&self, path: usize, pkt: &[u8]) {
+    fn deliver(&self, path: PathId, pkt: &[u8]) {
         if let Some(expect) = self.expect_src {
             let refused = match PacketInfo::parse(pkt) {
                 Some(info) if info.src == IpAddr::V4(expect) => None,
@@ -266,44 +271,44 @@ impl Tunnel {
                 None => Some(DropReason::Malformed),
             };
             if let Some(reason) = refused {
-                self.lock().bond.drop_rx(path, reason);
+                self.lock().router.drop_on(path, reason, 1);
                 return;
             }
         }
         let written = self.tun.send(pkt);
         let mut s = self.lock();
         match written {
-            Ok(_) => s.bond.on_received(path, pkt.len()),
+            Ok(_) => s.router.on_received(path, pkt.len()),
             Err(e) => {
                 let reason = if e.raw_os_error() == Some(libc::EAGAIN) {
                     DropReason::QueueFull
                 } else {
                     DropReason::Malformed // the kernel refused the packet (EINVAL)
                 };
-                s.bond.drop_rx(path, reason);
+                s.router.drop_on(path, reason, 1);
             }
         }
     }
 
-    fn on_datagram(&self, path: usize, conn: &quinn::Connection, d: &[u8]) {
+    fn on_datagram(&self, path: PathId, conn: &quinn::Connection, d: &[u8]) {
         match wire::decode(d) {
             Some(Datagram::Packet(p)) => self.deliver(path, p),
             Some(Datagram::Probe(seq)) => {
-                let reply = wire::encode_probe(wire::PROBE_REPLY, seq);
-                let _ = conn.send_datagram(Bytes::copy_from_slice(&reply));
+                // Not sent when the buffer is full, like our own probes: never evict data.
+                let _ = send_datagram(conn, &wire::encode_probe(wire::PROBE_REPLY, seq));
             }
             Some(Datagram::ProbeReply(seq)) => {
-                let t = self.lock().bond.on_probe_reply(path, seq, Instant::now());
+                let t = self.lock().router.on_probe_reply(path, seq, Instant::now());
                 if let Some(t) = t {
                     self.log_transition(&t);
                 }
             }
-            None => self.lock().bond.drop_rx(path, DropReason::Malformed),
+            None => self.lock().router.drop_on(path, DropReason::Malformed, 1),
         }
     }
 
     /// Reliable mode, receive side: 2-byte big-endian length, then the packet.
-    async fn stream_reader(&self, path: usize, mut recv: quinn::RecvStream) {
+    async fn stream_reader(&self, path: PathId, mut recv: quinn::RecvStream) {
         let mut buf = vec![0u8; 65_536];
         loop {
             let mut len = [0u8; 2];
@@ -315,7 +320,7 @@ impl Tunnel {
                 return;
             }
             if n == 0 {
-                self.lock().bond.drop_rx(path, DropReason::Malformed);
+                self.lock().router.drop_on(path, DropReason::Malformed, 1);
                 continue;
             }
             self.deliver(path, &buf[..n]);
@@ -325,7 +330,7 @@ impl Tunnel {
     /// Reliable mode, send side: frames queued packets and writes them in batches.
     async fn stream_writer(
         &self,
-        path: usize,
+        path: PathId,
         mut send: quinn::SendStream,
         mut rx: mpsc::Receiver<Bytes>,
     ) {
@@ -344,32 +349,65 @@ impl Tunnel {
                 }
             }
             if send.write_all(&batch).await.is_err() {
-                let mut s = self.lock();
-                s.bond.path_mut(path).drops.add(DropReason::SendFailed);
+                // Everything in this batch and everything still queued is lost with the stream;
+                // closing the queue makes later packets fail (and count) in `send_packet`.
+                rx.close();
+                let (mut packets, mut bytes) = frames_in(&batch);
+                while let Ok(p) = rx.try_recv() {
+                    packets += 1;
+                    bytes += p.len() as u64;
+                }
+                self.lock()
+                    .router
+                    .drop_tx_batch(path, packets, bytes, DropReason::SendFailed);
                 return;
             }
         }
     }
 
-    /// Advance health: send due probes, log transitions.
-    pub fn tick(&self) {
+    /// Advance health: send due probes, log transitions. Returns when the core next has work
+    /// (`None`: no connected path, nothing to do until one is installed).
+    pub fn tick(&self) -> Option<Instant> {
         let now = Instant::now();
         let mut probes: Vec<ProbeDue> = Vec::new();
         let mut changes: Vec<Transition> = Vec::new();
-        let conns: Vec<(u32, quinn::Connection)> = {
+        let (conns, next): (Vec<(PathId, u32, quinn::Connection)>, _) = {
             let mut s = self.lock();
-            s.bond.poll(now, &mut probes, &mut changes);
-            probes
+            s.router.poll(now, &mut probes, &mut changes);
+            let conns = probes
                 .iter()
-                .filter_map(|p| s.links[p.path].as_ref().map(|l| (p.seq, l.conn.clone())))
-                .collect()
+                .filter_map(|p| s.link(p.path).map(|l| (p.path, p.seq, l.conn.clone())))
+                .collect();
+            (conns, s.router.next_deadline())
         };
-        for (seq, conn) in conns {
-            let probe = wire::encode_probe(wire::PROBE, seq);
-            let _ = conn.send_datagram(Bytes::copy_from_slice(&probe));
+        for (path, seq, conn) in conns {
+            // A probe that finds the datagram buffer full is not sent (it would evict data);
+            // health counts it as unanswered, which is what a full buffer means.
+            if send_datagram(&conn, &wire::encode_probe(wire::PROBE, seq)).is_err() {
+                debug!(tunnel = %self.peer, path = %self.path_name(path), "probe not sent: datagram buffer full");
+            }
         }
         for t in &changes {
             self.log_transition(t);
+        }
+        next
+    }
+
+    /// Serve the core's timers for the tunnel's life: sleep until its next deadline, or until a
+    /// path is installed (which may bring the deadline forward). No fixed tick.
+    pub async fn run_timers(&self) {
+        loop {
+            let next = self.tick();
+            let changed = self.timers_changed.notified();
+            match next {
+                Some(at) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at.into()) => {}
+                        _ = changed => {}
+                    }
+                }
+                None => changed.await,
+            }
         }
     }
 
@@ -388,12 +426,11 @@ impl Tunnel {
         let now = Instant::now();
         let s = self.lock();
         let paths = s
-            .bond
+            .router
             .paths()
             .iter()
-            .zip(s.links.iter())
-            .enumerate()
-            .map(|(i, (p, link))| {
+            .map(|(id, p)| {
+                let link = s.link(id);
                 let mut ps = PathStatus {
                     name: p.spec.name.clone(),
                     state: p.state().map_or("disconnected", PathState::as_str).into(),
@@ -403,7 +440,7 @@ impl Tunnel {
                     tx_packets: p.counters.tx_packets,
                     rx_bytes: p.counters.rx_bytes,
                     rx_packets: p.counters.rx_packets,
-                    flows: s.bond.flows().flows_on(i) as u64,
+                    flows: s.router.bond().flows_on(id) as u64,
                     connects: p.connects,
                     drops: p
                         .drops
@@ -436,11 +473,12 @@ impl Tunnel {
         TunnelStatus {
             peer: self.peer.clone(),
             address,
-            policy: s.bond.policy().as_str().into(),
+            policy: s.router.bond().policy().as_str().into(),
             mode: self.mode.as_str().into(),
             paths,
             drops: s
-                .bond
+                .router
+                .bond()
                 .drops
                 .iter()
                 .map(|(r, n)| (r.as_str().to_string(), n))
@@ -454,16 +492,30 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// Send one datagram, refusing (and reporting) rather than letting the QUIC engine silently
-/// drop older queued datagrams when its buffer is full.
-/// (`send_datagram` itself reports a too-large packet and missing datagram support, so no size
-/// check is needed first: each check takes the connection's lock, per packet.)
+/// drop older queued datagrams when its buffer is full. `send_datagram_wait` checks for space
+/// and queues under one lock and never evicts; polled once, "would wait" means the buffer is
+/// full. (`send_datagram` would make room by discarding queued datagrams uncounted, and a
+/// separate space check before it races with the other threads that send.)
 fn send_datagram(conn: &quinn::Connection, pkt: &[u8]) -> Result<(), DropReason> {
-    if conn.datagram_send_buffer_space() < pkt.len() {
-        return Err(DropReason::QueueFull);
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let fut = std::pin::pin!(conn.send_datagram_wait(Bytes::copy_from_slice(pkt)));
+    match fut.poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(Ok(())) => Ok(()),
+        Poll::Ready(Err(quinn::SendDatagramError::TooLarge)) => Err(DropReason::Oversized),
+        Poll::Ready(Err(_)) => Err(DropReason::SendFailed),
+        Poll::Pending => Err(DropReason::QueueFull),
     }
-    conn.send_datagram(Bytes::copy_from_slice(pkt))
-        .map_err(|e| match e {
-            quinn::SendDatagramError::TooLarge => DropReason::Oversized,
-            _ => DropReason::SendFailed,
-        })
+}
+
+/// Packets and payload bytes in a batch of length-prefixed frames (reliable mode).
+fn frames_in(batch: &[u8]) -> (u64, u64) {
+    let (mut packets, mut bytes, mut at) = (0, 0, 0);
+    while at + 2 <= batch.len() {
+        let n = usize::from(u16::from_be_bytes([batch[at], batch[at + 1]]));
+        packets += 1;
+        bytes += n as u64;
+        at += 2 + n;
+    }
+    (packets, bytes)
 }

@@ -1,0 +1,273 @@
+//! The paths of one tunnel and what is known about each: its spec (name, priority, weight), its
+//! health (probed independently of any traffic), its counters and drops. A `PathSet` is shared
+//! by every bond that schedules over it (one prober per path, however many bonds), so a path's
+//! state lives here once and the bonds only decide where packets go.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::drops::{DropReason, Drops};
+use crate::health::{HealthConfig, PathHealth, PathState};
+
+/// A path of one `PathSet`: stable for the set's lifetime (paths are added, never removed, so an
+/// id never comes to mean another path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PathId(u16);
+
+impl PathId {
+    pub fn index(self) -> usize {
+        usize::from(self.0)
+    }
+}
+
+impl fmt::Display for PathId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "path#{}", self.0)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathSpec {
+    pub name: String,
+    pub priority: u32,
+    pub weight: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PathCounters {
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+}
+
+#[derive(Debug)]
+pub struct Path {
+    pub spec: PathSpec,
+    /// `None` while the path has no live connection.
+    pub health: Option<PathHealth>,
+    pub counters: PathCounters,
+    pub drops: Drops,
+    /// Times a new connection was installed on this path.
+    pub connects: u64,
+}
+
+impl Path {
+    pub fn state(&self) -> Option<PathState> {
+        self.health.as_ref().map(|h| h.state())
+    }
+    pub fn is_up(&self) -> bool {
+        self.state() == Some(PathState::Up)
+    }
+}
+
+/// A probe the shell must send on `path` with sequence number `seq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeDue {
+    pub path: PathId,
+    pub seq: u32,
+}
+
+/// A path changed state (`None`: no connection); the shell logs it and tells the bonds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition {
+    pub path: PathId,
+    pub from: Option<PathState>,
+    pub to: Option<PathState>,
+}
+
+impl Transition {
+    /// Whether packets placed on the path before are now in the wrong place: it left `Up`, lost
+    /// its connection, or got a new one (a fresh connection starts in `Probing`).
+    pub fn invalidates_placements(&self) -> bool {
+        self.to != Some(PathState::Up)
+    }
+}
+
+/// Paths are addressed by a 16-bit id; a tunnel with more is a configuration error caught long
+/// before (the config allows far fewer), so `add` refuses rather than wraps.
+const MAX_PATHS: usize = u16::MAX as usize;
+
+#[derive(Debug)]
+pub struct PathSet {
+    health_cfg: HealthConfig,
+    paths: Vec<Path>,
+}
+
+impl PathSet {
+    pub fn new(health_cfg: HealthConfig) -> Self {
+        PathSet {
+            health_cfg,
+            paths: Vec::new(),
+        }
+    }
+
+    /// Add a path slot (not yet connected). `None` when the set is full.
+    pub fn add(&mut self, spec: PathSpec) -> Option<PathId> {
+        if self.paths.len() >= MAX_PATHS {
+            return None;
+        }
+        self.paths.push(Path {
+            spec,
+            health: None,
+            counters: PathCounters::default(),
+            drops: Drops::default(),
+            connects: 0,
+        });
+        Some(PathId((self.paths.len() - 1) as u16))
+    }
+
+    /// Update a path's priority/weight (the server learns them from each hello).
+    pub fn set_spec(&mut self, id: PathId, spec: PathSpec) {
+        self.paths[id.index()].spec = spec;
+    }
+
+    pub fn get(&self, id: PathId) -> &Path {
+        &self.paths[id.index()]
+    }
+    pub fn get_mut(&mut self, id: PathId) -> &mut Path {
+        &mut self.paths[id.index()]
+    }
+    pub fn len(&self) -> usize {
+        self.paths.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.paths.is_empty()
+    }
+    pub fn ids(&self) -> impl Iterator<Item = PathId> {
+        (0..self.paths.len() as u16).map(PathId)
+    }
+    pub fn iter(&self) -> impl Iterator<Item = (PathId, &Path)> {
+        self.ids().zip(self.paths.iter())
+    }
+    pub fn find(&self, name: &str) -> Option<PathId> {
+        self.iter()
+            .find(|(_, p)| p.spec.name == name)
+            .map(|(i, _)| i)
+    }
+
+    /// A new connection now carries `id`: health starts afresh.
+    pub fn connected(&mut self, id: PathId, now: Instant) -> Transition {
+        let p = &mut self.paths[id.index()];
+        let from = p.state();
+        p.health = Some(PathHealth::new(self.health_cfg, now));
+        p.connects += 1;
+        Transition {
+            path: id,
+            from,
+            to: p.state(),
+        }
+    }
+
+    /// The path's connection is gone.
+    pub fn disconnected(&mut self, id: PathId) -> Transition {
+        let p = &mut self.paths[id.index()];
+        let from = p.state();
+        p.health = None;
+        Transition {
+            path: id,
+            from,
+            to: None,
+        }
+    }
+
+    /// Advance time: collects due probes into `probes` and state changes into `changes`.
+    pub fn poll(
+        &mut self,
+        now: Instant,
+        probes: &mut Vec<ProbeDue>,
+        changes: &mut Vec<Transition>,
+    ) {
+        for (i, p) in self.paths.iter_mut().enumerate() {
+            let Some(h) = p.health.as_mut() else { continue };
+            let id = PathId(i as u16);
+            let before = h.state();
+            if let Some(seq) = h.poll(now) {
+                probes.push(ProbeDue { path: id, seq });
+            }
+            if h.state() != before {
+                changes.push(Transition {
+                    path: id,
+                    from: Some(before),
+                    to: Some(h.state()),
+                });
+            }
+        }
+    }
+
+    /// The earliest time `poll` has work to do (a probe, or a silence that takes a path down).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.paths
+            .iter()
+            .filter_map(|p| p.health.as_ref().map(|h| h.next_deadline()))
+            .min()
+    }
+
+    /// A reply to our probe arrived on `id`. Returns a transition if the path changed state.
+    pub fn on_probe_reply(&mut self, id: PathId, seq: u32, now: Instant) -> Option<Transition> {
+        let h = self.paths.get_mut(id.index())?.health.as_mut()?;
+        let before = h.state();
+        h.on_reply(seq, now);
+        (h.state() != before).then_some(Transition {
+            path: id,
+            from: Some(before),
+            to: Some(h.state()),
+        })
+    }
+
+    /// Count a packet of `len` bytes sent on `id`.
+    pub fn count_tx(&mut self, id: PathId, len: usize) {
+        let c = &mut self.paths[id.index()].counters;
+        c.tx_packets += 1;
+        c.tx_bytes += len as u64;
+    }
+
+    /// Count a packet received from the peer on `id`.
+    pub fn on_received(&mut self, id: PathId, len: usize) {
+        let c = &mut self.paths[id.index()].counters;
+        c.rx_packets += 1;
+        c.rx_bytes += len as u64;
+    }
+
+    /// A packet of `len` bytes counted as sent on `id` could not be sent after all.
+    pub fn drop_tx(&mut self, id: PathId, len: usize, reason: DropReason) {
+        self.drop_tx_batch(id, 1, len as u64, reason);
+    }
+
+    /// `packets` packets (`bytes` in all) counted as sent on `id` were lost before leaving
+    /// (e.g. queued on a stream that failed).
+    pub fn drop_tx_batch(&mut self, id: PathId, packets: u64, bytes: u64, reason: DropReason) {
+        let p = &mut self.paths[id.index()];
+        p.drops.add_n(reason, packets);
+        p.counters.tx_packets = p.counters.tx_packets.saturating_sub(packets);
+        p.counters.tx_bytes = p.counters.tx_bytes.saturating_sub(bytes);
+    }
+
+    /// A packet received on `id` (or meant for it) was refused (spoofed source, malformed, TUN
+    /// full, a batch lost with its stream...).
+    pub fn drop_on(&mut self, id: PathId, reason: DropReason, n: u64) {
+        self.paths[id.index()].drops.add_n(reason, n);
+    }
+
+    /// How long `id` has been unusable: down, or connected but never answered. `None` when it
+    /// is up or has no connection (the shell reconnects on a long unusable spell).
+    pub fn unusable_for(&self, id: PathId, now: Instant) -> Option<Duration> {
+        let h = self.paths.get(id.index())?.health.as_ref()?;
+        (h.state() != PathState::Up).then(|| now.saturating_duration_since(h.since()))
+    }
+
+    /// Paths eligible for traffic: those that are up or, when none is, any connected path
+    /// (a best effort: a mis-judged path is better than a certain black hole).
+    pub fn candidates(&self) -> impl Iterator<Item = PathId> + '_ {
+        let any_up = self.paths.iter().any(Path::is_up);
+        self.iter()
+            .filter(move |(_, p)| {
+                if any_up {
+                    p.is_up()
+                } else {
+                    p.health.is_some()
+                }
+            })
+            .map(|(i, _)| i)
+    }
+}

@@ -1,0 +1,235 @@
+//! One tunnel's decisions in one place: the `PathSet` and the bond that schedules over it, kept
+//! in step (every path event reaches the bond). An inner packet goes classify (later: traffic
+//! classes pick a bond) -> bond (scheduler picks a path) -> path (the shell's transport sends).
+//! The client and each server session drive one `Router` each, through the same shell code.
+
+use std::time::{Duration, Instant};
+
+use crate::bond::Bond;
+use crate::drops::DropReason;
+use crate::health::HealthConfig;
+use crate::packet::PacketInfo;
+use crate::paths::{PathId, PathSet, PathSpec, ProbeDue, Transition};
+use crate::scheduler::Policy;
+
+#[derive(Debug)]
+pub struct Router {
+    paths: PathSet,
+    bond: Bond,
+}
+
+impl Router {
+    pub fn new(policy: Policy, health: HealthConfig) -> Self {
+        Router {
+            paths: PathSet::new(health),
+            bond: Bond::new(policy),
+        }
+    }
+
+    pub fn paths(&self) -> &PathSet {
+        &self.paths
+    }
+    pub fn bond(&self) -> &Bond {
+        &self.bond
+    }
+    pub fn bond_mut(&mut self) -> &mut Bond {
+        &mut self.bond
+    }
+
+    /// The id of the path called `spec.name`, added if new; its spec is refreshed (the server
+    /// learns priority and weight from each hello). `None` when the set is full.
+    pub fn path(&mut self, spec: PathSpec) -> Option<PathId> {
+        match self.paths.find(&spec.name) {
+            Some(id) => {
+                self.paths.set_spec(id, spec);
+                Some(id)
+            }
+            None => self.paths.add(spec),
+        }
+    }
+
+    /// A new connection carries `id`.
+    pub fn connected(&mut self, id: PathId, now: Instant) -> Transition {
+        let t = self.paths.connected(id, now);
+        self.bond.on_transition(&t);
+        t
+    }
+
+    /// The connection of `id` is gone.
+    pub fn disconnected(&mut self, id: PathId) -> Transition {
+        let t = self.paths.disconnected(id);
+        self.bond.on_transition(&t);
+        t
+    }
+
+    /// Advance time: due probes into `probes`, state changes into `changes` (for the log).
+    pub fn poll(
+        &mut self,
+        now: Instant,
+        probes: &mut Vec<ProbeDue>,
+        changes: &mut Vec<Transition>,
+    ) {
+        let first = changes.len();
+        self.paths.poll(now, probes, changes);
+        for t in &changes[first..] {
+            self.bond.on_transition(t);
+        }
+        self.bond.poll(now);
+    }
+
+    /// The earliest time `poll` has work to do; the shell sleeps until then (or until an event).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        [self.paths.next_deadline(), self.bond.next_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    pub fn on_probe_reply(&mut self, id: PathId, seq: u32, now: Instant) -> Option<Transition> {
+        let t = self.paths.on_probe_reply(id, seq, now)?;
+        self.bond.on_transition(&t);
+        Some(t)
+    }
+
+    /// The path for an inner packet of `len` bytes, counted as sent there; `None` (counted as
+    /// `no_path`) when no path is connected.
+    pub fn route(&mut self, info: Option<&PacketInfo>, len: usize, now: Instant) -> Option<PathId> {
+        self.bond.route(&mut self.paths, info, len, now)
+    }
+
+    pub fn on_received(&mut self, id: PathId, len: usize) {
+        self.paths.on_received(id, len);
+    }
+    pub fn drop_tx(&mut self, id: PathId, len: usize, reason: DropReason) {
+        self.paths.drop_tx(id, len, reason);
+    }
+    pub fn drop_tx_batch(&mut self, id: PathId, packets: u64, bytes: u64, reason: DropReason) {
+        self.paths.drop_tx_batch(id, packets, bytes, reason);
+    }
+    pub fn drop_on(&mut self, id: PathId, reason: DropReason, n: u64) {
+        self.paths.drop_on(id, reason, n);
+    }
+    pub fn unusable_for(&self, id: PathId, now: Instant) -> Option<Duration> {
+        self.paths.unusable_for(id, now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::tests::tcp4;
+
+    fn spec(name: &str, priority: u32, weight: u32) -> PathSpec {
+        PathSpec {
+            name: name.into(),
+            priority,
+            weight,
+        }
+    }
+
+    fn up_all(r: &mut Router, now: Instant) {
+        let mut probes = Vec::new();
+        r.poll(now, &mut probes, &mut Vec::new());
+        for p in probes {
+            r.on_probe_reply(p.path, p.seq, now);
+        }
+    }
+
+    #[test]
+    fn failover_prefers_lowest_priority_up_path() {
+        let t0 = Instant::now();
+        let mut r = Router::new(Policy::Failover, HealthConfig::default());
+        let p1 = r.path(spec("wan1", 2, 1)).unwrap();
+        let p0 = r.path(spec("wan0", 1, 1)).unwrap();
+        assert_eq!(r.route(None, 100, t0), None);
+        assert_eq!(r.bond().drops.get(DropReason::NoPath), 1);
+        r.connected(p1, t0);
+        // Only a probing path: best effort.
+        assert_eq!(r.route(None, 100, t0), Some(p1));
+        r.connected(p0, t0);
+        up_all(&mut r, t0);
+        assert_eq!(r.route(None, 100, t0), Some(p0));
+        r.disconnected(p0);
+        assert_eq!(r.route(None, 100, t0), Some(p1));
+        assert_eq!(r.paths().get(p1).counters.tx_packets, 2);
+    }
+
+    #[test]
+    fn balanced_places_flows_by_weight_and_pins_them() {
+        let t0 = Instant::now();
+        let mut r = Router::new(Policy::Balanced, HealthConfig::default());
+        let a = r.path(spec("a", 1, 2)).unwrap();
+        let c = r.path(spec("c", 1, 1)).unwrap();
+        r.connected(a, t0);
+        r.connected(c, t0);
+        up_all(&mut r, t0);
+        let mut placed = [0usize; 2];
+        for port in 0..9u16 {
+            let pkt = tcp4([10, 0, 0, 1], [10, 0, 0, 2], 1000 + port, 80, None);
+            let info = PacketInfo::parse(&pkt).unwrap();
+            let first = r.route(Some(&info), pkt.len(), t0).unwrap();
+            for _ in 0..5 {
+                assert_eq!(
+                    r.route(Some(&info), pkt.len(), t0),
+                    Some(first),
+                    "flow pinned"
+                );
+            }
+            placed[first.index()] += 1;
+        }
+        assert_eq!(placed, [6, 3]);
+        assert_eq!(r.bond().flows_on(a), 6);
+        // A path that goes away loses its flows; they are placed afresh on what is left.
+        r.disconnected(a);
+        assert_eq!(r.bond().flows_on(a), 0);
+    }
+
+    #[test]
+    fn balanced_keeps_backup_priority_out_until_needed() {
+        let t0 = Instant::now();
+        let mut r = Router::new(Policy::Balanced, HealthConfig::default());
+        let a = r.path(spec("a", 1, 1)).unwrap();
+        let backup = r.path(spec("backup", 2, 1)).unwrap();
+        r.connected(a, t0);
+        r.connected(backup, t0);
+        up_all(&mut r, t0);
+        for port in 0..4u16 {
+            let pkt = tcp4([10, 0, 0, 1], [10, 0, 0, 2], port, 80, None);
+            let info = PacketInfo::parse(&pkt).unwrap();
+            assert_eq!(r.route(Some(&info), 60, t0), Some(a));
+        }
+        r.disconnected(a);
+        let pkt = tcp4([10, 0, 0, 1], [10, 0, 0, 2], 0, 80, None);
+        let info = PacketInfo::parse(&pkt).unwrap();
+        assert_eq!(r.route(Some(&info), 60, t0), Some(backup));
+    }
+
+    #[test]
+    fn a_silent_path_goes_down_at_its_deadline() {
+        // The shell sleeps until next_deadline(): the deadline must include the moment a
+        // silent path is declared down, not only the next probe.
+        let t0 = Instant::now();
+        let mut r = Router::new(Policy::Failover, HealthConfig::default());
+        let a = r.path(spec("a", 1, 1)).unwrap();
+        r.connected(a, t0);
+        up_all(&mut r, t0);
+        let mut now = t0;
+        let mut down_at = None;
+        for _ in 0..100 {
+            now = r.next_deadline().expect("a connected path has a deadline");
+            let mut changes = Vec::new();
+            r.poll(now, &mut Vec::new(), &mut changes);
+            if changes.iter().any(|t| t.to == Some(crate::PathState::Down)) {
+                down_at = Some(now);
+                break;
+            }
+        }
+        let down_after = HealthConfig::default().down_after_min;
+        let late = down_at.expect("went down").duration_since(t0) - down_after;
+        assert!(
+            late <= Duration::from_millis(1),
+            "declared down {late:?} late"
+        );
+        assert!(now > t0);
+    }
+}
