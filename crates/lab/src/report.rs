@@ -48,7 +48,7 @@ fn process_table(o: &mut String, samples: &[Value]) {
         let max = samples.iter().map(rss).fold(0.0, f64::max);
         let _ = writeln!(
             o,
-            "| {} | {:.0} | {:.1} / {:.1} / {:.1} |",
+            "| {} | {:.1} | {:.1} / {:.1} / {:.1} |",
             last["procs"][i]["name"]
                 .as_str()
                 .map_or_else(|| format!("pid {}", last["procs"][i]["pid"]), String::from),
@@ -80,6 +80,35 @@ fn tunnel_drops(o: &mut String, samples: &[Value]) {
             100.0 * dropped as f64 / (sent + dropped).max(1) as f64
         );
     }
+}
+
+/// An idle window: each process's CPU between the first and the last sample inside it.
+fn idle_line(t: &Value, samples: &[Value]) -> String {
+    let from = t["start_s"].as_f64().unwrap_or(0.0);
+    let to = from + t["duration_s"].as_f64().unwrap_or(0.0);
+    let inside: Vec<&Value> = samples
+        .iter()
+        .filter(|v| v["t_s"].as_f64().is_some_and(|x| x >= from && x <= to))
+        .collect();
+    let (Some(a), Some(b)) = (inside.first(), inside.last()) else {
+        return "no traffic (no samples in the window)".into();
+    };
+    let dt = b["t_s"].as_f64().unwrap_or(0.0) - a["t_s"].as_f64().unwrap_or(0.0);
+    let procs: Vec<String> = b["procs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, p)| {
+            let cpu = |v: &Value| v["procs"][i]["cpu_s"].as_f64().unwrap_or(0.0);
+            format!(
+                "{} {:.2}%",
+                p["name"].as_str().unwrap_or("?"),
+                100.0 * (cpu(b) - cpu(a)) / dt.max(1e-9)
+            )
+        })
+        .collect();
+    format!("no traffic; CPU over {dt:.0} s of it: {}", procs.join(", "))
 }
 
 /// Frames the emulator itself lost outside its link model (receive ring full, longer than the
@@ -225,6 +254,8 @@ fn markdown(r: &Value, plots: &crate::plot::Plots) -> String {
                         ""
                     },
                 )
+            } else if t["kind"] == "idle" {
+                idle_line(t, s["samples"].as_array().map_or(&[][..], Vec::as_slice))
             } else {
                 format!(
                     "{}/{} received ({:.1}% loss, {} after more than 1 s), RTT median {} p99 {} ms, longest gap {:.2} s",

@@ -361,6 +361,10 @@ fn traffic(t: &Traffic, i: usize, src_ns: &str, dst: &str, t0: Instant, t0_unix:
                 "intervals_mbit": intervals,
             })
         }
+        Kind::Idle => {
+            std::thread::sleep(dur);
+            json!({"label": label, "kind": "idle", "start_s": start.as_secs_f64(), "duration_s": dur.as_secs_f64()})
+        }
         Kind::Ping => {
             let iv = parse_duration(&t.interval).unwrap_or(Duration::from_millis(100));
             let count = ((dur.as_secs_f64() / iv.as_secs_f64()) as u64)

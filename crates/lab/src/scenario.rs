@@ -121,6 +121,8 @@ pub struct Variant {
 pub enum Kind {
     Iperf3,
     Ping,
+    /// No traffic for `duration`: what the systems cost at rest (CPU per process in the window).
+    Idle,
 }
 
 #[derive(Debug, Clone, Deserialize)]
