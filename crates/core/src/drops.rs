@@ -17,10 +17,12 @@ pub enum DropReason {
     Malformed,
     /// The QUIC engine refused the datagram or the stream write failed.
     SendFailed,
+    /// The kernel refused a packet written to the TUN device (not a packet it accepts there).
+    TunRefused,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 7] = [
+    pub const ALL: [DropReason; 8] = [
         DropReason::Oversized,
         DropReason::NoPath,
         DropReason::NoRoute,
@@ -28,6 +30,7 @@ impl DropReason {
         DropReason::SpoofedSource,
         DropReason::Malformed,
         DropReason::SendFailed,
+        DropReason::TunRefused,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -39,6 +42,7 @@ impl DropReason {
             DropReason::SpoofedSource => "spoofed_source",
             DropReason::Malformed => "malformed",
             DropReason::SendFailed => "send_failed",
+            DropReason::TunRefused => "tun_refused",
         }
     }
 

@@ -144,6 +144,7 @@ impl Client {
             uptime_s: started.elapsed().as_secs_f64(),
             tunnels: vec![self.tunnel.status(addr.map(|(a, p)| format!("{a}/{p}")))],
             drops: Default::default(),
+            refused: Default::default(),
         }
     }
 

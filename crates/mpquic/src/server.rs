@@ -57,6 +57,8 @@ struct Server {
     mtu: u32,
     registry: RwLock<Registry>,
     drops: Mutex<Drops>,
+    /// Connections refused, by reason (status and metrics).
+    refused: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 pub async fn run(cfg: Config, scfg: ServerConfig) -> Result<()> {
@@ -90,6 +92,7 @@ pub async fn run(cfg: Config, scfg: ServerConfig) -> Result<()> {
         mtu,
         registry: RwLock::new(Registry::default()),
         drops: Mutex::new(Drops::default()),
+        refused: Mutex::default(),
     });
     let started = Instant::now();
     let s = server.clone();
@@ -163,7 +166,21 @@ impl Server {
                 .iter()
                 .map(|(r, n)| (r.as_str().to_string(), n))
                 .collect(),
+            refused: self
+                .refused
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
         }
+    }
+
+    fn refuse(&self, reason: &str) {
+        *self
+            .refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(reason.to_string())
+            .or_default() += 1;
     }
 
     fn drop_packet(&self, r: DropReason) {
@@ -224,11 +241,13 @@ impl Server {
             Ok(c) => c,
             Err(e) => {
                 warn!(%remote, error = %e, "handshake failed; client refused");
+                self.refuse("handshake_failed");
                 return;
             }
         };
         let Some(name) = tls::peer_common_name(&conn) else {
             warn!(%remote, "client certificate has no common name; refused");
+            self.refuse("no_common_name");
             conn.close(close::REFUSED.into(), b"certificate has no common name");
             return;
         };
@@ -242,11 +261,13 @@ impl Server {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => {
                 warn!(client = %name, %remote, error = %e, "bad hello; connection closed");
+                self.refuse("bad_hello");
                 conn.close(close::PROTOCOL.into(), b"bad hello");
                 return;
             }
             Err(_) => {
                 warn!(client = %name, %remote, "no hello within {HELLO_TIMEOUT:?}; connection closed");
+                self.refuse("hello_timeout");
                 conn.close(close::PROTOCOL.into(), b"no hello");
                 return;
             }
@@ -274,6 +295,7 @@ impl Server {
             }
             Err(msg) => {
                 warn!(client = %name, %remote, reason = %msg, "client refused");
+                self.refuse("refused");
                 let ack = HelloAck {
                     ok: false,
                     error: Some(msg.clone()),

@@ -59,6 +59,9 @@ pub struct StatusReport {
     pub tunnels: Vec<TunnelStatus>,
     /// Drops not attributable to one tunnel (server: no client for the destination, ...).
     pub drops: BTreeMap<String, u64>,
+    /// Server: connections refused, by reason (handshake_failed, bad_hello, ...).
+    #[serde(default)]
+    pub refused: BTreeMap<String, u64>,
 }
 
 fn label_escape(s: &str) -> String {
@@ -97,6 +100,14 @@ impl StatusReport {
                 "mpquic_drops_total".into(),
                 true,
                 format!("tunnel=\"\",path=\"\",reason=\"{reason}\""),
+                *n as f64,
+            );
+        }
+        for (reason, n) in &self.refused {
+            add(
+                "mpquic_refused_connections_total".into(),
+                true,
+                format!("reason=\"{}\"", label_escape(reason)),
                 *n as f64,
             );
         }
@@ -204,6 +215,10 @@ impl StatusReport {
         if !gd.is_empty() {
             let _ = writeln!(o, "\ndrops: {gd}");
         }
+        let refused = nonzero(&self.refused);
+        if !refused.is_empty() {
+            let _ = writeln!(o, "refused connections: {refused}");
+        }
         if self.tunnels.is_empty() {
             let _ = writeln!(o, "\n(no tunnels)");
         }
@@ -251,7 +266,8 @@ mod tests {
         };
         p.drops.insert("oversized".into(), 2);
         let r = StatusReport {
-            role: "client".into(),
+            role: "server".into(),
+            refused: [("handshake_failed".to_string(), 3)].into(),
             tunnels: vec![TunnelStatus {
                 peer: "site\"1".into(),
                 paths: vec![p],
@@ -274,6 +290,13 @@ mod tests {
             "{m}"
         );
         assert!(m.contains("reason=\"oversized\"} 2"), "{m}");
+        assert!(
+            m.contains("mpquic_refused_connections_total{reason=\"handshake_failed\"} 3"),
+            "{m}"
+        );
+        assert!(r
+            .render()
+            .contains("refused connections: handshake_failed=3"));
         assert!(r.render().contains("wan1"));
     }
 }

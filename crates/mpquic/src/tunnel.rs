@@ -283,7 +283,7 @@ impl Tunnel {
                 let reason = if e.raw_os_error() == Some(libc::EAGAIN) {
                     DropReason::QueueFull
                 } else {
-                    DropReason::Malformed // the kernel refused the packet (EINVAL)
+                    DropReason::TunRefused
                 };
                 s.router.drop_on(path, reason, 1);
             }
