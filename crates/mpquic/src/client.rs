@@ -13,6 +13,7 @@ use tracing::{info, warn};
 
 use crate::config::{parse_cidr, ClientConfig, Config};
 use crate::hello::{self, Hello, HelloAck};
+use crate::platform::Platform;
 use crate::status::StatusReport;
 use crate::tun::Tun;
 use crate::tunnel::{close, NewLink, Tunnel};
@@ -39,17 +40,18 @@ struct Client {
     /// A refusal from the server that retrying cannot fix (e.g. address not allowed).
     fatal: mpsc::Sender<String>,
     mtu: u32,
+    platform: Platform,
 }
 
-pub async fn run(cfg: Config, ccfg: ClientConfig) -> Result<()> {
+pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<()> {
     let link_mtu = ccfg
         .paths
         .iter()
-        .map(|p| quic::link_mtu(&p.bind))
+        .map(|p| platform.link_mtu(&p.bind))
         .min()
         .unwrap_or(quic::DEFAULT_LINK_MTU);
     let mtu = runtime::tun_mtu(&cfg, link_mtu);
-    let tun = Arc::new(Tun::create(&cfg.tun_name)?);
+    let tun = Arc::new(platform.tun(&cfg.tun_name)?);
     tun.set_mtu(mtu)?;
     tun.disable_ipv6();
     let tunnel = Tunnel::new(
@@ -93,6 +95,7 @@ pub async fn run(cfg: Config, ccfg: ClientConfig) -> Result<()> {
         addr: Mutex::new(None),
         fatal: fatal_tx,
         mtu,
+        platform,
         cfg,
         ccfg,
     });
@@ -119,7 +122,7 @@ pub async fn run(cfg: Config, ccfg: ClientConfig) -> Result<()> {
     tokio::spawn(async move { c.tun_reader().await });
 
     let result = tokio::select! {
-        _ = runtime::shutdown_signal() => Ok(()),
+        _ = client.platform.stopped() => Ok(()),
         msg = fatal_rx.recv() => Err(anyhow!(msg.unwrap_or_default())),
     };
     // Stop reconnecting first, or the closed paths would be dialled again at once.
@@ -218,8 +221,8 @@ impl Client {
             .with_context(|| format!("cannot resolve {}", p.remote_addr))?
             .next()
             .ok_or_else(|| anyhow!("{} has no address", p.remote_addr))?;
-        let socket = quic::client_socket(&p.bind, remote)?;
-        let endpoint = quinn::Endpoint::new(
+        let socket = self.platform.client_socket(&p.bind, remote)?;
+        let endpoint = quinn::Endpoint::new_with_abstract_socket(
             quinn::EndpointConfig::default(),
             None,
             socket,

@@ -5,7 +5,12 @@ mod client;
 mod config;
 mod control;
 mod hello;
+#[cfg(test)]
+mod inprocess_tests;
+#[cfg(test)]
+mod memnet;
 mod pki;
+mod platform;
 mod quic;
 mod runtime;
 mod server;
@@ -117,8 +122,8 @@ fn run_instance(path: &std::path::Path) -> anyhow::Result<()> {
     };
     rt.block_on(async move {
         match cfg.role.clone() {
-            RoleConfig::Client(c) => client::run(cfg, c).await,
-            RoleConfig::Server(s) => server::run(cfg, s).await,
+            RoleConfig::Client(c) => client::run(cfg, c, platform::Platform::system()).await,
+            RoleConfig::Server(s) => server::run(cfg, s, platform::Platform::system()).await,
         }
     })?;
     // Background tasks (blocked reads) must not delay exit.

@@ -14,6 +14,7 @@ use tracing::{info, warn};
 
 use crate::config::{Config, ServerConfig};
 use crate::hello::{self, Hello, HelloAck};
+use crate::platform::Platform;
 use crate::status::StatusReport;
 use crate::tun::Tun;
 use crate::tunnel::{close, NewLink, Tunnel};
@@ -61,7 +62,7 @@ struct Server {
     refused: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
-pub async fn run(cfg: Config, scfg: ServerConfig) -> Result<()> {
+pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<()> {
     let cert = cfg.cert_file.clone().context("tls_cert_file is required")?;
     let key = cfg.key_file.clone().context("tls_key_file is required")?;
     let crypto = tls::server_crypto(&cert, &key, &scfg.client_ca_file)?;
@@ -70,8 +71,8 @@ pub async fn run(cfg: Config, scfg: ServerConfig) -> Result<()> {
             .context("TLS config unusable for QUIC")?,
     ));
     server_config.transport_config(quic::transport(cfg.congestion, quic::DEFAULT_LINK_MTU));
-    let socket = quic::server_socket(scfg.listen)?;
-    let endpoint = quinn::Endpoint::new(
+    let socket = platform.server_socket(scfg.listen)?;
+    let endpoint = quinn::Endpoint::new_with_abstract_socket(
         quinn::EndpointConfig::default(),
         Some(server_config),
         socket,
@@ -79,7 +80,7 @@ pub async fn run(cfg: Config, scfg: ServerConfig) -> Result<()> {
     )?;
 
     let mtu = runtime::tun_mtu(&cfg, quic::DEFAULT_LINK_MTU);
-    let tun = Arc::new(Tun::create(&cfg.tun_name)?);
+    let tun = Arc::new(platform.tun(&cfg.tun_name)?);
     tun.set_mtu(mtu)?;
     tun.disable_ipv6();
     tun.set_ipv4(scfg.tun_addr, scfg.prefix)?;
@@ -122,7 +123,7 @@ pub async fn run(cfg: Config, scfg: ServerConfig) -> Result<()> {
         }
     });
 
-    runtime::shutdown_signal().await;
+    platform.stopped().await;
     info!("server shutting down");
     let sessions: Vec<Arc<Session>> = server.read().by_name.values().cloned().collect();
     for sess in sessions {
