@@ -1,6 +1,6 @@
 //! mpquic-lab: link emulator, lab topologies and scenario runner (docs/LAB.md).
 //!
-//! - `emu`: the emulator's model, sans-IO, tested in virtual time (`tests/emu_model.rs`);
+//! - `emu`: the emulator's model (crate `mpquic-linkmodel`, sans-IO, tested in virtual time);
 //! - `bridge`: its I/O shell (AF_PACKET, one thread per path direction; frames read from a
 //!   shared ring, `packet_ring`), with `timing`
 //!   (arrival times from kernel stamps, the adaptive spin before deadlines);
@@ -11,7 +11,8 @@
 //! - `report`, `plot`: report.md and the PNG plots from results.json (`mpquic-lab plot DIR`).
 
 pub mod bridge;
-pub mod emu;
+/// The link model, from its own crate (shared with the core's simulator).
+pub use mpquic_linkmodel as emu;
 pub mod packet_ring;
 pub mod plot;
 pub mod report;

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use mpquic_lab::emu::{Link, LinkSpec};
+use mpquic_linkmodel::{Link, LinkSpec};
 
 /// A packet's identity: (flow, sequence, send time offset in ns).
 type Pkt = (u64, u64, u64);
