@@ -169,7 +169,16 @@ async fn client_and_server_in_process_exchange_and_fail_over() {
         // Before the failure: everything. After failover and after the repair: everything.
         for range in [0..300u32, 500..700, 800..1000] {
             let missing: Vec<u32> = range.filter(|s| !seqs.contains(s)).collect();
-            assert!(missing.is_empty(), "{dir}: lost {missing:?}");
+            let when: Vec<f64> = missing
+                .iter()
+                .map(|s| sent_at[*s as usize].as_secs_f64())
+                .collect();
+            assert!(
+                missing.is_empty(),
+                "{dir}: lost {missing:?}, sent at {when:?} s (black hole from {:.2} to {:.2} s)",
+                sent_at[300].as_secs_f64(),
+                sent_at[700].as_secs_f64()
+            );
         }
         // The black hole costs less than a second of packets.
         let lost = (300..700u32).filter(|s| !seqs.contains(s)).count();

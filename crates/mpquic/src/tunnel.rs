@@ -29,6 +29,8 @@ pub mod close {
 
 /// Packets a reliable-mode path may queue before new ones are dropped (counted `queue_full`).
 const STREAM_QUEUE: usize = 2048;
+/// How long a replaced connection stays open to drain what is already in flight on it.
+const REPLACE_GRACE: Duration = Duration::from_millis(250);
 /// Bytes written to a stream in one call (batching amortises the per-write cost).
 const STREAM_BATCH: usize = 64 * 1024;
 
@@ -159,8 +161,14 @@ impl Tunnel {
         // A new path probes at once.
         self.timers_changed.notify_one();
         if let Some(old) = old {
-            old.conn
-                .close(close::REPLACED.into(), b"replaced by a new connection");
+            // Let the replaced connection drain: datagrams already queued or in flight on it
+            // (either way) still arrive and are delivered by its reader; new packets use the
+            // new connection. Closing at once would discard them.
+            tokio::spawn(async move {
+                tokio::time::sleep(REPLACE_GRACE).await;
+                old.conn
+                    .close(close::REPLACED.into(), b"replaced by a new connection");
+            });
         }
         info!(tunnel = %self.peer, path = %self.path_name(path), remote = %conn.remote_address(), mode = self.mode.as_str(), "path connected");
 
@@ -401,6 +409,9 @@ impl Tunnel {
             let changed = self.timers_changed.notified();
             match next {
                 Some(at) => {
+                    // At least a millisecond (the timer's resolution): a deadline that a core
+                    // bug left in the past must not turn this loop into a spin.
+                    let at = at.max(Instant::now() + Duration::from_millis(1));
                     tokio::select! {
                         _ = tokio::time::sleep_until(at.into()) => {}
                         _ = changed => {}
