@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use mpquic_core::{PathId, PathSpec};
+use mpquic_core::{reconnect, PathId, PathSpec};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -19,12 +19,8 @@ use crate::tun::Tun;
 use crate::tunnel::{close, NewLink, Tunnel};
 use crate::{quic, runtime, tls};
 
-/// Reconnect a path that has been unusable this long, keeping the old connection meanwhile.
-const RECONNECT_AFTER: Duration = Duration::from_millis(1000);
 /// Bound on socket setup + handshake + hello for one attempt.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-const BACKOFF_MIN: Duration = Duration::from_millis(200);
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 struct Client {
     cfg: Config,
@@ -154,7 +150,7 @@ impl Client {
     async fn tun_reader(&self) {
         let tunnel = &self.tunnel;
         self.tun
-            .read_loop(runtime::mss_for(self.mtu), |pkt, info| {
+            .read_loop(mpquic_core::mtu::tcp_mss(self.mtu), |pkt, info| {
                 tunnel.send_packet(pkt, info.as_ref())
             })
             .await
@@ -163,17 +159,17 @@ impl Client {
     /// Keep path `idx` connected for the life of the process.
     async fn path_task(self: Arc<Self>, idx: usize) {
         let name = &self.ccfg.paths[idx].name;
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = reconnect::Backoff::default();
         loop {
             match self.connect(idx).await {
                 Ok(link) => {
-                    backoff = BACKOFF_MIN;
+                    backoff.succeeded();
                     self.supervise(idx, link).await;
                 }
                 Err(e) => {
-                    warn!(path = %name, error = %format!("{e:#}"), retry_in_ms = backoff.as_millis() as u64, "path connect failed");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    let wait = backoff.failed();
+                    warn!(path = %name, error = %format!("{e:#}"), retry_in_ms = wait.as_millis() as u64, "path connect failed");
+                    tokio::time::sleep(wait).await;
                 }
             }
         }
@@ -193,7 +189,7 @@ impl Client {
                     return;
                 }
                 _ = tokio::time::sleep(Duration::from_millis(250)) => {
-                    if self.tunnel.unusable_for(id).is_some_and(|d| d >= RECONNECT_AFTER) {
+                    if reconnect::should_replace(self.tunnel.unusable_for(id)) {
                         match self.connect(idx).await {
                             Ok(new) => {
                                 info!(path = %name, "path unusable; replaced its connection");

@@ -15,10 +15,6 @@ use tracing::warn;
 use crate::config::{Bind, Congestion};
 use crate::tun;
 
-/// Bytes the tunnel adds around an inner packet, worst case: outer IPv6 (40) + UDP (8) + QUIC
-/// short header (1 + 20-byte CID + 4-byte packet number) + AEAD tag (16) + DATAGRAM frame header
-/// (3) = 92, rounded up. Deriving the TUN MTU from this keeps every inner packet in one datagram.
-pub const OVERHEAD: u32 = 96;
 /// Path MTU assumed when it cannot be read from the interface.
 pub const DEFAULT_LINK_MTU: u32 = 1500;
 
@@ -29,15 +25,10 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(15);
 /// small because a deep queue here is latency for every flow on the path.
 const DATAGRAM_SEND_BUFFER: usize = 512 * 1024;
 
-/// UDP payload size for a link MTU (outer IPv4 + UDP headers removed).
-pub fn udp_payload_for(link_mtu: u32) -> u16 {
-    link_mtu.saturating_sub(28).clamp(1200, 65_000) as u16
-}
-
 pub fn transport(cc: Congestion, link_mtu: u32) -> Arc<TransportConfig> {
     let mut t = TransportConfig::default();
     t.max_idle_timeout(Some(IDLE_TIMEOUT.try_into().expect("valid idle timeout")));
-    let payload = udp_payload_for(link_mtu);
+    let payload = mpquic_core::mtu::udp_payload(link_mtu);
     t.initial_mtu(payload);
     let mut mtud = MtuDiscoveryConfig::default();
     mtud.upper_bound(payload);

@@ -1,18 +1,10 @@
 //! Small pieces of the process shell shared by client and server.
 
 use crate::config::Config;
-use crate::quic;
 
-/// TUN MTU: as configured, or the link MTU minus the tunnel overhead.
+/// TUN MTU: as configured, or derived from the smallest link MTU (`mpquic_core::mtu`).
 pub fn tun_mtu(cfg: &Config, link_mtu: u32) -> u32 {
-    cfg.tun_mtu
-        .unwrap_or(link_mtu.saturating_sub(quic::OVERHEAD).max(576))
-}
-
-/// TCP MSS that fits the TUN MTU (IPv4 + TCP headers without options; IPv6 SYNs are clamped to
-/// the same value, 20 bytes more conservative than needed).
-pub fn mss_for(mtu: u32) -> u16 {
-    mtu.saturating_sub(40).min(u32::from(u16::MAX)) as u16
+    cfg.tun_mtu.unwrap_or(mpquic_core::mtu::tun_mtu(link_mtu))
 }
 
 /// Resolves on SIGTERM or SIGINT.

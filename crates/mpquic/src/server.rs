@@ -219,7 +219,7 @@ impl Server {
 
     async fn tun_reader(&self) {
         self.tun
-            .read_loop(runtime::mss_for(self.mtu), |pkt, info| {
+            .read_loop(mpquic_core::mtu::tcp_mss(self.mtu), |pkt, info| {
                 let Some(info) = info else {
                     return self.drop_packet(DropReason::Malformed);
                 };
