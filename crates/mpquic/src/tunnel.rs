@@ -1,7 +1,8 @@
 //! One tunnel's data path, shared by the client and by each client session on the server: the
 //! sans-IO `Router` (paths, health, the bond's scheduler) plus the QUIC connection of each path.
-//! It sends inner packets on the path the bond picks, receives from every path into the TUN device, answers and sends probes, and
-//! counts every packet it does not deliver.
+//! It sends inner packets on the path the bond picks, receives from every path into the TUN
+//! device, answers and sends probes, runs the core's timers, and counts every packet it does not
+//! deliver.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -128,8 +129,8 @@ impl Tunnel {
         self.lock().router.paths().get(path).spec.name.clone()
     }
 
-    /// Put a fresh connection on `path`, replacing (and closing) any previous one, and start its
-    /// receive tasks. Returns the link generation for `remove`.
+    /// Put a fresh connection on `path`, replacing any previous one (closed after a short drain),
+    /// and start its receive tasks. Returns the link generation for `remove`.
     pub fn install(self: &Arc<Self>, path: PathId, new: NewLink) -> u64 {
         let NewLink {
             conn,
