@@ -125,9 +125,6 @@ impl PathSet {
     pub fn get(&self, id: PathId) -> &Path {
         &self.paths[id.index()]
     }
-    pub fn get_mut(&mut self, id: PathId) -> &mut Path {
-        &mut self.paths[id.index()]
-    }
     pub fn len(&self) -> usize {
         self.paths.len()
     }

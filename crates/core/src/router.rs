@@ -32,9 +32,6 @@ impl Router {
     pub fn bond(&self) -> &Bond {
         &self.bond
     }
-    pub fn bond_mut(&mut self) -> &mut Bond {
-        &mut self.bond
-    }
 
     /// The id of the path called `spec.name`, added if new; its spec is refreshed (the server
     /// learns priority and weight from each hello). `None` when the set is full.
@@ -127,6 +124,16 @@ mod tests {
         }
     }
 
+    /// A router with paths `a` and `b`, both connected and up at `now`.
+    fn two_up(policy: Policy, a: PathSpec, b: PathSpec, now: Instant) -> (Router, PathId, PathId) {
+        let mut r = Router::new(policy, HealthConfig::default());
+        let (a, b) = (r.path(a).unwrap(), r.path(b).unwrap());
+        r.connected(a, now);
+        r.connected(b, now);
+        up_all(&mut r, now);
+        (r, a, b)
+    }
+
     fn up_all(r: &mut Router, now: Instant) {
         let mut probes = Vec::new();
         r.poll(now, &mut probes, &mut Vec::new());
@@ -157,12 +164,7 @@ mod tests {
     #[test]
     fn balanced_places_flows_by_weight_and_pins_them() {
         let t0 = Instant::now();
-        let mut r = Router::new(Policy::Balanced, HealthConfig::default());
-        let a = r.path(spec("a", 1, 2)).unwrap();
-        let c = r.path(spec("c", 1, 1)).unwrap();
-        r.connected(a, t0);
-        r.connected(c, t0);
-        up_all(&mut r, t0);
+        let (mut r, a, _) = two_up(Policy::Balanced, spec("a", 1, 2), spec("c", 1, 1), t0);
         let mut placed = [0usize; 2];
         for port in 0..9u16 {
             let pkt = tcp4([10, 0, 0, 1], [10, 0, 0, 2], 1000 + port, 80, None);
@@ -187,12 +189,8 @@ mod tests {
     #[test]
     fn balanced_keeps_backup_priority_out_until_needed() {
         let t0 = Instant::now();
-        let mut r = Router::new(Policy::Balanced, HealthConfig::default());
-        let a = r.path(spec("a", 1, 1)).unwrap();
-        let backup = r.path(spec("backup", 2, 1)).unwrap();
-        r.connected(a, t0);
-        r.connected(backup, t0);
-        up_all(&mut r, t0);
+        let (mut r, a, backup) =
+            two_up(Policy::Balanced, spec("a", 1, 1), spec("backup", 2, 1), t0);
         for port in 0..4u16 {
             let pkt = tcp4([10, 0, 0, 1], [10, 0, 0, 2], port, 80, None);
             let info = PacketInfo::parse(&pkt).unwrap();

@@ -27,6 +27,20 @@ pub fn redraw(dir: &Path) -> Result<()> {
     write_report(&report, dir)
 }
 
+/// Process `i`'s CPU (% of one core) between samples `a` and `b`.
+fn cpu_percent(a: &Value, b: &Value, i: usize) -> f64 {
+    let cpu = |v: &Value| v["procs"][i]["cpu_s"].as_f64().unwrap_or(0.0);
+    let dt = b["t_s"].as_f64().unwrap_or(0.0) - a["t_s"].as_f64().unwrap_or(0.0);
+    100.0 * (cpu(b) - cpu(a)) / dt.max(1e-9)
+}
+
+/// Process `i`'s name in a sample (its pid when it has none).
+fn proc_name(v: &Value, i: usize) -> String {
+    v["procs"][i]["name"]
+        .as_str()
+        .map_or_else(|| format!("pid {}", v["procs"][i]["pid"]), String::from)
+}
+
 /// CPU (% of one core over the run) and RSS at the first and last sample and at most, per
 /// process of the system: the numbers a stability run is about.
 fn process_table(o: &mut String, samples: &[Value]) {
@@ -37,22 +51,18 @@ fn process_table(o: &mut String, samples: &[Value]) {
     if n == 0 {
         return;
     }
-    let dt = last["t_s"].as_f64().unwrap_or(0.0) - first["t_s"].as_f64().unwrap_or(0.0);
     let _ = writeln!(
         o,
         "\n| process | CPU % of a core | RSS first / last / max MiB |\n|---|---|---|"
     );
     for i in 0..n {
-        let cpu = |v: &Value| v["procs"][i]["cpu_s"].as_f64().unwrap_or(0.0);
         let rss = |v: &Value| v["procs"][i]["rss_kib"].as_f64().unwrap_or(0.0) / 1024.0;
         let max = samples.iter().map(rss).fold(0.0, f64::max);
         let _ = writeln!(
             o,
             "| {} | {:.1} | {:.1} / {:.1} / {:.1} |",
-            last["procs"][i]["name"]
-                .as_str()
-                .map_or_else(|| format!("pid {}", last["procs"][i]["pid"]), String::from),
-            100.0 * (cpu(last) - cpu(first)) / dt.max(1e-9),
+            proc_name(last, i),
+            cpu_percent(first, last, i),
             rss(first),
             rss(last),
             max
@@ -94,19 +104,9 @@ fn idle_line(t: &Value, samples: &[Value]) -> String {
         return "no traffic (no samples in the window)".into();
     };
     let dt = b["t_s"].as_f64().unwrap_or(0.0) - a["t_s"].as_f64().unwrap_or(0.0);
-    let procs: Vec<String> = b["procs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, p)| {
-            let cpu = |v: &Value| v["procs"][i]["cpu_s"].as_f64().unwrap_or(0.0);
-            format!(
-                "{} {:.2}%",
-                p["name"].as_str().unwrap_or("?"),
-                100.0 * (cpu(b) - cpu(a)) / dt.max(1e-9)
-            )
-        })
+    let n = b["procs"].as_array().map_or(0, Vec::len);
+    let procs: Vec<String> = (0..n)
+        .map(|i| format!("{} {:.2}%", proc_name(b, i), cpu_percent(a, b, i)))
         .collect();
     format!("no traffic; CPU over {dt:.0} s of it: {}", procs.join(", "))
 }

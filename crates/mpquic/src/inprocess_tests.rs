@@ -73,6 +73,24 @@ fn seq_of(p: &[u8]) -> u32 {
     u32::from_be_bytes([p[28], p[29], p[30], p[31]])
 }
 
+/// One packet each way with sequence number `seq`, then `wait`, then collect what arrived.
+async fn exchange(
+    cli: &mut Host,
+    srv: &mut Host,
+    seq: u32,
+    wait: Duration,
+    up: &mut Vec<(u32, Instant)>,
+    down: &mut Vec<(u32, Instant)>,
+) {
+    let up_pkt = udp_packet(CLIENT_TUN, SERVER_TUN, seq);
+    cli.to_dev.send(up_pkt).await.unwrap();
+    let down_pkt = udp_packet(SERVER_TUN, CLIENT_TUN, seq);
+    srv.to_dev.send(down_pkt).await.unwrap();
+    tokio::time::sleep(wait).await;
+    drain(srv, up);
+    drain(cli, down);
+}
+
 /// Every packet `host` received so far, as sequence numbers.
 fn drain(host: &mut Host, into: &mut Vec<(u32, Instant)>) {
     while let Ok(p) = host.from_dev.try_recv() {
@@ -112,19 +130,16 @@ async fn client_and_server_in_process_exchange_and_fail_over() {
     let (mut up, mut down) = (Vec::new(), Vec::new());
     while up.is_empty() || down.is_empty() {
         assert!(t0.elapsed() < Duration::from_secs(10), "no packet through");
-        cli_host
-            .to_dev
-            .send(udp_packet(CLIENT_TUN, SERVER_TUN, u32::MAX))
-            .await
-            .unwrap();
-        srv_host
-            .to_dev
-            .send(udp_packet(SERVER_TUN, CLIENT_TUN, u32::MAX))
-            .await
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        drain(&mut srv_host, &mut up);
-        drain(&mut cli_host, &mut down);
+        let wait = Duration::from_millis(20);
+        exchange(
+            &mut cli_host,
+            &mut srv_host,
+            u32::MAX,
+            wait,
+            &mut up,
+            &mut down,
+        )
+        .await;
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     drain(&mut srv_host, &mut up);
@@ -145,19 +160,8 @@ async fn client_and_server_in_process_exchange_and_fail_over() {
             net.blackhole(IpAddr::V4(PATH_IPS[0]), false);
         }
         sent_at.push(t);
-        cli_host
-            .to_dev
-            .send(udp_packet(CLIENT_TUN, SERVER_TUN, seq))
-            .await
-            .unwrap();
-        srv_host
-            .to_dev
-            .send(udp_packet(SERVER_TUN, CLIENT_TUN, seq))
-            .await
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        drain(&mut srv_host, &mut up);
-        drain(&mut cli_host, &mut down);
+        let wait = Duration::from_millis(5);
+        exchange(&mut cli_host, &mut srv_host, seq, wait, &mut up, &mut down).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     drain(&mut srv_host, &mut up);

@@ -376,7 +376,7 @@ impl Tunnel {
 
     /// Advance health: send due probes, log transitions. Returns when the core next has work
     /// (`None`: no connected path, nothing to do until one is installed).
-    pub fn tick(&self) -> Option<Instant> {
+    fn tick(&self) -> Option<Instant> {
         let now = Instant::now();
         let mut probes: Vec<ProbeDue> = Vec::new();
         let mut changes: Vec<Transition> = Vec::new();
