@@ -192,6 +192,10 @@ pub struct NsCmd {
     pub cmd: String,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Daemons: a command (same namespace) that succeeds once the daemon is ready for the
+    /// `configure` steps, e.g. `test -S /var/run/wireguard/NAME.sock`; polled for up to 10 s.
+    #[serde(default)]
+    pub ready: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -30,6 +30,9 @@ impl Drop for Procs {
 }
 
 /// `ip netns exec NS ARGS...`.
+/// How long a daemon's `ready` check may keep failing.
+const DAEMON_READY_TIMEOUT: Duration = Duration::from_secs(10);
+
 pub(crate) fn ns_cmd(ns: &str, args: &[&str]) -> Command {
     let mut c = Command::new("ip");
     c.args(["netns", "exec", ns]).args(args);
@@ -316,6 +319,22 @@ pub(crate) fn start_vpn(
                 "step `daemons[{k}]` failed: exited at once ({status}): {}",
                 log.trim()
             );
+        }
+    }
+    for (i, c) in def.daemons.iter().enumerate() {
+        let Some(ready) = &c.ready else { continue };
+        let ready = fill(ready, &vars)?;
+        let t0 = std::time::Instant::now();
+        while !ns_cmd(&ns_of(c), &["sh", "-c", &ready])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            if t0.elapsed() > DAEMON_READY_TIMEOUT {
+                bail!("step `daemons[{i}]` failed: not ready within {DAEMON_READY_TIMEOUT:?} (`{ready}` kept failing)");
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
     one_off("configure", &def.configure)?;
