@@ -33,10 +33,10 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lab import topo  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "e2e"))
+import labctl  # noqa: E402
 
-LAB = os.environ.get("MPQUIC_LAB_BIN", os.path.join(topo.REPO, "target", "release", "mpquic-lab"))
+LAB = labctl.LAB
 
 SCEN05 = ["rate=300mbit,delay=5ms", "rate=80mbit,delay=15ms"]
 # (name, spec of path 1, spec of path 2, flows on path 1, flows on path 2)
@@ -125,7 +125,7 @@ def main():
     ap.add_argument("--seconds", type=int, default=8)
     ap.add_argument("--only", nargs="*", help="case names (prefixes) to run")
     ap.add_argument("--split", action="store_true", help="endpoints' receive in kernel threads")
-    ap.add_argument("--out", default=os.path.join(topo.REPO, "bench", "results", "emulator.json"))
+    ap.add_argument("--out", default=os.path.join(labctl.REPO, "bench", "results", "emulator.json"))
     args = ap.parse_args()
     name = f"bench{os.getpid() % 100000}"
     st = json.loads(lab("up", name, "--path", SCEN05[0], "--path", SCEN05[1]))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the scenario catalogue (bench/scenarios/) with mpquic-lab and keeps each run's report.md,
 # results.json and plots in bench/results/scenarios/NAME/ (logs, keys and sockets are dropped).
-#   sudo bench/run-scenarios.sh                 # every scenario except 07 (one hour)
+#   sudo bench/run-scenarios.sh                 # every scenario except 00 (the demo) and 07 (one hour)
 #   sudo bench/run-scenarios.sh 03-failover 07-stability
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +11,7 @@ names=("$@")
 if [ ${#names[@]} -eq 0 ]; then
   for f in bench/scenarios/*.yaml; do
     n=$(basename "$f" .yaml)
-    [ "$n" = 07-stability ] || names+=("$n")
+    [ "$n" = 07-stability ] || [ "$n" = 00-demo ] || names+=("$n")
   done
 fi
 for n in "${names[@]}"; do

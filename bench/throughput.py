@@ -18,9 +18,10 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The lab handle the end-to-end tests use (mpquic-lab underneath).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "e2e"))
 
-from lab import topo  # noqa: E402
+import labctl  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -39,10 +40,10 @@ def mem_kib(pid, key):
     return None
 
 
-def measure(lab, procs, seconds, streams, reverse, dst):
+def measure(lab, procs, seconds, streams, reverse, dst, src_ns=None):
     before = {k: cpu_seconds(p) for k, p in procs.items()}
     t0 = time.monotonic()
-    d = lab.iperf(seconds=seconds, streams=streams, reverse=reverse, dst=dst)
+    d = lab.iperf(seconds=seconds, streams=streams, reverse=reverse, dst=dst, src_ns=src_ns)
     wall = time.monotonic() - t0
     cpu = {k: round(100 * (cpu_seconds(p) - before[k]) / wall, 1) for k, p in procs.items()}
     end = d["end"]
@@ -55,18 +56,18 @@ def measure(lab, procs, seconds, streams, reverse, dst):
     }
 
 
-def runs(lab, procs, seconds, dst):
+def runs(lab, procs, seconds, dst, src_ns=None):
     out = {}
     for streams in (1, 4):
         for reverse in (False, True):
             key = f"{streams}flow_{'down' if reverse else 'up'}"
-            out[key] = measure(lab, procs, seconds, streams, reverse, dst)
+            out[key] = measure(lab, procs, seconds, streams, reverse, dst, src_ns)
             print(f"    {key}: {out[key]['mbit']} Mbit/s cpu {out[key]['cpu_pct']}", flush=True)
     return out
 
 
 def mpquic_row(mode, seconds, threads=1):
-    with topo.Lab(paths=1, mode=mode, extra_yaml=f"worker_threads: {threads}\n") as lab:
+    with labctl.Lab(paths=1, mode=mode, extra_yaml=f"worker_threads: {threads}\n", emulated=False) as lab:
         lab.pki()
         lab.start_server()
         lab.start_client()
@@ -81,14 +82,11 @@ def mpquic_row(mode, seconds, threads=1):
 
 
 def direct_row(seconds):
-    with topo.Lab(paths=1) as lab:
+    with labctl.Lab(paths=1, emulated=False) as lab:
         # iperf3 from the client router straight to the server over the WAN veth.
         lab.spawn("iperf-direct", lab.server_ns, ["iperf3", "-s", "-p", "5201"], log=False)
         time.sleep(0.5)
-        orig = lab.lan_ns
-        lab.lan_ns = lambda c=0: lab.client_ns(c)
-        r = runs(lab, {}, seconds, topo.SERVER_IP)
-        lab.lan_ns = orig
+        r = runs(lab, {}, seconds, labctl.SERVER_IP, src_ns=lab.client_ns(0))
         return {"results": r}
 
 
@@ -99,7 +97,7 @@ def wg(lab, ns, *args):
 def wireguard_row(seconds):
     if not (subprocess.run(["which", "wireguard-go"], capture_output=True).returncode == 0):
         return {"skipped": "wireguard-go not installed (apt-get install --no-install-recommends wireguard-go wireguard-tools)"}
-    with topo.Lab(paths=1) as lab:
+    with labctl.Lab(paths=1, emulated=False) as lab:
         cli, srv = lab.client_ns(0), lab.server_ns
         keys = {}
         for side in ("cli", "srv"):
@@ -119,12 +117,9 @@ def wireguard_row(seconds):
         ws, wc = name["srv"], name["cli"]
         lab.sh(srv, f"wg set {ws} private-key {keys['srv'][0]} listen-port 51820 peer {keys['cli'][1]} allowed-ips 10.201.0.1/32")
         lab.sh(srv, f"ip addr add 10.201.0.254/24 dev {ws} && ip link set {ws} up")
-        lab.sh(cli, f"wg set {wc} private-key {keys['cli'][0]} peer {keys['srv'][1]} allowed-ips 0.0.0.0/0 endpoint {topo.SERVER_IP}:51820")
+        lab.sh(cli, f"wg set {wc} private-key {keys['cli'][0]} peer {keys['srv'][1]} allowed-ips 0.0.0.0/0 endpoint {labctl.SERVER_IP}:51820")
         lab.sh(cli, f"ip addr add 10.201.0.1/24 dev {wc} && ip link set {wc} mtu 1420 up")
-        lab.sh(cli, f"ip route replace {topo.INET_NET}.0/24 dev {wc}")
-        lab.sh(cli, "nft -f - <<'EOF'\nadd table ip wgnat\nadd chain ip wgnat post { type nat hook postrouting priority 100 ; }\n"
-                    f"add rule ip wgnat post oifname {wc} masquerade\nEOF")
-        lab.sh(lab.inet_ns, f"ip route replace 10.201.0.0/24 via {topo.INET_NET}.1")
+        labctl.lab_cmd("route", lab.name, "--dev", wc, "--tunnel-net", "10.201.0.0/24")
         lab.iperf_server()
         r = lab.sh(lab.lan_ns(0), f"ping -c 3 -i 0.2 -W 1 {lab.inet_addr}", check=False)
         if " 0 received" in r.stdout:
@@ -165,15 +160,15 @@ def table(report):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=int, default=8)
-    ap.add_argument("--out", default=os.path.join(topo.REPO, "bench", "results", "throughput.json"))
+    ap.add_argument("--out", default=os.path.join(labctl.REPO, "bench", "results", "throughput.json"))
     ap.add_argument("--rows", default="direct,mpquic_datagram,mpquic_reliable,wireguard_go")
     args = ap.parse_args()
-    topo.down_stale()
+    labctl.run([labctl.LAB, "down", "--stale"], check=False)
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": {"cpus": os.cpu_count(), "kernel": platform.release(),
                  "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")},
-        "commit": subprocess.run(["git", "-C", topo.REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "commit": subprocess.run(["git", "-C", labctl.REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
         "seconds": args.seconds,
         "rows": {},
     }

@@ -9,6 +9,5 @@ echo "== cargo clippy";      cargo clippy --workspace --all-targets --quiet -- -
 echo "== unit, simulator and CLI tests"; cargo test --workspace --quiet
 echo "== build release";     cargo build --release --quiet
 echo "== end-to-end tests (namespaces)"
-python3 lab/cli.py down-stale
 target/release/mpquic-lab down --stale
 exec python3 -m pytest -v -s tests/e2e "$@"

@@ -3,9 +3,9 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from lab import topo  # noqa: E402
+import labctl  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
@@ -32,7 +32,7 @@ def teardown_always(build):
 
 @pytest.fixture
 def make_lab():
-    yield from teardown_always(lambda **kw: topo.Lab(**kw).up())
+    yield from teardown_always(lambda **kw: labctl.Lab(**kw).up())
 
 
 def report(msg):

@@ -10,15 +10,15 @@ import time
 import pytest
 
 from conftest import report, teardown_always
-from lab import topo
+import labctl
 
-LAB = os.environ.get("MPQUIC_LAB_BIN", os.path.join(topo.REPO, "target", "release", "mpquic-lab"))
+LAB = labctl.LAB
 
 
 class EmuLab:
     def __init__(self, *paths):
-        self.name = f"t{os.getpid() % 100000}x{next(topo._counter)}"
-        r = subprocess.run([LAB, "up", self.name] + [a for p in paths for a in ("--path", p)],
+        self.name = labctl.unique_name("t")
+        r = subprocess.run([LAB, "up", self.name, "--owner-pid", str(os.getpid())] + [a for p in paths for a in ("--path", p)],
                            capture_output=True, text=True, timeout=60)
         if r.returncode != 0:
             raise RuntimeError(r.stderr)
@@ -128,7 +128,7 @@ def test_gilbert_elliott_mean_burst_length(emulab):
     # ge=1%:25%: good->bad 1% per packet, bad->good 25%, every packet in the bad state lost:
     # bursts of 1/0.25 = 4 packets on average, 0.01/(0.01+0.25) = 3.85% lost overall.
     lab = emulab("ge=1%:25%")
-    tool = os.path.join(topo.REPO, "lab", "udpflows.py")
+    tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "udpflows.py")
     count = 100_000
     rx = subprocess.Popen(["ip", "netns", "exec", lab.ns["server"], "python3", tool, "seqrecv", "6001", "9",
                            str(count)], stdout=subprocess.PIPE, text=True)
@@ -151,7 +151,7 @@ def test_gilbert_elliott_mean_burst_length(emulab):
 
 def test_per_flow_cap(emulab):
     lab = emulab("rate=100mbit,flow_rate=20mbit")
-    tool = os.path.join(topo.REPO, "lab", "udpflows.py")
+    tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "udpflows.py")
 
     def measure(flows):
         # Each flow offers 30 Mbit/s for 4 s; the receiver counts every byte, divided by the 4 s.
@@ -181,3 +181,41 @@ def test_live_set_and_blackhole(emulab):
     assert len(rtts) == 5 and min(rtts) >= 60.0, rtts
     r = subprocess.run([LAB, "set", lab.name, "1", "dleay=3ms"], capture_output=True, text=True)
     assert r.returncode != 0 and "unknown key `dleay`" in r.stderr, r.stderr
+
+
+def test_several_clients_direct_paths_and_link_down():
+    """`up --clients 2` with an emulated and a `direct` path: each client's paths by its own
+    numbers, `set` refused on a direct path, `link down/up` on client 2 only."""
+    name = labctl.unique_name("t")
+    try:
+        st = json.loads(labctl.lab_cmd("up", name, "--path", "delay=10ms", "--path", "direct", "--clients", "2",
+                                       "--owner-pid", os.getpid()))
+        paths = {(p["client"], p["client_path"]): p for p in st["paths"]}
+        assert sorted(paths) == [(1, 1), (1, 2), (2, 1), (2, 2)], paths
+        assert [p["emulated"] for p in st["paths"]] == [True, False, True, False]
+        cli2 = st["clients"][1]["client"]
+
+        def rtt(path):
+            out = labctl.run(["ip", "netns", "exec", cli2, "ping", "-n", "-c", "3", "-i", "0.05", "-W", "1",
+                              paths[(2, path)]["server_addr"]], check=False).stdout
+            return [float(x.split("time=")[1].split()[0]) for x in out.splitlines() if "time=" in x]
+
+        assert len(rtt(1)) == 3 and min(rtt(1)) >= 20.0, "client 2's path 1 crosses the emulator"
+        assert len(rtt(2)) == 3 and max(rtt(2)) < 5.0, "a direct path does not"
+        r = labctl.run([LAB, "set", name, "2", "delay=1ms", "--client", "2"], check=False)
+        assert r.returncode != 0 and "does not cross the emulator" in r.stderr, r.stderr
+        labctl.lab_cmd("set", name, "1", "delay=30ms", "--client", "2")
+        assert min(rtt(1)) >= 60.0
+        out = labctl.run(["ip", "netns", "exec", st["clients"][0]["client"], "ping", "-n", "-c", "2", "-i", "0.05",
+                          paths[(1, 1)]["server_addr"]]).stdout
+        assert max(float(x.split("time=")[1].split()[0]) for x in out.splitlines() if "time=" in x) < 40.0, \
+            "client 1's path 1 kept its 10 ms"
+        labctl.lab_cmd("link", name, "2", "down", "--client", "2")
+        assert rtt(2) == []
+        labctl.lab_cmd("link", name, "2", "up", "--client", "2")
+        route = labctl.run(["ip", "netns", "exec", cli2, "ip", "route", "show", "10.99.0.1"]).stdout
+        assert "dev wan2" in route, route
+        report(f"two clients: client 2 path 1 (emulated) rtt {min(rtt(1)):.1f} ms, path 2 (direct) "
+               f"{max(rtt(2)):.2f} ms; link down/up restored the route")
+    finally:
+        labctl.run([LAB, "down", name], check=False)

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from conftest import report
-from lab import topo
+import labctl
 
 INTERVAL = 0.01
 
@@ -64,8 +64,8 @@ def test_failover_and_return(make_lab, fault):
     time.sleep(1.0)
     lab.stop("ping", sig=signal.SIGINT)
     out = lab.log("ping")
-    ping = topo.parse_ping(out)
-    lost, longest = topo.gaps(ping["received"], ping["sent"], INTERVAL)
+    ping = labctl.parse_ping(out)
+    lost, longest = labctl.gaps(ping["received"], ping["sent"], INTERVAL)
     # Sequence numbers sent after the failover settled (1 s after the fault) until the end,
     # except the last 0.2 s: pings still in flight when ping was stopped are not losses.
     settled = int((t_fail - t_start + 1.0) / INTERVAL)

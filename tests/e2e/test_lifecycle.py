@@ -5,7 +5,7 @@ import signal
 import time
 
 from conftest import report
-from lab import topo
+import labctl
 
 
 def first_reply_after(ping_log, t):
@@ -67,7 +67,7 @@ def test_client_killed_and_restarted_works_at_once(make_lab):
 def test_sigterm_is_fast_and_clean(make_lab):
     lab = setup(make_lab)
     took = lab.stop("client0", sig=signal.SIGTERM)
-    assert topo.run(["ip", "netns", "exec", lab.client_ns(0), "ip", "link", "show", "mpq0"], check=False).returncode != 0, \
+    assert labctl.run(["ip", "netns", "exec", lab.client_ns(0), "ip", "link", "show", "mpq0"], check=False).returncode != 0, \
         "TUN device removed"
     # The server was told: its paths are gone at once, not after an idle timeout.
     time.sleep(0.3)
@@ -78,4 +78,4 @@ def test_sigterm_is_fast_and_clean(make_lab):
     took = lab.stop("server", sig=signal.SIGINT)
     report(f"server SIGINT: exited in {took:.3f} s")
     assert took < 1.0
-    assert topo.run(["ip", "netns", "exec", lab.server_ns, "ip", "link", "show", "mpq0"], check=False).returncode != 0
+    assert labctl.run(["ip", "netns", "exec", lab.server_ns, "ip", "link", "show", "mpq0"], check=False).returncode != 0

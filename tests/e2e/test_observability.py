@@ -3,7 +3,7 @@
 import pytest
 
 from conftest import report
-from lab import topo
+import labctl
 
 
 def test_status_metrics_and_mss_clamp(make_lab):
@@ -14,7 +14,7 @@ def test_status_metrics_and_mss_clamp(make_lab):
     lab.wait_tunnel()
     assert len(lab.ping(count=5, interval=0.05)["received"]) == 5
 
-    table = topo.run([topo.BIN, "status", "--socket", lab.sock("client0")]).stdout
+    table = labctl.run([labctl.BIN, "status", "--socket", lab.sock("client0")]).stdout
     report("mpquic status (client):\n" + table)
     assert "wan1" in table and "wan2" in table and "up" in table and "10.200.17.1/24" in table
 

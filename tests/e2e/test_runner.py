@@ -8,11 +8,11 @@ import tempfile
 import time
 
 from conftest import report
-from lab import topo
+import labctl
 
-LAB = os.environ.get("MPQUIC_LAB_BIN", os.path.join(topo.REPO, "target", "release", "mpquic-lab"))
+LAB = labctl.LAB
 
-WIREGUARD = os.path.join(topo.REPO, "bench", "vpns", "wireguard-go.yaml")
+WIREGUARD = os.path.join(labctl.REPO, "bench", "vpns", "wireguard-go.yaml")
 
 SMOKE = """name: smoke
 description: two paths, path 1 black-holed for 3 s under a 20 ms ping

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from conftest import report
-from lab import topo
+import labctl
 
 
 @pytest.mark.parametrize("mode", ["datagram", "reliable"])
@@ -51,7 +51,7 @@ def test_two_clients_own_addresses_and_spoofed_source_dropped(make_lab):
     # site1 sends packets claiming site2's address: dropped by the server, counted.
     ns = lab.client_ns(0)
     # (without the lab's LAN masquerade, which would rewrite the forged source to site1's own)
-    lab.sh(ns, "nft delete table ip mqnat && ip addr add 10.200.17.2/32 dev lo")
+    lab.sh(ns, "nft delete table ip labnat && ip addr add 10.200.17.2/32 dev lo")
     r = lab.sh(ns, "ping -n -c 5 -i 0.05 -W 1 -I 10.200.17.2 10.200.17.254", check=False)
     assert " 0 received" in r.stdout, r.stdout
     st = {t["peer"]: t for t in lab.status("server")["tunnels"]}
@@ -73,8 +73,8 @@ def test_foreign_ca_and_missing_certificate_are_refused(make_lab):
     lab = make_lab(paths=1)
     d = lab.pki()
     other = os.path.join(lab.dir, "other-pki")
-    topo.run([topo.BIN, "pki", "init", "--dir", other])
-    topo.run([topo.BIN, "pki", "client", "--dir", other, "--name", "site1"])
+    labctl.run([labctl.BIN, "pki", "init", "--dir", other])
+    labctl.run([labctl.BIN, "pki", "client", "--dir", other, "--name", "site1"])
     lab.start_server()
     foreign = lab.client_yaml(0).replace(f"{d}/site1.crt", f"{other}/site1.crt").replace(f"{d}/site1.key", f"{other}/site1.key")
     lab.start_client(0, yaml=foreign, key="foreign")

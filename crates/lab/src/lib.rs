@@ -4,15 +4,17 @@
 //! - `bridge`: its I/O shell (AF_PACKET, one thread per path direction; frames read from a
 //!   shared ring, `packet_ring`), with `timing`
 //!   (arrival times from kernel stamps, the adaptive spin before deadlines);
-//! - `topo`: namespaces and links of a lab (`mpquic-lab up/show/down/set`);
+//! - `topo`: namespaces and links of a lab, one or more clients (`mpquic-lab up/show/down/set/link`);
 //! - `scenario`: scenario and VPN definition files;
 //! - `runner`: `mpquic-lab run SCENARIO.yaml --out DIR` (lab, traffic, schedule, sampling);
+//! - `mpquic_conf`: mpquic's PKI and configurations for a lab (`mpquic-lab configs`);
 //! - `sut`: the systems under test started in a lab (mpquic, other VPNs from commands);
 //! - `report`, `plot`: report.md and the PNG plots from results.json (`mpquic-lab plot DIR`).
 
 pub mod bridge;
 /// The link model, from its own crate (shared with the core's simulator).
 pub use mpquic_linkmodel as emu;
+pub mod mpquic_conf;
 pub mod packet_ring;
 pub mod plot;
 pub mod report;

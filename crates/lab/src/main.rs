@@ -32,6 +32,13 @@ enum Cmd {
         /// Link behaviour, e.g. rate=100mbit,delay=20ms,jitter=2ms,loss=1% (both directions).
         #[arg(long = "path", required = true)]
         paths: Vec<String>,
+        /// Sites (LAN host + client router) sharing the server; each gets one WAN per --path.
+        #[arg(long, default_value_t = 1)]
+        clients: usize,
+        /// The lab belongs to this process: `down --stale` removes it once the process is gone
+        /// (a test run that crashed).
+        #[arg(long)]
+        owner_pid: Option<u32>,
         /// Seed of the emulator's randomness (same seed, same losses).
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -45,12 +52,56 @@ enum Cmd {
     /// Change a path's link live: mpquic-lab set NAME PATH key=value... [--dir up|down|both].
     Set {
         name: String,
+        /// The path's number on its client (1..).
         path: usize,
         #[arg(required = true)]
         changes: Vec<String>,
         /// up: client to server; down: server to client.
         #[arg(long, default_value = "both")]
         dir: String,
+        #[arg(long, default_value_t = 1)]
+        client: usize,
+    },
+    /// Take a client's WAN interface down or up (the client sees the interface go, unlike
+    /// `set ... state=down`); `up` also restores its route to the server.
+    Link {
+        name: String,
+        path: usize,
+        #[arg(value_parser = ["up", "down"])]
+        state: String,
+        #[arg(long, default_value_t = 1)]
+        client: usize,
+    },
+    /// Write a fresh PKI and mpquic configurations for every client of a lab into DIR; prints
+    /// their paths, namespaces and sockets as JSON.
+    Configs {
+        name: String,
+        #[arg(long)]
+        dir: std::path::PathBuf,
+        #[arg(long, default_value = "failover")]
+        policy: String,
+        #[arg(long, default_value = "datagram")]
+        mode: String,
+        #[arg(long, default_value = "cubic")]
+        congestion: String,
+        /// Per path, e.g. 1,1.
+        #[arg(long, value_delimiter = ',')]
+        priorities: Option<Vec<u32>>,
+        #[arg(long, value_delimiter = ',')]
+        weights: Option<Vec<u32>>,
+        /// Top-level YAML added to every configuration, e.g. "worker_threads: 2".
+        #[arg(long, default_value = "")]
+        extra_yaml: String,
+    },
+    /// Route a client's LAN to the internet host through its tunnel interface (idempotent).
+    Route {
+        name: String,
+        #[arg(long, default_value_t = 1)]
+        client: usize,
+        #[arg(long, default_value = "mpq0")]
+        dev: String,
+        #[arg(long, default_value = mpquic_lab::mpquic_conf::TUNNEL_NET)]
+        tunnel_net: String,
     },
     /// Counters of each path and direction (JSON).
     Stats { name: String },
@@ -80,15 +131,63 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Up { name, paths, seed } => up(&name, &paths, seed),
+        Cmd::Up {
+            name,
+            paths,
+            clients,
+            owner_pid,
+            seed,
+        } => up(&name, &paths, clients, seed, owner_pid),
         Cmd::Show { name, json } => show(&name, json),
         Cmd::Set {
             name,
             path,
             changes,
             dir,
-        } => topo::control(&name, &format!("set {path} {dir} {}", changes.join(",")))
+            client,
+        } => topo::load(&name)
+            .and_then(|st| st.emulator_path(client, path))
+            .and_then(|k| topo::control(&name, &format!("set {k} {dir} {}", changes.join(","))))
             .map(|r| println!("{r}")),
+        Cmd::Link {
+            name,
+            path,
+            state,
+            client,
+        } => topo::load(&name).and_then(|st| topo::set_link(&st, client, path, state == "up")),
+        Cmd::Configs {
+            name,
+            dir,
+            policy,
+            mode,
+            congestion,
+            priorities,
+            weights,
+            extra_yaml,
+        } => configs(
+            &name,
+            &dir,
+            mpquic_lab::scenario::MpquicOpts {
+                policy,
+                mode,
+                congestion,
+                priorities,
+                weights,
+                extra_yaml: if extra_yaml.is_empty() || extra_yaml.ends_with('\n') {
+                    extra_yaml
+                } else {
+                    extra_yaml + "\n"
+                },
+                requires: Vec::new(),
+            },
+        ),
+        Cmd::Route {
+            name,
+            client,
+            dev,
+            tunnel_net,
+        } => topo::load(&name)
+            .and_then(|st| mpquic_lab::sut::route_lan_through(&st, client, &dev, &tunnel_net)),
         Cmd::Stats { name } => topo::control(&name, "stats").map(|r| println!("{r}")),
         Cmd::Down { name, stale } => down(name, stale),
         Cmd::Run { scenario, out } => mpquic_lab::runner::run(&scenario, &out),
@@ -104,8 +203,25 @@ fn main() -> ExitCode {
     }
 }
 
-fn up(name: &str, paths: &[String], seed: u64) -> Result<()> {
-    let st = topo::up(name, paths, seed, None)?;
+fn configs(
+    name: &str,
+    dir: &std::path::Path,
+    opts: mpquic_lab::scenario::MpquicOpts,
+) -> Result<()> {
+    let st = topo::load(name)?;
+    let written = mpquic_lab::mpquic_conf::write(&st, &opts, dir)?;
+    println!("{}", serde_json::to_string_pretty(&written)?);
+    Ok(())
+}
+
+fn up(
+    name: &str,
+    paths: &[String],
+    clients: usize,
+    seed: u64,
+    owner_pid: Option<u32>,
+) -> Result<()> {
+    let st = topo::up(name, paths, clients, seed, owner_pid)?;
     println!("{}", serde_json::to_string_pretty(&st)?);
     Ok(())
 }
@@ -128,10 +244,26 @@ fn show(name: &str, json: bool) -> Result<()> {
         st.namespaces.internet,
         st.hosts.internet_addr
     );
+    for (i, c) in st.clients.iter().enumerate().skip(1) {
+        println!(
+            "  client {}: lan {} ({})  client {}",
+            i + 1,
+            c.lan,
+            c.lan_addr,
+            c.client
+        );
+    }
     for p in &st.paths {
         println!(
-            "  path {}: client {} {} <-> server {} {}  [{}]",
-            p.index, p.client_if, p.client_addr, p.server_if, p.server_addr, p.spec_text
+            "  path {} (client {} path {}): client {} {} <-> server {} {}  [{}]",
+            p.index,
+            p.client,
+            p.client_path,
+            p.client_if,
+            p.client_addr,
+            p.server_if,
+            p.server_addr,
+            p.spec_text
         );
     }
     Ok(())
@@ -154,8 +286,13 @@ fn down(name: Option<String>, stale: bool) -> Result<()> {
 fn emu(name: &str, seed: u64) -> Result<()> {
     let st = topo::load(name)?;
     let stop = Arc::new(AtomicBool::new(false));
-    let mut dirs: Vec<(Arc<Direction>, Arc<Direction>)> = Vec::new();
+    // Indexed by path number - 1; `None` for direct paths.
+    let mut dirs: Vec<Option<(Arc<Direction>, Arc<Direction>)>> = Vec::new();
     for p in &st.paths {
+        if !p.emulated {
+            dirs.push(None);
+            continue;
+        }
         let spec = LinkSpec::parse(&p.spec_text).map_err(|e| anyhow!(e))?;
         let (up, down) = (Direction::new(spec.clone()), Direction::new(spec));
         let c = format!("c{}", p.index);
@@ -176,11 +313,14 @@ fn emu(name: &str, seed: u64) -> Result<()> {
                 ))
                 .spawn(move || bridge::run(io, stop))?;
         }
-        dirs.push((up, down));
+        dirs.push(Some((up, down)));
     }
     let _ = std::fs::remove_file(&st.control_socket);
     let listener = UnixListener::bind(&st.control_socket)?;
-    eprintln!("emulator for lab {name}: {} paths", dirs.len());
+    eprintln!(
+        "emulator for lab {name}: {} paths",
+        dirs.iter().flatten().count()
+    );
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
         let mut line = String::new();
@@ -197,7 +337,7 @@ fn emu(name: &str, seed: u64) -> Result<()> {
     Ok(())
 }
 
-fn handle(dirs: &[(Arc<Direction>, Arc<Direction>)], line: &str) -> Result<String, String> {
+fn handle(dirs: &[Option<(Arc<Direction>, Arc<Direction>)>], line: &str) -> Result<String, String> {
     let lock = |m: &std::sync::Mutex<LinkSpec>| {
         m.lock()
             .map(|g| g.clone())
@@ -209,6 +349,7 @@ fn handle(dirs: &[(Arc<Direction>, Arc<Direction>)], line: &str) -> Result<Strin
             let paths: Vec<serde_json::Value> = dirs
                 .iter()
                 .enumerate()
+                .filter_map(|(i, x)| x.as_ref().map(|x| (i, x)))
                 .map(|(i, (u, d))| {
                     let one = |x: &Direction| {
                         serde_json::json!({
@@ -232,7 +373,9 @@ fn handle(dirs: &[(Arc<Direction>, Arc<Direction>)], line: &str) -> Result<Strin
                 .ok_or("set PATH DIR SPEC: bad path number")?;
             let (u, d) = dirs
                 .get(path.wrapping_sub(1))
-                .ok_or_else(|| format!("no path {path} (paths 1..{})", dirs.len()))?;
+                .ok_or_else(|| format!("no path {path} (paths 1..{})", dirs.len()))?
+                .as_ref()
+                .ok_or_else(|| format!("path {path} is direct (not emulated)"))?;
             let which: Vec<&Arc<Direction>> = match words.next() {
                 Some("up") => vec![u],
                 Some("down") => vec![d],

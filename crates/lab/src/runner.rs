@@ -15,10 +15,10 @@ use serde_json::{json, Value};
 use crate::report::write_report;
 use crate::scenario::{parse_duration, Kind, Scenario, System, Traffic};
 use crate::sut::{
-    fill, mpquic_bin, ns_cmd, route_lan_through, start_mpquic, start_vpn, vpn_vars, wait_reachable,
-    Named, Procs, MPQUIC_TUNNEL_NET,
+    fill, ns_cmd, route_lan_through, start_mpquic, start_vpn, vpn_vars, wait_reachable, Named,
+    Procs,
 };
-use crate::topo;
+use crate::{mpquic_conf, topo};
 
 /// Removes the lab whatever happens to the run (Ctrl-C and SIGTERM included, see
 /// `remove_lab_on_interrupt`).
@@ -120,7 +120,9 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
     let id = std::process::id();
     let name = format!("run{id}");
     let _guard = LabGuard::new(&name);
-    let lab = step("lab up", || topo::up(&name, &scn.paths, scn.seed, Some(id)))?;
+    let lab = step("lab up", || {
+        topo::up(&name, &scn.paths, 1, scn.seed, Some(id))
+    })?;
     let mut procs = Procs::default();
     let through_tunnel = (
         lab.namespaces.lan.clone(),
@@ -140,7 +142,7 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
         System::Mpquic(opts) => {
             let pids = step("start mpquic", || start_mpquic(opts, &lab, dir, &mut procs))?;
             step("route the LAN through mpquic", || {
-                route_lan_through(&lab, "mpq0", MPQUIC_TUNNEL_NET)
+                route_lan_through(&lab, 1, "mpq0", mpquic_conf::TUNNEL_NET)
             })?;
             (pids, Some("mpq0".to_string()), through_tunnel)
         }
@@ -149,7 +151,7 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
             let tun = step(&format!("route the LAN through {system}"), || {
                 let vars = vpn_vars(&lab, dir, id);
                 let tun = fill(&def.tunnel.client_if, &vars)?;
-                route_lan_through(&lab, &tun, &fill(&def.tunnel.cidr, &vars)?)?;
+                route_lan_through(&lab, 1, &tun, &fill(&def.tunnel.cidr, &vars)?)?;
                 wait_reachable(&lab)?;
                 Ok(tun)
             })?;
@@ -259,14 +261,14 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
     // mpquic's own view at the end (drops by reason, per path), next to the lab's.
     let mpquic_status = matches!(sys, System::Mpquic(_)).then(|| {
         let one = |who: &str| {
-            Command::new(mpquic_bin())
+            Command::new(mpquic_conf::mpquic_bin())
                 .args(["status", "--json", "--socket"])
                 .arg(dir.join(format!("{who}.sock")))
                 .output()
                 .ok()
                 .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
         };
-        json!({"client": one("client"), "server": one("server")})
+        json!({"client": one("client1"), "server": one("server")})
     });
     Ok(json!({
         "mpquic_status": mpquic_status,

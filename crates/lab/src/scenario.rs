@@ -81,6 +81,10 @@ pub struct MpquicOpts {
     /// Features this scenario needs (see `NOT_YET`).
     #[serde(default)]
     pub requires: Vec<String>,
+    /// Top-level YAML added to the server's and every client's configuration as is
+    /// (e.g. `"worker_threads: 2\n"`).
+    #[serde(default)]
+    pub extra_yaml: String,
 }
 
 impl Default for MpquicOpts {
@@ -92,6 +96,7 @@ impl Default for MpquicOpts {
             priorities: None,
             weights: None,
             requires: Vec::new(),
+            extra_yaml: String::new(),
         }
     }
 }

@@ -1,15 +1,15 @@
-//! Starting the systems under test in a lab: mpquic from configuration templates filled with the
-//! lab's addresses and a fresh PKI, or another VPN from its command file (bench/vpns/); then the
-//! same routing for both, so the LAN host reaches the internet host through the tunnel.
+//! Starting the systems under test in a lab: mpquic from the configurations `mpquic_conf` writes,
+//! or another VPN from its command file (bench/vpns/); then the same routing for both, so the LAN
+//! host reaches the internet host through the tunnel.
 
-use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
+use crate::mpquic_conf::{self, mpquic_bin};
 use crate::runner::step;
 use crate::scenario::{MpquicOpts, NsCmd, VpnDef};
 use crate::topo::{self, LabState};
@@ -29,33 +29,20 @@ impl Drop for Procs {
     }
 }
 
-/// `ip netns exec NS ARGS...`.
 /// How long a daemon's `ready` check may keep failing.
 const DAEMON_READY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// `ip netns exec NS ARGS...`.
 pub(crate) fn ns_cmd(ns: &str, args: &[&str]) -> Command {
     let mut c = Command::new("ip");
     c.args(["netns", "exec", ns]).args(args);
     c
 }
 
-/// The mpquic binary: `$MPQUIC_BIN`, else the one next to this executable (target/release/).
-pub(crate) fn mpquic_bin() -> PathBuf {
-    std::env::var_os("MPQUIC_BIN")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::current_exe()
-                .ok()
-                .and_then(|p| p.parent().map(|d| d.join("mpquic")))
-        })
-        .unwrap_or_else(|| PathBuf::from("mpquic"))
-}
-
 /// The system's processes, by name (`mpquic server`, `client: wireguard-go`...), for sampling.
 pub(crate) type Named = Vec<(String, u32)>;
 
-/// PKI, configs from templates filled with the lab's addresses, server and client started; waits
-/// until the tunnel is up.
+/// PKI and configs (`mpquic_conf`), server and client 1 started; waits until the tunnel is up.
 pub(crate) fn start_mpquic(
     m: &MpquicOpts,
     lab: &LabState,
@@ -63,84 +50,18 @@ pub(crate) fn start_mpquic(
     procs: &mut Procs,
 ) -> Result<Named> {
     let bin = mpquic_bin();
-    let b = bin.to_str().ok_or_else(|| anyhow!("bad mpquic path"))?;
-    let pki = dir.join("pki");
-    let p = pki.to_str().unwrap_or_default();
-    for args in [
-        vec!["pki", "init", "--dir", p, "--force"],
-        vec![
-            "pki",
-            "server",
-            "--dir",
-            p,
-            "--name",
-            "mpquic-server",
-            "--san",
-            topo::SERVER_SERVICE_ADDR,
-        ],
-        vec!["pki", "client", "--dir", p, "--name", "site1"],
-    ] {
-        let o = Command::new(b)
-            .args(&args)
-            .output()
-            .with_context(|| format!("running {b}"))?;
-        if !o.status.success() {
-            bail!(
-                "mpquic {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-    }
-    let server_sock = dir.join("server.sock");
-    let client_sock = dir.join("client.sock");
-    let server = format!(
-        "role: server\nbind_ip: 0.0.0.0\nremote_port: 45017\ntun_name: mpq0\ntun_cidr: 10.200.17.254/24\n\
-         tls_cert_file: {p}/mpquic-server.crt\ntls_key_file: {p}/mpquic-server.key\n\
-         congestion_algorithm: {cc}\ntransport_mode: {mode}\ncontrol_socket: {s}\n",
-        cc = m.congestion,
-        mode = m.mode,
-        s = server_sock.display()
-    );
-    let mut client = format!(
-        "role: client\nmultipath_enabled: true\nmultipath_policy: {pol}\ntun_name: mpq0\ntun_cidr: 10.200.17.1/24\n\
-         tls_ca_file: {p}/ca.crt\ntls_cert_file: {p}/site1.crt\ntls_key_file: {p}/site1.key\n\
-         tls_server_name: mpquic-server\ncongestion_algorithm: {cc}\ntransport_mode: {mode}\ncontrol_socket: {s}\n\
-         multipath_paths:\n",
-        pol = m.policy,
-        cc = m.congestion,
-        mode = m.mode,
-        s = client_sock.display()
-    );
-    for (i, path) in lab.paths.iter().enumerate() {
-        let prio = m
-            .priorities
-            .as_ref()
-            .and_then(|v| v.get(i).copied())
-            .unwrap_or(i as u32 + 1);
-        let weight = m
-            .weights
-            .as_ref()
-            .and_then(|v| v.get(i).copied())
-            .unwrap_or(1);
-        let _ = write!(
-            client,
-            "- name: wan{k}\n  bind_ip: if:{ifn}\n  remote_addr: {addr}\n  remote_port: 45017\n  priority: {prio}\n  weight: {weight}\n",
-            k = path.index,
-            ifn = path.client_if,
-            addr = topo::SERVER_SERVICE_ADDR
-        );
-    }
-    std::fs::write(dir.join("server.yaml"), server)?;
-    std::fs::write(dir.join("client.yaml"), client)?;
+    let files = mpquic_conf::write(lab, m, dir)?;
+    let client = files
+        .clients
+        .first()
+        .ok_or_else(|| anyhow!("the lab has no client"))?;
     let mut pids = Vec::new();
-    for (who, ns) in [
-        ("server", &lab.namespaces.server),
-        ("client", &lab.namespaces.client),
-    ] {
+    for (who, inst) in [("server", &files.server), ("client", client)] {
         let log = std::fs::File::create(dir.join(format!("{who}.log")))?;
-        let cfg = dir.join(format!("{who}.yaml"));
-        let child = ns_cmd(ns, &[b, "--config", cfg.to_str().unwrap_or_default()])
+        let child = ns_cmd(&inst.ns, &[])
+            .arg(&bin)
+            .arg("--config")
+            .arg(&inst.config)
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()?;
@@ -152,9 +73,9 @@ pub(crate) fn start_mpquic(
     }
     let t0 = Instant::now();
     loop {
-        let o = Command::new(b)
+        let o = Command::new(&bin)
             .args(["status", "--json", "--socket"])
-            .arg(&client_sock)
+            .arg(&client.socket)
             .output()?;
         if o.status.success() {
             let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
@@ -175,21 +96,17 @@ pub(crate) fn start_mpquic(
     Ok(pids)
 }
 
-/// The subnet of the server's tunnel in the mpquic configuration this runner writes.
-pub(crate) const MPQUIC_TUNNEL_NET: &str = "10.200.17.0/24";
-
-/// Make the LAN host reach the internet host through the client's tunnel interface: a route to
-/// the internet subnet over the tunnel, the LAN masqueraded behind the client's tunnel address,
-/// and the internet host's way back to the tunnel subnet via the server. The same for every VPN.
-pub(crate) fn route_lan_through(lab: &LabState, tun_if: &str, tunnel_net: &str) -> Result<()> {
+/// Make client `c`'s LAN host reach the internet host through the client's tunnel interface: a
+/// route to the internet subnet over the tunnel, the LAN masqueraded behind the client's tunnel
+/// address (table `labnat`), and the internet host's way back to the tunnel subnet via the
+/// server. The same for every VPN; running it again changes nothing.
+pub fn route_lan_through(lab: &LabState, c: usize, tun_if: &str, tunnel_net: &str) -> Result<()> {
     let (inet_net, gw) = (topo::INTERNET_NET, topo::INTERNET_GW);
+    let ns = lab.client(c)?.client;
+    topo::ns_run(&ns, &format!("ip route replace {inet_net} dev {tun_if}"))?;
     topo::ns_run(
-        &lab.namespaces.client,
-        &format!("ip route replace {inet_net} dev {tun_if}"),
-    )?;
-    topo::ns_run(
-        &lab.namespaces.client,
-        &format!("nft -f - <<'EOF'\nadd table ip labnat\nadd chain ip labnat post {{ type nat hook postrouting priority 100 ; }}\nadd rule ip labnat post oifname {tun_if} masquerade\nEOF"),
+        &ns,
+        &format!("nft list table ip labnat >/dev/null 2>&1 || nft -f - <<'EOF'\nadd table ip labnat\nadd chain ip labnat post {{ type nat hook postrouting priority 100 ; }}\nadd rule ip labnat post oifname {tun_if} masquerade\nEOF"),
     )?;
     topo::ns_run(
         &lab.namespaces.internet,
@@ -222,8 +139,8 @@ pub(crate) fn vpn_vars(lab: &LabState, dir: &Path, id: u32) -> Vec<(String, Stri
         ("internet_addr".into(), lab.hosts.internet_addr.clone()),
         ("internet_net".into(), topo::INTERNET_NET.into()),
     ];
-    for p in &lab.paths {
-        let k = p.index;
+    for p in lab.client_paths(1) {
+        let k = p.client_path;
         v.push((format!("path{k}_if"), p.client_if.clone()));
         v.push((format!("path{k}_addr"), p.client_addr.clone()));
         v.push((format!("path{k}_server_addr"), p.server_addr.clone()));

@@ -4,12 +4,15 @@
 //! ```text
 //!   lan --- client =wan1= [c1 emulator s1] =wan1= server --- internet
 //!                  =wan2= [c2          s2] =wan2=
+//!   lan2 -- cli2   =wan1= [c3          s3] =wan3=      (--clients 2)
 //! ```
 //!
-//! The emulator bridges c<i> and s<i> at layer 2, so client wan<i> (10.10.i.2) and server wan<i>
-//! (10.10.i.1) share a subnet. Every path also reaches the server's service address 10.99.0.1
-//! (on its loopback) through its own interface, as on a real multi-WAN site.
-//! State lives in /run/mpquic-lab/NAME/ (state.json, emulator pid, control socket, log).
+//! The emulator bridges c<i> and s<i> at layer 2, so a client's WAN interface (10.10.i.2) and
+//! server wan<i> (10.10.i.1) share a subnet; `i` numbers the emulator's paths over all clients,
+//! while each client names its own WAN interfaces wan1, wan2... Every path also reaches the
+//! server's service address 10.99.0.1 (on its loopback) through its own interface, as on a real
+//! multi-WAN site. State lives in /run/mpquic-lab/NAME/ (state.json, emulator pid, control
+//! socket, log).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -20,6 +23,8 @@ use serde::{Deserialize, Serialize};
 use crate::emu::LinkSpec;
 
 pub const STATE_ROOT: &str = "/run/mpquic-lab";
+/// The path spec for a plain veth link that bypasses the emulator.
+pub const DIRECT: &str = "direct";
 pub const SERVER_SERVICE_ADDR: &str = "10.99.0.1";
 pub const LAN_ADDR: &str = "192.168.10.2";
 pub const INTERNET_ADDR: &str = "172.16.50.2";
@@ -38,14 +43,40 @@ pub struct Namespaces {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PathInfo {
+    /// The emulator's path number (1..), over all clients.
     pub index: usize,
+    /// The client (1..) this path belongs to, and its number among that client's paths (1..).
+    #[serde(default = "one")]
+    pub client: usize,
+    #[serde(default = "one")]
+    pub client_path: usize,
     pub client_if: String,
     pub client_addr: String,
     pub server_if: String,
     pub server_addr: String,
-    /// The spec as given (`key=value,...`); `spec` is its parsed form.
+    /// The spec as given (`key=value,...`, or `direct`); `spec` is its parsed form.
     pub spec_text: String,
     pub spec: serde_json::Value,
+    /// False for a `direct` path: a plain veth pair between client and server, not crossing the
+    /// emulator (nothing to `set` on it).
+    #[serde(default = "yes")]
+    pub emulated: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn one() -> usize {
+    1
+}
+
+/// One site: its LAN host and client router. Client 1's are also `namespaces.lan`/`.client`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClientHosts {
+    pub lan: String,
+    pub client: String,
+    pub lan_addr: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -59,8 +90,12 @@ pub struct Hosts {
 pub struct LabState {
     pub name: String,
     pub namespaces: Namespaces,
+    /// Every emulated path, client 1's first.
     pub paths: Vec<PathInfo>,
     pub hosts: Hosts,
+    /// Every client (site), client 1 first.
+    #[serde(default)]
+    pub clients: Vec<ClientHosts>,
     pub emulator_pid: Option<u32>,
     /// The process the lab belongs to (a scenario run); the lab is stale once it is gone.
     /// `None` for labs made with `mpquic-lab up`, which live until `down`.
@@ -68,6 +103,48 @@ pub struct LabState {
     pub owner_pid: Option<u32>,
     pub control_socket: String,
     pub log: String,
+}
+
+impl LabState {
+    /// Client `c`'s (1..) paths, in order.
+    pub fn client_paths(&self, c: usize) -> impl Iterator<Item = &PathInfo> {
+        self.paths.iter().filter(move |p| p.client == c)
+    }
+
+    /// Client `c`'s hosts (1..); client 1 also for labs saved before `clients` existed.
+    pub fn client(&self, c: usize) -> Result<ClientHosts> {
+        if c == 1 && self.clients.is_empty() {
+            return Ok(ClientHosts {
+                lan: self.namespaces.lan.clone(),
+                client: self.namespaces.client.clone(),
+                lan_addr: self.hosts.lan_addr.clone(),
+            });
+        }
+        self.clients.get(c.wrapping_sub(1)).cloned().ok_or_else(|| {
+            anyhow!(
+                "no client {c} in lab `{}` (clients 1..{})",
+                self.name,
+                self.clients.len()
+            )
+        })
+    }
+
+    /// Client `c`'s path `p` (both 1..).
+    pub fn path(&self, c: usize, p: usize) -> Result<&PathInfo> {
+        self.paths
+            .iter()
+            .find(|x| x.client == c && x.client_path == p)
+            .ok_or_else(|| anyhow!("lab `{}` has no path {p} on client {c}", self.name))
+    }
+
+    /// The emulator's path number of client `c`'s path `p` (both 1..).
+    pub fn emulator_path(&self, c: usize, p: usize) -> Result<usize> {
+        let info = self.path(c, p)?;
+        if !info.emulated {
+            bail!("path {p} of client {c} is `{DIRECT}`: it does not cross the emulator");
+        }
+        Ok(info.index)
+    }
 }
 
 pub fn state_dir(name: &str) -> PathBuf {
@@ -142,68 +219,109 @@ fn no_offloads(ns: &str, dev: &str) -> Result<()> {
     Ok(())
 }
 
-/// Build the namespaces and links; the emulator is started by the caller.
-pub fn build(name: &str, specs: &[(String, LinkSpec)]) -> Result<LabState> {
+/// Client `c`'s (1..) namespaces: client 1 keeps the plain names.
+fn client_namespaces(name: &str, c: usize) -> (String, String) {
+    let sfx = if c == 1 { String::new() } else { c.to_string() };
+    (
+        format!("mql-{name}-lan{sfx}"),
+        format!("mql-{name}-cli{sfx}"),
+    )
+}
+
+/// Build the namespaces and links (every client gets every spec as its paths); the emulator is
+/// started by the caller.
+pub fn build(name: &str, specs: &[(String, Option<LinkSpec>)], clients: usize) -> Result<LabState> {
+    if clients == 0 || clients > 8 {
+        bail!("--clients {clients}: use 1 to 8");
+    }
+    if specs.is_empty() || specs.len() * clients > 250 {
+        bail!(
+            "{} paths x {clients} clients: use 1 to 250 emulated paths",
+            specs.len()
+        );
+    }
     let ns = namespaces(name);
-    let all = [&ns.lan, &ns.client, &ns.emulator, &ns.server, &ns.internet];
-    for n in all {
-        run(&["ip", "netns", "add", n]).with_context(|| format!("creating namespace {n}"))?;
-        ns_run(n, "ip link set lo up")?;
+    for n in [&ns.emulator, &ns.server, &ns.internet] {
+        add_ns(n)?;
     }
     ns_run(
         &ns.server,
         &format!("sysctl -qw net.ipv4.ip_forward=1 && ip addr add {SERVER_SERVICE_ADDR}/32 dev lo"),
     )?;
-    ns_run(&ns.client, "sysctl -qw net.ipv4.ip_forward=1")?;
-    veth(&ns.client, "lan", &ns.lan, "eth0")?;
-    ns_run(&ns.client, "ip addr add 192.168.10.1/24 dev lan")?;
-    ns_run(
-        &ns.lan,
-        &format!("ip addr add {LAN_ADDR}/24 dev eth0 && ip route add default via 192.168.10.1"),
-    )?;
     veth(&ns.server, "inet", &ns.internet, "eth0")?;
-    ns_run(&ns.server, "ip addr add 172.16.50.1/24 dev inet")?;
+    ns_run(
+        &ns.server,
+        &format!("ip addr add {INTERNET_GW}/24 dev inet"),
+    )?;
     ns_run(
         &ns.internet,
-        &format!("ip addr add {INTERNET_ADDR}/24 dev eth0 && ip route add default via 172.16.50.1"),
+        &format!(
+            "ip addr add {INTERNET_ADDR}/24 dev eth0 && ip route add default via {INTERNET_GW}"
+        ),
     )?;
     let mut paths = Vec::new();
-    for (i, (text, spec)) in specs.iter().enumerate() {
-        let k = i + 1;
-        let (cif, eci, esi, sif) = (
-            format!("wan{k}"),
-            format!("c{k}"),
-            format!("s{k}"),
-            format!("wan{k}"),
-        );
-        veth(&ns.client, &cif, &ns.emulator, &eci)?;
-        veth(&ns.emulator, &esi, &ns.server, &sif)?;
-        for (n, d) in [
-            (&ns.client, &cif),
-            (&ns.emulator, &eci),
-            (&ns.emulator, &esi),
-            (&ns.server, &sif),
-        ] {
-            no_offloads(n, d)?;
-        }
-        let (caddr, saddr) = (format!("10.10.{k}.2"), format!("10.10.{k}.1"));
-        ns_run(&ns.client, &format!("ip addr add {caddr}/24 dev {cif}"))?;
-        ns_run(&ns.server, &format!("ip addr add {saddr}/24 dev {sif}"))?;
+    let mut hosts = Vec::new();
+    for c in 1..=clients {
+        let (lan, cli) = client_namespaces(name, c);
+        add_ns(&lan)?;
+        add_ns(&cli)?;
+        ns_run(&cli, "sysctl -qw net.ipv4.ip_forward=1")?;
+        veth(&cli, "lan", &lan, "eth0")?;
+        let net = 9 + c;
+        let lan_addr = format!("192.168.{net}.2");
+        ns_run(&cli, &format!("ip addr add 192.168.{net}.1/24 dev lan"))?;
         ns_run(
-            &ns.client,
+            &lan,
             &format!(
-                "ip route replace {SERVER_SERVICE_ADDR}/32 via {saddr} dev {cif} metric {}",
-                10 * k
+                "ip addr add {lan_addr}/24 dev eth0 && ip route add default via 192.168.{net}.1"
             ),
         )?;
-        paths.push(PathInfo {
-            index: k,
-            client_if: cif,
-            client_addr: caddr,
-            server_if: sif,
-            server_addr: saddr,
-            spec_text: text.clone(),
-            spec: serde_json::to_value(spec)?,
+        for (j, (text, spec)) in specs.iter().enumerate() {
+            let (p, k) = (j + 1, paths.len() + 1);
+            let (cif, eci, esi, sif) = (
+                format!("wan{p}"),
+                format!("c{k}"),
+                format!("s{k}"),
+                format!("wan{k}"),
+            );
+            if spec.is_some() {
+                veth(&cli, &cif, &ns.emulator, &eci)?;
+                veth(&ns.emulator, &esi, &ns.server, &sif)?;
+                for (n, d) in [
+                    (&cli, &cif),
+                    (&ns.emulator, &eci),
+                    (&ns.emulator, &esi),
+                    (&ns.server, &sif),
+                ] {
+                    no_offloads(n, d)?;
+                }
+            } else {
+                // A plain veth pair (offloads on): the fastest link the kernel has, for
+                // throughput benchmarks where an emulator would cost as much as the tunnel.
+                veth(&cli, &cif, &ns.server, &sif)?;
+            }
+            let (caddr, saddr) = (format!("10.10.{k}.2"), format!("10.10.{k}.1"));
+            ns_run(&cli, &format!("ip addr add {caddr}/24 dev {cif}"))?;
+            ns_run(&ns.server, &format!("ip addr add {saddr}/24 dev {sif}"))?;
+            let info = PathInfo {
+                index: k,
+                client: c,
+                client_path: p,
+                client_if: cif,
+                client_addr: caddr,
+                server_if: sif,
+                server_addr: saddr,
+                spec_text: text.clone(),
+                spec: serde_json::to_value(spec)?,
+                emulated: spec.is_some(),
+            };
+            route_to_server(&cli, &info)?;
+            paths.push(info);
+        }
+        hosts.push(ClientHosts {
+            lan,
+            client: cli,
+            lan_addr,
         });
     }
     let dir = state_dir(name);
@@ -216,11 +334,53 @@ pub fn build(name: &str, specs: &[(String, LinkSpec)]) -> Result<LabState> {
             internet_addr: INTERNET_ADDR.into(),
             server_service_addr: SERVER_SERVICE_ADDR.into(),
         },
+        clients: hosts,
         emulator_pid: None,
         owner_pid: None,
         control_socket: dir.join("emu.sock").display().to_string(),
         log: dir.join("emu.log").display().to_string(),
     })
+}
+
+fn add_ns(n: &str) -> Result<()> {
+    run(&["ip", "netns", "add", n]).with_context(|| format!("creating namespace {n}"))?;
+    ns_run(n, "ip link set lo up")?;
+    Ok(())
+}
+
+/// The client's route to the server's service address over one WAN interface (metric by path
+/// number: the first path is the default). IPv4 removes a route when its device goes down, so
+/// whoever brings a WAN interface back up puts this back, as a site router would.
+pub fn route_to_server(client_ns: &str, p: &PathInfo) -> Result<()> {
+    ns_run(
+        client_ns,
+        &format!(
+            "ip route replace {SERVER_SERVICE_ADDR}/32 via {} dev {} metric {}",
+            p.server_addr,
+            p.client_if,
+            10 * p.client_path
+        ),
+    )?;
+    Ok(())
+}
+
+/// Take client `c`'s WAN interface of path `p` down or up (a cable pulled, a modem rebooted:
+/// unlike an emulated outage, the client sees the interface go).
+pub fn set_link(st: &LabState, c: usize, p: usize, up: bool) -> Result<()> {
+    let ns = st.client(c)?.client;
+    let info = st.path(c, p)?;
+    ns_run(
+        &ns,
+        &format!(
+            "ip link set {} {}",
+            info.client_if,
+            if up { "up" } else { "down" }
+        ),
+    )?;
+    if up {
+        route_to_server(&ns, info)?;
+    }
+    Ok(())
 }
 
 pub fn load(name: &str) -> Result<LabState> {
@@ -260,8 +420,7 @@ pub fn teardown(name: &str) -> Vec<String> {
             unsafe { libc::kill(pid as i32, libc::SIGTERM) };
         }
     }
-    let ns = namespaces(name);
-    for n in [&ns.lan, &ns.client, &ns.emulator, &ns.server, &ns.internet] {
+    for n in &lab_namespaces(name) {
         if let Ok(pids) = run(&["ip", "netns", "pids", n]) {
             for pid in pids
                 .split_whitespace()
@@ -277,6 +436,20 @@ pub fn teardown(name: &str) -> Vec<String> {
     }
     let _ = std::fs::remove_dir_all(state_dir(name));
     removed
+}
+
+/// Every namespace lab `name` has (any number of clients), from the system's list.
+fn lab_namespaces(name: &str) -> Vec<String> {
+    let prefix = format!("mql-{name}-");
+    let list = run(&["ip", "netns", "list"]).unwrap_or_default();
+    list.lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| {
+            n.strip_prefix(&prefix)
+                .is_some_and(|role| !role.is_empty() && !role.contains('-'))
+        })
+        .map(str::to_string)
+        .collect()
 }
 
 /// Labs left by crashed runs: a state directory whose emulator or owner is gone, or namespaces
@@ -311,7 +484,13 @@ pub fn stale() -> Vec<String> {
 
 /// Create lab `name` with one path per spec and start its emulator (this executable's `emu`
 /// command inside the emulator namespace). On any failure everything made so far is removed.
-pub fn up(name: &str, paths: &[String], seed: u64, owner_pid: Option<u32>) -> Result<LabState> {
+pub fn up(
+    name: &str,
+    paths: &[String],
+    clients: usize,
+    seed: u64,
+    owner_pid: Option<u32>,
+) -> Result<LabState> {
     check_name(name)?;
     if state_dir(name).exists() {
         bail!("a lab named `{name}` exists; `mpquic-lab down {name}` first");
@@ -320,13 +499,17 @@ pub fn up(name: &str, paths: &[String], seed: u64, owner_pid: Option<u32>) -> Re
         .iter()
         .enumerate()
         .map(|(i, p)| {
-            LinkSpec::parse(p)
-                .map(|s| (p.clone(), s))
+            let spec = if p == DIRECT {
+                Ok(None)
+            } else {
+                LinkSpec::parse(p).map(Some)
+            };
+            spec.map(|s| (p.clone(), s))
                 .map_err(|e| anyhow!("path {} ({p}): {e}", i + 1))
         })
         .collect::<Result<Vec<_>>>()?;
     let result = (|| {
-        let mut st = build(name, &specs).context("building the topology")?;
+        let mut st = build(name, &specs, clients).context("building the topology")?;
         st.owner_pid = owner_pid;
         save(&st)?;
         let log = std::fs::File::create(&st.log)?;
