@@ -146,38 +146,36 @@ fn emulator_health(o: &mut String, emu: &Value) {
 
 /// mpquic's drop counters at the end of the run, every non-zero one (status --json of each side).
 fn mpquic_drops(o: &mut String, status: &Value) {
+    if !status.is_object() {
+        return;
+    }
     let mut lines = Vec::new();
     for who in ["client", "server"] {
-        let st = &status[who];
-        let mut add = |scope: String, drops: &Value| {
-            for (reason, n) in drops.as_object().into_iter().flatten() {
-                if n.as_u64().unwrap_or(0) > 0 {
-                    lines.push(format!("{who} {scope}{reason} {n}"));
-                }
-            }
+        let Ok(st) = serde_json::from_value::<mpquic_status::StatusReport>(status[who].clone())
+        else {
+            lines.push(format!("{who} status unreadable"));
+            continue;
         };
-        add(String::new(), &st["drops"]);
-        for t in st["tunnels"].as_array().into_iter().flatten() {
-            add(String::new(), &t["drops"]);
-            for p in t["paths"].as_array().into_iter().flatten() {
-                add(
-                    format!("{}: ", p["name"].as_str().unwrap_or("?")),
-                    &p["drops"],
-                );
+        for (_, path, reason, n) in st.all_drops() {
+            if n > 0 {
+                let scope = if path.is_empty() {
+                    String::new()
+                } else {
+                    format!("{path}: ")
+                };
+                lines.push(format!("{who} {scope}{reason} {n}"));
             }
         }
     }
-    if status.is_object() {
-        let _ = writeln!(
-            o,
-            "\nmpquic drops at the end: {}.",
-            if lines.is_empty() {
-                "none".to_string()
-            } else {
-                lines.join(", ")
-            }
-        );
-    }
+    let _ = writeln!(
+        o,
+        "\nmpquic drops at the end: {}.",
+        if lines.is_empty() {
+            "none".to_string()
+        } else {
+            lines.join(", ")
+        }
+    );
 }
 
 /// Mbit/s with the digits that matter: a ping-only run moves a few kbit/s.

@@ -6,8 +6,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Result};
-use serde_json::Value;
+use anyhow::{anyhow, bail, Context, Result};
 
 use crate::mpquic_conf::{self, mpquic_bin};
 use crate::runner::step;
@@ -77,15 +76,12 @@ pub(crate) fn start_mpquic(
             .args(["status", "--json", "--socket"])
             .arg(&client.socket)
             .output()?;
-        if o.status.success() {
-            let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-            let t = &v["tunnels"][0];
-            let up = t["paths"]
-                .as_array()
-                .is_some_and(|p| p.iter().all(|x| x["state"] == "up"));
-            if t["address"].is_string() && up {
-                break;
-            }
+        let status = o.status.success().then(|| {
+            serde_json::from_slice::<mpquic_status::StatusReport>(&o.stdout)
+                .with_context(|| format!("`mpquic status --json` of {}", client.name))
+        });
+        if status.transpose()?.is_some_and(|s| s.first_tunnel_up()) {
+            break;
         }
         if t0.elapsed() > Duration::from_secs(20) {
             let log = std::fs::read_to_string(dir.join("client.log")).unwrap_or_default();

@@ -26,9 +26,9 @@ fn metrics_text(
     (
         [(
             axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
+            crate::status::CONTENT_TYPE,
         )],
-        status().to_prometheus(),
+        status().to_openmetrics(),
     )
 }
 

@@ -14,7 +14,8 @@ mod platform;
 mod quic;
 mod runtime;
 mod server;
-mod status;
+/// The status report's types live in their own crate, shared with the lab.
+use mpquic_status as status;
 mod tls;
 mod tun;
 mod tunnel;

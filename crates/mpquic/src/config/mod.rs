@@ -1,0 +1,503 @@
+//! Instance configuration: YAML accepting the seed platform's keys (docs/CONFIG.md).
+//!
+//! Loading has two stages: serde parses the YAML into `RawConfig` (unknown keys are errors with a
+//! "did you mean" hint), then `validate.rs` turns it into a `Config` the rest of the program can
+//! trust, section by section, reporting every problem with the file, line and column of its key
+//! (`positions.rs`: from the YAML parser's marks).
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use mpquic_core::Policy;
+use serde::Deserialize;
+
+mod positions;
+mod validate;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Client,
+    Server,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Congestion {
+    Cubic,
+    Newreno,
+    Bbr,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportMode {
+    /// Inner packets as QUIC DATAGRAM frames (unreliable, lowest latency).
+    Datagram,
+    /// Inner packets on one QUIC stream per path, 2-byte length prefix (retransmitted).
+    Reliable,
+}
+
+impl TransportMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportMode::Datagram => "datagram",
+            TransportMode::Reliable => "reliable",
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPath {
+    name: String,
+    bind_ip: Option<String>,
+    remote_addr: Option<String>,
+    remote_port: Option<u16>,
+    priority: Option<u32>,
+    weight: Option<u32>,
+    pipes: Option<u32>,
+    transport: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClient {
+    name: String,
+    address: Ipv4Addr,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    role: Role,
+    tun_name: Option<String>,
+    tun_cidr: Option<String>,
+    tun_mtu: Option<u32>,
+    log_level: Option<String>,
+    tls_ca_file: Option<PathBuf>,
+    tls_cert_file: Option<PathBuf>,
+    tls_key_file: Option<PathBuf>,
+    tls_server_name: Option<String>,
+    #[serde(default)]
+    tls_insecure_skip_verify: bool,
+    congestion_algorithm: Option<Congestion>,
+    transport_mode: Option<TransportMode>,
+    bind_ip: Option<String>,
+    remote_addr: Option<String>,
+    remote_port: Option<u16>,
+    /// Seed key: the server always accepts many clients; accepted for compatibility.
+    #[allow(dead_code)]
+    multi_conn_enabled: Option<bool>,
+    multipath_enabled: Option<bool>,
+    multipath_policy: Option<String>,
+    #[serde(default)]
+    multipath_paths: Vec<RawPath>,
+    stripe_enabled: Option<bool>,
+    stripe_port: Option<u16>,
+    stripe_data_shards: Option<u32>,
+    stripe_parity_shards: Option<u32>,
+    // Keys new in mpquic.
+    control_socket: Option<PathBuf>,
+    metrics_listen: Option<SocketAddr>,
+    worker_threads: Option<usize>,
+    #[serde(default)]
+    clients: Vec<RawClient>,
+}
+
+/// Where a path's UDP socket is bound.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bind {
+    Any,
+    Ip(IpAddr),
+    /// SO_BINDTODEVICE to this interface, source address taken from it.
+    Interface(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct PathConfig {
+    pub name: String,
+    pub bind: Bind,
+    pub remote_addr: String,
+    pub remote_port: u16,
+    pub priority: u32,
+    pub weight: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    pub policy: Policy,
+    pub paths: Vec<PathConfig>,
+    /// The tunnel address this client asks for (the server decides).
+    pub requested: Option<(Ipv4Addr, u8)>,
+    pub server_name: String,
+    pub ca_file: Option<PathBuf>,
+    pub insecure_skip_verify: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub tun_addr: Ipv4Addr,
+    pub prefix: u8,
+    pub client_ca_file: PathBuf,
+    /// Fixed tunnel addresses by client name (certificate CN).
+    pub clients: Vec<(String, Ipv4Addr)>,
+}
+
+#[derive(Debug, Clone)]
+pub enum RoleConfig {
+    Client(ClientConfig),
+    Server(ServerConfig),
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub tun_name: String,
+    /// `None`: derived from the path MTU at startup.
+    pub tun_mtu: Option<u32>,
+    pub log_level: String,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub congestion: Congestion,
+    pub mode: TransportMode,
+    pub control_socket: PathBuf,
+    pub metrics_listen: Option<SocketAddr>,
+    /// Threads of the async runtime. 1 (the default) measured fastest on a 2-core machine.
+    pub worker_threads: usize,
+    pub role: RoleConfig,
+    /// Non-fatal remarks for the operator (printed by check-config, logged at startup).
+    pub warnings: Vec<String>,
+}
+
+/// One configuration problem, located in the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+#[derive(Debug)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.problems.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(
+                f,
+                "{}:{}:{}: {}",
+                self.file.display(),
+                p.line,
+                p.column,
+                p.message
+            )?;
+            if let Some(h) = &p.hint {
+                write!(f, "\n  hint: {h}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+pub const DEFAULT_PORT: u16 = 45017;
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.to_owned(),
+            problems: vec![Problem {
+                line: 0,
+                column: 0,
+                message: format!("cannot read the file: {e}"),
+                hint: None,
+            }],
+        })?;
+        Config::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, file: &Path) -> Result<Config, ConfigError> {
+        let err = |problems| ConfigError {
+            file: file.to_owned(),
+            problems,
+        };
+        let raw: RawConfig =
+            serde_yaml_ng::from_str(text).map_err(|e| err(vec![yaml_problem(&e)]))?;
+        validate::validate(raw, text).map_err(err)
+    }
+}
+
+/// Turn a serde error into a located problem, with a hint for misspelt keys and values.
+fn yaml_problem(e: &serde_yaml_ng::Error) -> Problem {
+    let (line, column) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
+    let full = e.to_string();
+    // serde_yaml_ng appends " at line L column C"; the location is reported separately.
+    let msg = full.split(" at line ").next().unwrap_or(&full).to_string();
+    let hint = unknown_name_hint(&msg);
+    // With a "did you mean", the full list of valid names is noise.
+    let msg = match (&hint, msg.find(", expected one of")) {
+        (Some(h), Some(i)) if h.starts_with("did you mean") => msg[..i].to_string(),
+        _ => msg,
+    };
+    Problem {
+        line,
+        column,
+        message: msg,
+        hint,
+    }
+}
+
+/// For "unknown field `x`, expected one of `a`, `b`" (and variants), suggest the closest name.
+fn unknown_name_hint(msg: &str) -> Option<String> {
+    // Nested errors carry a prefix such as "multipath_paths[0]: ".
+    let (what, at) = match (msg.find("unknown field"), msg.find("unknown variant")) {
+        (Some(i), _) => ("key", i),
+        (None, Some(i)) => ("value", i),
+        _ => return None,
+    };
+    let mut quoted = msg[at..].split('`').skip(1).step_by(2);
+    let bad = quoted.next()?;
+    let candidates: Vec<&str> = quoted.collect();
+    match closest(bad, &candidates) {
+        Some(best) => Some(format!("did you mean `{best}`?")),
+        None if !candidates.is_empty() => Some(format!("valid {what}s: {}", candidates.join(", "))),
+        None => None,
+    }
+}
+
+/// The candidate within a small edit distance of `bad`, if any.
+pub fn closest<'a>(bad: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    candidates
+        .iter()
+        .map(|c| (levenshtein(bad, c), *c))
+        .filter(|(d, c)| *d <= 2.max(c.len() / 3))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+fn levenshtein(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+pub fn parse_cidr(s: &str) -> Option<(Ipv4Addr, u8)> {
+    let (a, p) = s.split_once('/')?;
+    let addr: Ipv4Addr = a.trim().parse().ok()?;
+    let prefix: u8 = p.trim().parse().ok()?;
+    (prefix <= 32).then_some((addr, prefix))
+}
+
+pub fn mask(prefix: u8) -> u32 {
+    if prefix == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(prefix))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Config, ConfigError> {
+        Config::parse(s, Path::new("test.yaml"))
+    }
+
+    const SEED_CLIENT: &str = "role: client
+multipath_enabled: true
+multipath_policy: balanced
+tun_name: mp1
+tun_cidr: 10.200.17.1/24
+log_level: info
+tls_ca_file: /etc/mpquic/tls/ca.crt
+tls_cert_file: /etc/mpquic/tls/client1.crt
+tls_key_file: /etc/mpquic/tls/client1.key
+tls_server_name: mpquic-server
+tls_insecure_skip_verify: false
+congestion_algorithm: bbr
+transport_mode: reliable
+multipath_paths:
+- name: wan4
+  bind_ip: if:enp7s6
+  remote_addr: 172.238.232.223
+  remote_port: 45017
+  priority: 1
+  weight: 1
+- name: wan5
+  bind_ip: if:enp7s7
+  remote_addr: 172.238.232.223
+  remote_port: 45017
+  priority: 1
+  weight: 1
+";
+
+    #[test]
+    fn seed_client_loads() {
+        let c = parse(SEED_CLIENT).unwrap();
+        let RoleConfig::Client(cl) = &c.role else {
+            panic!()
+        };
+        assert_eq!(cl.paths.len(), 2);
+        assert_eq!(cl.paths[1].bind, Bind::Interface("enp7s7".into()));
+        assert_eq!(cl.policy, Policy::Balanced);
+        assert_eq!(c.mode, TransportMode::Reliable);
+        assert_eq!(c.congestion, Congestion::Bbr);
+    }
+
+    #[test]
+    fn stripe_and_pipes_are_not_supported_yet() {
+        let text = SEED_CLIENT.replace(
+            "  weight: 1\n- name: wan5",
+            "  weight: 1\n  pipes: 4\n  transport: stripe\n- name: wan5",
+        ) + "stripe_port: 46017\n";
+        let e = parse(&text).unwrap_err();
+        assert_eq!(e.problems.len(), 3, "{e}");
+        for p in &e.problems {
+            assert!(p.message.contains("not supported yet"), "{e}");
+        }
+        assert_eq!(e.problems[0].line, 21); // pipes
+        assert_eq!(e.problems[2].line, 29); // stripe_port
+    }
+
+    #[test]
+    fn misspelt_key_has_line_and_hint() {
+        let e = parse(&SEED_CLIENT.replace("tun_name:", "tun_nme:")).unwrap_err();
+        let s = e.to_string();
+        assert!(s.starts_with("test.yaml:4:"), "{s}");
+        assert!(s.contains("did you mean `tun_name`?"), "{s}");
+        let e = parse(&SEED_CLIENT.replace(
+            "  priority: 1\n  weight: 1\n- name: wan5",
+            "  priorty: 1\n  weight: 1\n- name: wan5",
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("did you mean `priority`?"), "{e}");
+        let e = parse(&SEED_CLIENT.replace("reliable", "relaible")).unwrap_err();
+        assert!(e.to_string().contains("did you mean `reliable`?"), "{e}");
+    }
+
+    #[test]
+    fn server_defaults_ca_next_to_cert() {
+        let c = parse(
+            "role: server\nbind_ip: 0.0.0.0\nremote_port: 45017\nmulti_conn_enabled: true\ntun_name: mp1\ntun_cidr: 10.200.17.254/24\nlog_level: info\ntls_cert_file: /etc/mpquic/tls/server.crt\ntls_key_file: /etc/mpquic/tls/server.key\n",
+        )
+        .unwrap();
+        let RoleConfig::Server(s) = &c.role else {
+            panic!()
+        };
+        assert_eq!(s.client_ca_file, PathBuf::from("/etc/mpquic/tls/ca.crt"));
+        assert_eq!(s.listen.port(), 45017);
+        assert_eq!(s.tun_addr, Ipv4Addr::new(10, 200, 17, 254));
+    }
+
+    #[test]
+    fn bad_values_are_located() {
+        let e = parse(&SEED_CLIENT.replace("if:enp7s7", "nonsense")).unwrap_err();
+        assert_eq!(e.problems[0].line, 22, "{e}");
+        let e = parse(
+            "role: client\nremote_addr: 1.2.3.4\ntls_ca_file: ca\nmultipath_policy: balancd\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("test.yaml:4:1") && e.to_string().contains("`balanced`"),
+            "{e}"
+        );
+        let e = parse("role: client\n  bad indent: [\n").unwrap_err();
+        assert!(e.problems[0].line >= 1);
+    }
+
+    /// Nested keys are located by their place in the structure: the same key name earlier in
+    /// the file (a comment, another section, a later top-level key) does not mislead it.
+    #[test]
+    fn nested_problems_point_at_their_own_key() {
+        let text = "# weight: 0 and bind_ip: in a comment\nrole: client\ntls_ca_file: ca\n\
+                    multipath_paths:\n- name: a\n  remote_addr: 1.2.3.4\n  weight: 3\n\
+                    - name: b\n  remote_addr: 1.2.3.4\n  bind_ip: nonsense\n  weight: 0\n\
+                    bind_ip: 0.0.0.0\n";
+        let e = parse(text).unwrap_err();
+        let at: Vec<(usize, usize, &str)> = e
+            .problems
+            .iter()
+            .map(|p| (p.line, p.column, p.message.as_str()))
+            .collect();
+        assert_eq!(at.len(), 2, "{e}");
+        assert_eq!((at[0].0, at[0].1), (10, 3), "{e}");
+        assert!(at[0].2.contains("nonsense"), "{e}");
+        assert_eq!((at[1].0, at[1].1), (11, 3), "{e}");
+        assert!(at[1].2.contains("`weight` must be at least 1"), "{e}");
+        // A key that is missing is reported at its item.
+        let e = parse("role: client\ntls_ca_file: ca\nmultipath_paths:\n- name: a\n  weight: 2\n")
+            .unwrap_err();
+        assert_eq!((e.problems[0].line, e.problems[0].column), (4, 3), "{e}");
+        assert!(e.to_string().contains("has no `remote_addr`"), "{e}");
+    }
+
+    /// Mutated files (bytes replaced, lines dropped or duplicated) give an error or a config,
+    /// never a panic, and every error is located.
+    #[test]
+    fn mutations_never_panic() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut rnd = |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n as u64) as usize
+        };
+        let lines: Vec<&str> = SEED_CLIENT.lines().collect();
+        for _ in 0..3000 {
+            let mut l: Vec<String> = lines.iter().map(|s| s.to_string()).collect();
+            match rnd(3) {
+                0 => {
+                    let i = rnd(l.len());
+                    l.remove(i);
+                }
+                1 => {
+                    let i = rnd(l.len());
+                    let d = l[i].clone();
+                    l.insert(rnd(l.len()), d);
+                }
+                _ => {
+                    let i = rnd(l.len());
+                    if !l[i].is_empty() {
+                        let mut b = l[i].clone().into_bytes();
+                        let j = rnd(b.len());
+                        const SPICE: &[u8] = b"x:- [{}0\"'#&*!|>%@`";
+                        b[j] = SPICE[rnd(SPICE.len())];
+                        l[i] = String::from_utf8_lossy(&b).into_owned();
+                    }
+                }
+            }
+            if let Err(e) = parse(&l.join("\n")) {
+                assert!(!e.problems.is_empty());
+                assert!(e.problems.iter().all(|p| p.line >= 1), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn closest_names() {
+        assert_eq!(
+            closest("tun_nme", &["tun_name", "tun_mtu"]),
+            Some("tun_name")
+        );
+        assert_eq!(closest("zzzzzz", &["tun_name"]), None);
+    }
+}

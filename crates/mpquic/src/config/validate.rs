@@ -1,0 +1,446 @@
+//! `RawConfig` -> `Config`, one function per section: features not built yet, the general keys,
+//! the server's, the client's and its paths. Every problem is located by the key's path in the
+//! YAML structure (`positions.rs`), so all of them are reported at once, each at its own line.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+
+use mpquic_core::Policy;
+
+use super::positions::Positions;
+use super::{
+    closest, mask, parse_cidr, Bind, ClientConfig, Config, Congestion, PathConfig, Problem,
+    RawConfig, Role, RoleConfig, ServerConfig, TransportMode, DEFAULT_PORT,
+};
+
+/// Collects located problems (errors) and warnings.
+struct Checker {
+    positions: Positions,
+    problems: Vec<Problem>,
+    warnings: Vec<String>,
+}
+
+impl Checker {
+    /// A problem at the key `path` (e.g. `multipath_paths[1].weight`), or at the nearest
+    /// enclosing key when the key itself is missing.
+    fn at(&mut self, path: &str, message: String, hint: Option<String>) {
+        let (line, column) = self.positions.find(path);
+        self.problems.push(Problem {
+            line,
+            column,
+            message,
+            hint,
+        });
+    }
+
+    fn unsupported(&mut self, path: &str, what: &str) {
+        let key = path.rsplit('.').next().unwrap_or(path);
+        self.at(
+            path,
+            format!("`{key}`: {what} is not supported yet"),
+            Some("remove this line; the feature is planned (see docs/CONFIG.md)".into()),
+        );
+    }
+
+    /// A value from a fixed list, with "did you mean" when it is close to one.
+    fn unknown_value(&mut self, path: &str, what: &str, bad: &str, valid: &[&str]) {
+        let hint = closest(bad, valid)
+            .map(|b| format!("did you mean `{b}`?"))
+            .unwrap_or_else(|| format!("valid values: {}", valid.join(", ")));
+        let key = path.rsplit('.').next().unwrap_or(path);
+        self.at(path, format!("`{key}`: unknown {what} `{bad}`"), Some(hint));
+    }
+
+    fn bind(&mut self, s: Option<&str>, path: &str) -> Bind {
+        let Some(s) = s else { return Bind::Any };
+        parse_bind(s).unwrap_or_else(|| {
+            self.at(
+                path,
+                format!("`bind_ip`: `{s}` is neither an IP address nor if:INTERFACE"),
+                Some("e.g. bind_ip: if:eth1 or bind_ip: 192.0.2.10".into()),
+            );
+            Bind::Any
+        })
+    }
+}
+
+fn parse_bind(s: &str) -> Option<Bind> {
+    if let Some(ifname) = s.strip_prefix("if:") {
+        let ok = !ifname.is_empty() && ifname.len() < 16 && !ifname.contains(['/', ' ']);
+        return ok.then(|| Bind::Interface(ifname.to_string()));
+    }
+    let ip: IpAddr = s.parse().ok()?;
+    Some(if ip.is_unspecified() {
+        Bind::Any
+    } else {
+        Bind::Ip(ip)
+    })
+}
+
+/// The keys both roles share, validated.
+struct General {
+    tun_name: String,
+    log_level: String,
+    tun_cidr: Option<(Ipv4Addr, u8)>,
+    policy: Policy,
+}
+
+pub(super) fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem>> {
+    let mut c = Checker {
+        positions: Positions::of(text),
+        problems: Vec::new(),
+        warnings: Vec::new(),
+    };
+    not_built_yet(&raw, &mut c);
+    let g = general(&raw, &mut c);
+    let role = match raw.role {
+        Role::Server => RoleConfig::Server(server(&raw, &g, &mut c)),
+        Role::Client => RoleConfig::Client(client(&raw, &g, &mut c)),
+    };
+    if !c.problems.is_empty() {
+        c.problems.sort_by_key(|p| (p.line, p.column));
+        return Err(c.problems);
+    }
+    let control_socket = raw
+        .control_socket
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("/run/mpquic/{}.sock", g.tun_name)));
+    Ok(Config {
+        tun_name: g.tun_name,
+        tun_mtu: raw.tun_mtu,
+        log_level: g.log_level,
+        cert_file: raw.tls_cert_file,
+        key_file: raw.tls_key_file,
+        congestion: raw.congestion_algorithm.unwrap_or(Congestion::Cubic),
+        mode: raw.transport_mode.unwrap_or(TransportMode::Datagram),
+        control_socket,
+        metrics_listen: raw.metrics_listen,
+        worker_threads: raw.worker_threads.unwrap_or(1),
+        role,
+        warnings: c.warnings,
+    })
+}
+
+/// Features that do not exist yet are refused, never silently ignored.
+fn not_built_yet(raw: &RawConfig, c: &mut Checker) {
+    const STRIPE: &str = "the stripe transport (UDP pipes + FEC)";
+    if raw.stripe_enabled == Some(true) {
+        c.unsupported("stripe_enabled", STRIPE);
+    }
+    for (key, present) in [
+        ("stripe_port", raw.stripe_port.is_some()),
+        ("stripe_data_shards", raw.stripe_data_shards.is_some()),
+        ("stripe_parity_shards", raw.stripe_parity_shards.is_some()),
+    ] {
+        if present {
+            c.unsupported(key, STRIPE);
+        }
+    }
+}
+
+fn general(raw: &RawConfig, c: &mut Checker) -> General {
+    let tun_name = raw.tun_name.clone().unwrap_or_else(|| "mpquic0".into());
+    if tun_name.is_empty() || tun_name.len() > 15 || tun_name.contains(['/', ' ']) {
+        c.at(
+            "tun_name",
+            format!("`tun_name`: `{tun_name}` is not a valid interface name"),
+            Some("use 1-15 characters without '/' or spaces, e.g. mp1".into()),
+        );
+    }
+    if let Some(m) = raw.tun_mtu.filter(|m| !(576..=9000).contains(m)) {
+        c.at(
+            "tun_mtu",
+            format!("`tun_mtu`: {m} is out of range"),
+            Some("use 576..9000, or leave it out to derive it from the path MTU".into()),
+        );
+    }
+    if let Some(n) = raw.worker_threads.filter(|n| !(1..=64).contains(n)) {
+        c.at(
+            "worker_threads",
+            format!("`worker_threads`: {n} is out of range"),
+            Some("use 1..64; 1 is fastest on small machines".into()),
+        );
+    }
+    let log_level = raw.log_level.clone().unwrap_or_else(|| "info".into());
+    const LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
+    if !LEVELS.contains(&log_level.as_str()) {
+        c.unknown_value("log_level", "level", &log_level, &LEVELS);
+    }
+    let tun_cidr = raw.tun_cidr.as_deref().and_then(|s| {
+        let v = parse_cidr(s);
+        if v.is_none() {
+            c.at(
+                "tun_cidr",
+                format!("`tun_cidr`: `{s}` is not an IPv4 address with prefix"),
+                Some("e.g. 10.200.17.1/24".into()),
+            );
+        }
+        v
+    });
+    let policy = match raw.multipath_policy.as_deref() {
+        None => Policy::Failover,
+        Some(s) => Policy::parse(s).unwrap_or_else(|| {
+            c.unknown_value("multipath_policy", "policy", s, &["failover", "balanced"]);
+            Policy::Failover
+        }),
+    };
+    General {
+        tun_name,
+        log_level,
+        tun_cidr,
+        policy,
+    }
+}
+
+fn server(raw: &RawConfig, g: &General, c: &mut Checker) -> ServerConfig {
+    let listen_ip = match raw.bind_ip.as_deref().map(parse_bind) {
+        None | Some(Some(Bind::Any)) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        Some(Some(Bind::Ip(ip))) => ip,
+        Some(_) => {
+            c.at(
+                "bind_ip",
+                "`bind_ip`: the server listens on an IP address".into(),
+                Some("e.g. bind_ip: 0.0.0.0".into()),
+            );
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+        }
+    };
+    let port = raw.remote_port.unwrap_or(DEFAULT_PORT);
+    let (tun_addr, prefix) = g.tun_cidr.unwrap_or_else(|| {
+        if raw.tun_cidr.is_none() {
+            c.at(
+                "role",
+                "a server needs `tun_cidr` (its tunnel address and the client pool)".into(),
+                Some("e.g. tun_cidr: 10.200.17.254/24".into()),
+            );
+        }
+        (Ipv4Addr::UNSPECIFIED, 24)
+    });
+    if prefix > 30 && raw.tun_cidr.is_some() {
+        c.at(
+            "tun_cidr",
+            "`tun_cidr`: the server's prefix leaves no room for clients".into(),
+            Some("use a /30 or larger network, e.g. /24".into()),
+        );
+    }
+    for (key, missing) in [
+        ("tls_cert_file", raw.tls_cert_file.is_none()),
+        ("tls_key_file", raw.tls_key_file.is_none()),
+    ] {
+        if missing {
+            c.at(
+                "role",
+                format!("a server needs `{key}`"),
+                Some("create them with: mpquic pki server --dir DIR --name NAME".into()),
+            );
+        }
+    }
+    // Clients are verified against `tls_ca_file`; the seed's server files have none, so the CA
+    // written by `mpquic pki` next to the server certificate is the default.
+    let client_ca_file = raw.tls_ca_file.clone().or_else(|| {
+        let dir = raw.tls_cert_file.as_ref()?.parent()?;
+        Some(dir.join("ca.crt"))
+    });
+    let client_ca_file = client_ca_file.unwrap_or_default();
+    if raw.tls_ca_file.is_none() && raw.tls_cert_file.is_some() {
+        c.warnings.push(format!(
+            "tls_ca_file not set: clients are verified against {}",
+            client_ca_file.display()
+        ));
+    }
+    if raw.tls_insecure_skip_verify {
+        c.at(
+            "tls_insecure_skip_verify",
+            "`tls_insecure_skip_verify` is a client option; a server always verifies clients"
+                .into(),
+            None,
+        );
+    }
+    if !raw.multipath_paths.is_empty() {
+        c.at(
+            "multipath_paths",
+            "`multipath_paths` is a client option".into(),
+            Some("the server learns each client's paths when they connect".into()),
+        );
+    }
+    let net = u32::from(tun_addr) & mask(prefix);
+    let mut clients: Vec<(String, Ipv4Addr)> = Vec::new();
+    for (i, cl) in raw.clients.iter().enumerate() {
+        let a = u32::from(cl.address);
+        let host_part = a & !mask(prefix);
+        if a & mask(prefix) != net
+            || host_part == 0
+            || host_part == !mask(prefix)
+            || cl.address == tun_addr
+        {
+            c.at(
+                &format!("clients[{i}].address"),
+                format!(
+                    "client `{}`: {} is not a usable host address in {}/{}",
+                    cl.name,
+                    cl.address,
+                    Ipv4Addr::from(net),
+                    prefix
+                ),
+                None,
+            );
+        }
+        if clients
+            .iter()
+            .any(|(n, a)| *n == cl.name || *a == cl.address)
+        {
+            c.at(
+                &format!("clients[{i}].name"),
+                format!("client `{}`: duplicate name or address", cl.name),
+                None,
+            );
+        }
+        clients.push((cl.name.clone(), cl.address));
+    }
+    ServerConfig {
+        listen: SocketAddr::new(listen_ip, port),
+        tun_addr,
+        prefix,
+        client_ca_file,
+        clients,
+    }
+}
+
+fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
+    if !raw.clients.is_empty() {
+        c.at("clients", "`clients` is a server option".into(), None);
+    }
+    if raw.tls_cert_file.is_some() != raw.tls_key_file.is_some() {
+        let present = if raw.tls_cert_file.is_some() {
+            "tls_cert_file"
+        } else {
+            "tls_key_file"
+        };
+        c.at(
+            present,
+            "`tls_cert_file` and `tls_key_file` go together".into(),
+            Some("create both with: mpquic pki client --dir DIR --name NAME".into()),
+        );
+    }
+    if raw.tls_cert_file.is_none() {
+        c.warnings.push(
+            "no client certificate (tls_cert_file/tls_key_file): an mpquic server will refuse this client"
+                .into(),
+        );
+    }
+    if raw.tls_ca_file.is_none() && !raw.tls_insecure_skip_verify {
+        c.at(
+            "role",
+            "a client needs `tls_ca_file` to verify the server".into(),
+            Some("point it at the ca.crt written by `mpquic pki init`".into()),
+        );
+    }
+    if raw.tls_insecure_skip_verify {
+        c.warnings
+            .push("tls_insecure_skip_verify: the server's certificate is NOT verified".into());
+    }
+    let paths = client_paths(raw, c);
+    let server_name = raw
+        .tls_server_name
+        .clone()
+        .or_else(|| paths.first().map(|p| p.remote_addr.clone()))
+        .unwrap_or_default();
+    ClientConfig {
+        policy: g.policy,
+        paths,
+        requested: g.tun_cidr,
+        server_name,
+        ca_file: raw.tls_ca_file.clone(),
+        insecure_skip_verify: raw.tls_insecure_skip_verify,
+    }
+}
+
+/// The client's paths: `multipath_paths`, or one path from the top-level keys.
+fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
+    let mut out: Vec<PathConfig> = Vec::new();
+    if raw.multipath_enabled == Some(false) && !raw.multipath_paths.is_empty() {
+        c.at(
+            "multipath_enabled",
+            "`multipath_paths` is set but `multipath_enabled` is false".into(),
+            Some("set multipath_enabled: true, or remove multipath_paths".into()),
+        );
+    }
+    if raw.multipath_paths.is_empty() {
+        if raw.multipath_enabled == Some(true) {
+            c.at(
+                "multipath_enabled",
+                "`multipath_enabled` is true but `multipath_paths` is empty".into(),
+                Some("list the WAN links under multipath_paths".into()),
+            );
+        }
+        let Some(remote) = raw.remote_addr.clone() else {
+            c.at(
+                "role",
+                "a client needs `remote_addr` (or `multipath_paths`)".into(),
+                Some("the server's public address, e.g. remote_addr: 203.0.113.10".into()),
+            );
+            return out;
+        };
+        let bind = c.bind(raw.bind_ip.as_deref(), "bind_ip");
+        out.push(PathConfig {
+            name: "default".into(),
+            bind,
+            remote_addr: remote,
+            remote_port: raw.remote_port.unwrap_or(DEFAULT_PORT),
+            priority: 1,
+            weight: 1,
+        });
+        return out;
+    }
+    for (i, p) in raw.multipath_paths.iter().enumerate() {
+        let at = |key: &str| format!("multipath_paths[{i}].{key}");
+        if out.iter().any(|o| o.name == p.name) {
+            c.at(
+                &at("name"),
+                format!("path `{}`: duplicate name", p.name),
+                None,
+            );
+        }
+        if p.name.is_empty() || p.name.len() > 32 {
+            c.at(
+                &at("name"),
+                "path name must be 1-32 characters".into(),
+                None,
+            );
+        }
+        match p.pipes {
+            Some(n) if n > 1 => c.unsupported(&at("pipes"), "more than one pipe per path"),
+            Some(0) => c.at(&at("pipes"), "`pipes` must be at least 1".into(), None),
+            _ => {}
+        }
+        match p.transport.as_deref() {
+            None | Some("quic") => {}
+            Some("stripe") => c.unsupported(&at("transport"), "`transport: stripe`"),
+            Some(other) => c.unknown_value(&at("transport"), "transport", other, &["quic"]),
+        }
+        if p.weight == Some(0) {
+            c.at(&at("weight"), "`weight` must be at least 1".into(), None);
+        }
+        let bind = match &p.bind_ip {
+            Some(b) => c.bind(Some(b), &at("bind_ip")),
+            None => c.bind(raw.bind_ip.as_deref(), "bind_ip"),
+        };
+        let Some(remote) = p.remote_addr.clone().or_else(|| raw.remote_addr.clone()) else {
+            c.at(
+                &format!("multipath_paths[{i}]"),
+                format!("path `{}` has no `remote_addr`", p.name),
+                None,
+            );
+            continue;
+        };
+        out.push(PathConfig {
+            name: p.name.clone(),
+            bind,
+            remote_addr: remote,
+            remote_port: p.remote_port.or(raw.remote_port).unwrap_or(DEFAULT_PORT),
+            priority: p.priority.unwrap_or(1),
+            weight: p.weight.unwrap_or(1),
+        });
+    }
+    out
+}

@@ -1,0 +1,103 @@
+//! mpquic's status report: one set of typed structures feeds `mpquic status` (the table,
+//! `table.rs`), `mpquic status --json` (serde), `/metrics` (OpenMetrics, `metrics.rs`) and the
+//! lab, which reads a run's final status back into the same types.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+mod metrics;
+mod table;
+
+pub use metrics::CONTENT_TYPE;
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct PathStatus {
+    pub name: String,
+    /// up, down, probing, or disconnected.
+    pub state: String,
+    /// Seconds in the current state.
+    pub state_for_s: f64,
+    pub priority: u32,
+    pub weight: u32,
+    pub remote: String,
+    /// Probe round trip, smoothed and minimum (ms).
+    pub srtt_ms: Option<f64>,
+    pub min_rtt_ms: Option<f64>,
+    /// Share of recent probes unanswered (%).
+    pub probe_loss_pct: f64,
+    /// The QUIC engine's view of the path.
+    pub quic_rtt_ms: Option<f64>,
+    pub cwnd_bytes: Option<u64>,
+    pub quic_sent_packets: u64,
+    pub quic_lost_packets: u64,
+    /// lost / sent packets over the connection's life (%).
+    pub quic_loss_pct: f64,
+    pub tx_bytes: u64,
+    pub tx_packets: u64,
+    pub rx_bytes: u64,
+    pub rx_packets: u64,
+    pub flows: u64,
+    pub connects: u64,
+    pub drops: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct TunnelStatus {
+    /// The client's name (server side) or this instance's name (client side).
+    pub peer: String,
+    pub address: Option<String>,
+    pub policy: String,
+    pub mode: String,
+    pub paths: Vec<PathStatus>,
+    pub drops: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct StatusReport {
+    pub role: String,
+    pub tun_name: String,
+    pub tun_mtu: u32,
+    pub version: String,
+    pub uptime_s: f64,
+    pub tunnels: Vec<TunnelStatus>,
+    /// Drops not attributable to one tunnel (server: no client for the destination, ...).
+    pub drops: BTreeMap<String, u64>,
+    /// Server: connections refused, by reason (handshake_failed, bad_hello, ...).
+    #[serde(default)]
+    pub refused: BTreeMap<String, u64>,
+}
+
+impl StatusReport {
+    /// Every drop counter, as (tunnel peer or "", path name or "", reason, count): the instance's,
+    /// each tunnel's, each path's.
+    pub fn all_drops(&self) -> Vec<(&str, &str, &str, u64)> {
+        let mut out: Vec<(&str, &str, &str, u64)> = self
+            .drops
+            .iter()
+            .map(|(r, n)| ("", "", r.as_str(), *n))
+            .collect();
+        for t in &self.tunnels {
+            out.extend(
+                t.drops
+                    .iter()
+                    .map(|(r, n)| (t.peer.as_str(), "", r.as_str(), *n)),
+            );
+            for p in &t.paths {
+                out.extend(
+                    p.drops
+                        .iter()
+                        .map(|(r, n)| (t.peer.as_str(), p.name.as_str(), r.as_str(), *n)),
+                );
+            }
+        }
+        out
+    }
+
+    /// The first tunnel has its address and every path is up (a client's tunnel is ready).
+    pub fn first_tunnel_up(&self) -> bool {
+        self.tunnels.first().is_some_and(|t| {
+            t.address.is_some() && !t.paths.is_empty() && t.paths.iter().all(|p| p.state == "up")
+        })
+    }
+}

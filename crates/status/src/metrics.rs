@@ -1,0 +1,313 @@
+//! `/metrics`: the status report in the OpenMetrics text format, through the `prometheus-client`
+//! crate (escaping, TYPE/HELP lines, `_total` suffixes and `# EOF` are its job). The report is a
+//! snapshot, so each scrape fills a fresh registry from it; every metric is declared here with
+//! its kind and help, read from a typed field, and labelled by tunnel and path (class, pipe and
+//! client labels join the label sets as those features arrive).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+use crate::{PathStatus, StatusReport};
+
+/// The HTTP Content-Type of what `to_openmetrics` returns.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RoleLabels {
+    role: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PathLabels {
+    tunnel: String,
+    path: String,
+}
+
+/// Drops of the instance (tunnel and path empty), of a tunnel (path empty) or of a path.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DropLabels {
+    tunnel: String,
+    path: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// A per-path metric: its name (counters without `_total`, the encoder adds it), help and value.
+enum PathValue {
+    Counter(fn(&PathStatus) -> u64),
+    /// `None`: not known yet (no RTT sample), so no sample is exported.
+    Gauge(fn(&PathStatus) -> Option<f64>),
+}
+
+const PATH_METRICS: &[(&str, &str, PathValue)] = &[
+    (
+        "mpquic_path_up",
+        "1 when the path is up (answering probes), else 0",
+        PathValue::Gauge(|p| Some(if p.state == "up" { 1.0 } else { 0.0 })),
+    ),
+    (
+        "mpquic_path_state_for_s",
+        "Seconds in the current state",
+        PathValue::Gauge(|p| Some(p.state_for_s)),
+    ),
+    (
+        "mpquic_path_priority",
+        "Configured priority (lower is preferred)",
+        PathValue::Gauge(|p| Some(p.priority as f64)),
+    ),
+    (
+        "mpquic_path_weight",
+        "Configured weight",
+        PathValue::Gauge(|p| Some(p.weight as f64)),
+    ),
+    (
+        "mpquic_path_srtt_ms",
+        "Smoothed probe round trip (ms)",
+        PathValue::Gauge(|p| p.srtt_ms),
+    ),
+    (
+        "mpquic_path_min_rtt_ms",
+        "Minimum probe round trip (ms)",
+        PathValue::Gauge(|p| p.min_rtt_ms),
+    ),
+    (
+        "mpquic_path_probe_loss_pct",
+        "Share of recent probes unanswered (%)",
+        PathValue::Gauge(|p| Some(p.probe_loss_pct)),
+    ),
+    (
+        "mpquic_path_quic_rtt_ms",
+        "The QUIC connection's RTT estimate (ms)",
+        PathValue::Gauge(|p| p.quic_rtt_ms),
+    ),
+    (
+        "mpquic_path_cwnd_bytes",
+        "The QUIC connection's congestion window (bytes)",
+        PathValue::Gauge(|p| p.cwnd_bytes.map(|c| c as f64)),
+    ),
+    (
+        "mpquic_path_quic_loss_pct",
+        "QUIC packets lost / sent over the connection's life (%)",
+        PathValue::Gauge(|p| Some(p.quic_loss_pct)),
+    ),
+    (
+        "mpquic_path_flows",
+        "Flows placed on the path",
+        PathValue::Gauge(|p| Some(p.flows as f64)),
+    ),
+    (
+        "mpquic_path_quic_sent_packets",
+        "QUIC packets sent",
+        PathValue::Counter(|p| p.quic_sent_packets),
+    ),
+    (
+        "mpquic_path_quic_lost_packets",
+        "QUIC packets declared lost",
+        PathValue::Counter(|p| p.quic_lost_packets),
+    ),
+    (
+        "mpquic_path_tx_bytes",
+        "Tunnel bytes sent on the path",
+        PathValue::Counter(|p| p.tx_bytes),
+    ),
+    (
+        "mpquic_path_tx_packets",
+        "Tunnel packets sent on the path",
+        PathValue::Counter(|p| p.tx_packets),
+    ),
+    (
+        "mpquic_path_rx_bytes",
+        "Tunnel bytes received on the path",
+        PathValue::Counter(|p| p.rx_bytes),
+    ),
+    (
+        "mpquic_path_rx_packets",
+        "Tunnel packets received on the path",
+        PathValue::Counter(|p| p.rx_packets),
+    ),
+    (
+        "mpquic_path_connects",
+        "Connections (re)established on the path",
+        PathValue::Counter(|p| p.connects),
+    ),
+];
+
+impl StatusReport {
+    /// The report as an OpenMetrics text exposition (`CONTENT_TYPE`).
+    pub fn to_openmetrics(&self) -> String {
+        let mut registry = Registry::default();
+
+        let uptime = Family::<RoleLabels, FloatGauge>::default();
+        uptime
+            .get_or_create(&RoleLabels {
+                role: self.role.clone(),
+            })
+            .set(self.uptime_s);
+        registry.register("mpquic_uptime_seconds", "Seconds since start", uptime);
+
+        let drops = Family::<DropLabels, Counter>::default();
+        for (tunnel, path, reason, n) in self.all_drops() {
+            drops
+                .get_or_create(&DropLabels {
+                    tunnel: tunnel.into(),
+                    path: path.into(),
+                    reason: reason.into(),
+                })
+                .inc_by(n);
+        }
+        registry.register(
+            "mpquic_drops",
+            "Packets dropped, by reason (docs/OPERATIONS.md lists them)",
+            drops,
+        );
+
+        let refused = Family::<ReasonLabels, Counter>::default();
+        for (reason, n) in &self.refused {
+            refused
+                .get_or_create(&ReasonLabels {
+                    reason: reason.clone(),
+                })
+                .inc_by(*n);
+        }
+        registry.register(
+            "mpquic_refused_connections",
+            "Connections the server refused, by reason",
+            refused,
+        );
+
+        for (name, help, value) in PATH_METRICS {
+            let labelled = self.tunnels.iter().flat_map(|t| {
+                t.paths.iter().map(move |p| {
+                    let l = PathLabels {
+                        tunnel: t.peer.clone(),
+                        path: p.name.clone(),
+                    };
+                    (l, p)
+                })
+            });
+            match value {
+                PathValue::Counter(f) => {
+                    let fam = Family::<PathLabels, Counter>::default();
+                    for (l, p) in labelled {
+                        fam.get_or_create(&l).inc_by(f(p));
+                    }
+                    registry.register(*name, *help, fam);
+                }
+                PathValue::Gauge(f) => {
+                    let fam = Family::<PathLabels, FloatGauge>::default();
+                    for (l, p) in labelled {
+                        if let Some(v) = f(p) {
+                            fam.get_or_create(&l).set(v);
+                        }
+                    }
+                    registry.register(*name, *help, fam);
+                }
+            }
+        }
+
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::TunnelStatus;
+
+    fn report() -> StatusReport {
+        let mut p = PathStatus {
+            name: "wan1".into(),
+            state: "up".into(),
+            tx_bytes: 10,
+            cwnd_bytes: Some(12000),
+            ..Default::default()
+        };
+        p.drops.insert("oversized".into(), 2);
+        StatusReport {
+            role: "server".into(),
+            refused: [("handshake_failed".to_string(), 3)].into(),
+            drops: [("no_route".to_string(), 4)].into(),
+            tunnels: vec![TunnelStatus {
+                peer: "site\"1".into(),
+                paths: vec![p],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn every_field_is_exported_typed_and_labelled() {
+        let m = report().to_openmetrics();
+        assert!(m.contains("# TYPE mpquic_path_tx_bytes counter"), "{m}");
+        assert!(
+            m.contains("mpquic_path_tx_bytes_total{tunnel=\"site\\\"1\",path=\"wan1\"} 10"),
+            "{m}"
+        );
+        assert!(m.contains("# TYPE mpquic_path_cwnd_bytes gauge"), "{m}");
+        assert!(
+            m.contains("mpquic_path_up{tunnel=\"site\\\"1\",path=\"wan1\"} 1"),
+            "{m}"
+        );
+        assert!(
+            m.contains(
+                "mpquic_drops_total{tunnel=\"site\\\"1\",path=\"wan1\",reason=\"oversized\"} 2"
+            ),
+            "{m}"
+        );
+        assert!(
+            m.contains("mpquic_drops_total{tunnel=\"\",path=\"\",reason=\"no_route\"} 4"),
+            "{m}"
+        );
+        assert!(
+            m.contains("mpquic_refused_connections_total{reason=\"handshake_failed\"} 3"),
+            "{m}"
+        );
+        // An unknown RTT is no sample, not a zero.
+        assert!(!m.contains("mpquic_path_srtt_ms{"), "{m}");
+        assert!(m.ends_with("# EOF\n"), "{m}");
+    }
+
+    #[test]
+    fn a_path_metric_per_numeric_field() {
+        // A numeric field added to PathStatus without a metric fails here: every number in the
+        // JSON form of a path must have its metric.
+        let names: Vec<&str> = PATH_METRICS.iter().map(|(n, _, _)| *n).collect();
+        let p = PathStatus {
+            srtt_ms: Some(1.0),
+            min_rtt_ms: Some(1.0),
+            quic_rtt_ms: Some(1.0),
+            cwnd_bytes: Some(1),
+            ..Default::default()
+        };
+        let json = serde_json::to_value(&p).unwrap();
+        for (field, v) in json.as_object().unwrap() {
+            if v.is_number() {
+                let metric = format!("mpquic_path_{field}");
+                assert!(names.contains(&metric.as_str()), "no metric for {field}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_table_shows_paths_and_refusals() {
+        let r = report();
+        assert!(r
+            .render()
+            .contains("refused connections: handshake_failed=3"));
+        assert!(r.render().contains("wan1"));
+    }
+}

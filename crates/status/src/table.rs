@@ -1,0 +1,97 @@
+//! The human table of `mpquic status`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::StatusReport;
+
+impl StatusReport {
+    /// The human table of `mpquic status`.
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "mpquic {} {}  tun {} mtu {}  up {:.0}s",
+            self.role, self.version, self.tun_name, self.tun_mtu, self.uptime_s
+        );
+        for t in &self.tunnels {
+            let _ = writeln!(
+                o,
+                "\n{} {}  policy {}  mode {}",
+                t.peer,
+                t.address.as_deref().unwrap_or("(no address)"),
+                t.policy,
+                t.mode
+            );
+            let _ = writeln!(
+                o,
+                "  {:<10} {:<12} {:>3}/{:<3} {:>15} {:>7} {:>10} {:>12} {:>12} {:>10} {:>10}  drops",
+                "PATH", "STATE", "PRI", "W", "RTT ms(s/min)", "LOSS%", "CWND", "TX", "RX", "TX pkts", "RX pkts"
+            );
+            for p in &t.paths {
+                let rtt = match (p.srtt_ms, p.min_rtt_ms) {
+                    (Some(s), Some(m)) => format!("{s:.1}/{m:.1}"),
+                    _ => "-".into(),
+                };
+                let drops = nonzero(&p.drops);
+                let _ = writeln!(
+                    o,
+                    "  {:<10} {:<12} {:>3}/{:<3} {:>15} {:>7.1} {:>10} {:>12} {:>12} {:>10} {:>10}  {}",
+                    p.name,
+                    format!("{} {:.0}s", p.state, p.state_for_s),
+                    p.priority,
+                    p.weight,
+                    rtt,
+                    p.probe_loss_pct.max(p.quic_loss_pct),
+                    p.cwnd_bytes.map_or("-".into(), human_bytes),
+                    human_bytes(p.tx_bytes),
+                    human_bytes(p.rx_bytes),
+                    p.tx_packets,
+                    p.rx_packets,
+                    if drops.is_empty() { "-" } else { &drops }
+                );
+            }
+            let td = nonzero(&t.drops);
+            if !td.is_empty() {
+                let _ = writeln!(o, "  tunnel drops: {td}");
+            }
+        }
+        let gd = nonzero(&self.drops);
+        if !gd.is_empty() {
+            let _ = writeln!(o, "\ndrops: {gd}");
+        }
+        let refused = nonzero(&self.refused);
+        if !refused.is_empty() {
+            let _ = writeln!(o, "refused connections: {refused}");
+        }
+        if self.tunnels.is_empty() {
+            let _ = writeln!(o, "\n(no tunnels)");
+        }
+        o
+    }
+}
+
+/// "reason=n ..." for the reasons with a non-zero count.
+fn nonzero(drops: &BTreeMap<String, u64>) -> String {
+    let parts: Vec<String> = drops
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(r, n)| format!("{r}={n}"))
+        .collect();
+    parts.join(" ")
+}
+
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n}B")
+    } else {
+        format!("{v:.1}{}", UNITS[u])
+    }
+}
