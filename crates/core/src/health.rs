@@ -2,13 +2,30 @@
 //! whether its own probes come back. There is no "master" path and no reliance on the QUIC engine's
 //! idle timeout (a field peer took 34 s to forever to notice a black hole that way).
 //!
-//! Each side of the tunnel probes independently and echoes the other side's probes, so a failure
-//! in either direction takes the path down on both sides.
+//! One side probes (`HealthMode::Probe`, the client): a probe every `probe_interval`, answered at
+//! once by the peer; the path is judged by whether replies come back, so a failure in either
+//! direction takes it down there. Each probe carries the prober's view of the path (state, RTT,
+//! loss), and the other side (`HealthMode::Follow`, the server) adopts it, so both ends agree on
+//! the state without the follower sending probes of its own (half the packets, and none of the
+//! QUIC ACKs they would elicit, on an idle tunnel). The follower still takes a path down by
+//! itself when the probes stop arriving (client -> server black hole).
 
 use std::time::{Duration, Instant};
 
+/// Which side of a path probes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HealthMode {
+    /// Send probes, judge the path by their replies (the client).
+    #[default]
+    Probe,
+    /// Send no probes; adopt the view carried by the peer's probes, and take the path down when
+    /// they stop arriving (the server).
+    Follow,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HealthConfig {
+    pub mode: HealthMode,
     /// Time between probes on a path.
     pub probe_interval: Duration,
     /// A path is declared down when no probe reply arrived for
@@ -22,6 +39,7 @@ pub struct HealthConfig {
 impl Default for HealthConfig {
     fn default() -> Self {
         HealthConfig {
+            mode: HealthMode::Probe,
             probe_interval: Duration::from_millis(100),
             down_after_min: Duration::from_millis(350),
             down_after_max: Duration::from_millis(1500),
@@ -48,10 +66,23 @@ impl PathState {
     }
 }
 
+/// The prober's view of a path, carried in each probe (docs/PROTOCOL.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerView {
+    pub state: PathState,
+    pub srtt: Option<Duration>,
+    pub rttvar: Duration,
+    pub min_rtt: Option<Duration>,
+    /// Share of recent probes unanswered, in 1/1000.
+    pub loss_permille: u16,
+}
+
 /// Outstanding probes remembered for RTT measurement; older replies are ignored.
 const PROBE_RING: usize = 64;
 /// Probes whose fate decides the loss estimate.
 const LOSS_WINDOW: usize = 50;
+/// A follower whose path is down has no deadline of its own; it is woken by the next probe.
+const NOTHING_DUE: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, Clone)]
 pub struct PathHealth {
@@ -69,6 +100,8 @@ pub struct PathHealth {
     min_rtt: Option<Duration>,
     /// One bit per probe outcome (true = answered), oldest first.
     outcomes: std::collections::VecDeque<bool>,
+    /// Follow mode: the loss the prober last reported.
+    peer_loss: f64,
     pub probes_sent: u64,
     pub probes_answered: u64,
     pub transitions: u64,
@@ -90,6 +123,7 @@ impl PathHealth {
             rttvar: Duration::ZERO,
             min_rtt: None,
             outcomes: Default::default(),
+            peer_loss: 0.0,
             probes_sent: 0,
             probes_answered: 0,
             transitions: 0,
@@ -108,8 +142,12 @@ impl PathHealth {
     pub fn min_rtt(&self) -> Option<Duration> {
         self.min_rtt
     }
-    /// Share of recent probes that were not answered, 0.0..=1.0.
+    /// Share of recent probes that were not answered, 0.0..=1.0 (a follower: as the prober
+    /// last reported it).
     pub fn loss(&self) -> f64 {
+        if self.cfg.mode == HealthMode::Follow {
+            return self.peer_loss;
+        }
         if self.outcomes.is_empty() {
             return 0.0;
         }
@@ -131,12 +169,33 @@ impl PathHealth {
     /// When the shell must call `poll` again at the latest: the next probe, or the moment the
     /// silence since the last reply takes the path down, whichever comes first.
     pub fn next_deadline(&self) -> Instant {
+        let follow = self.cfg.mode == HealthMode::Follow;
         if self.state == PathState::Down {
-            return self.next_probe_at;
+            // A follower has nothing to do until the peer's next probe arrives.
+            return if follow {
+                self.since + NOTHING_DUE
+            } else {
+                self.next_probe_at
+            };
         }
         // `check_silence` needs the silence to exceed `down_after`: one nanosecond past it.
         let silent = self.silence_reference() + self.down_after() + Duration::from_nanos(1);
-        self.next_probe_at.min(silent)
+        if follow {
+            silent
+        } else {
+            self.next_probe_at.min(silent)
+        }
+    }
+
+    /// What this side knows of the path, for the peer (sent in each probe).
+    pub fn view(&self) -> PeerView {
+        PeerView {
+            state: self.state,
+            srtt: self.srtt,
+            rttvar: self.rttvar,
+            min_rtt: self.min_rtt,
+            loss_permille: (self.loss() * 1000.0).round().clamp(0.0, 1000.0) as u16,
+        }
     }
 
     /// Silence is measured from the last reply, or from the start of probing.
@@ -144,11 +203,11 @@ impl PathHealth {
         self.last_reply_at.unwrap_or(self.since).max(self.since)
     }
 
-    /// Advance time. Returns a probe sequence number when a probe is due.
+    /// Advance time. Returns a probe sequence number when a probe is due (never for a follower).
     pub fn poll(&mut self, now: Instant) -> Option<u32> {
         self.check_silence(now);
         self.expire_probes(now);
-        if now < self.next_probe_at {
+        if self.cfg.mode == HealthMode::Follow || now < self.next_probe_at {
             return None;
         }
         self.next_probe_at = now + self.cfg.probe_interval;
@@ -189,6 +248,45 @@ impl PathHealth {
         }
     }
 
+    /// The peer's probe `seq` arrived, with its view of the path (`None` from a peer that sends
+    /// none). Only a follower learns from it; a prober judges by its own probes' replies.
+    pub fn on_peer_probe(&mut self, seq: u32, view: Option<&PeerView>, now: Instant) {
+        if self.cfg.mode != HealthMode::Follow {
+            return;
+        }
+        self.probes_answered += 1;
+        self.last_reply_at = Some(now);
+        let contiguous = self.last_reply_seq.map(|l| l.wrapping_add(1) == seq);
+        self.consecutive = if contiguous == Some(true) {
+            self.consecutive + 1
+        } else {
+            1
+        };
+        self.last_reply_seq = Some(seq);
+        let Some(v) = view else {
+            // No view: the probe's arrival is all there is, judged like a reply.
+            match self.state {
+                PathState::Probing => self.set_state(PathState::Up, now),
+                PathState::Down if self.consecutive >= self.cfg.up_after => {
+                    self.set_state(PathState::Up, now)
+                }
+                _ => {}
+            }
+            return;
+        };
+        self.srtt = v.srtt;
+        self.rttvar = v.rttvar;
+        self.min_rtt = v.min_rtt;
+        self.peer_loss = f64::from(v.loss_permille.min(1000)) / 1000.0;
+        // The prober decides: it sees both directions (a dead return path shows there only).
+        if v.state != self.state {
+            if v.state == PathState::Down {
+                self.consecutive = 0;
+            }
+            self.set_state(v.state, now);
+        }
+    }
+
     fn check_silence(&mut self, now: Instant) {
         if self.state == PathState::Down {
             return;
@@ -220,6 +318,11 @@ impl PathHealth {
             self.state = s;
             self.since = now;
             self.transitions += 1;
+            // A prober tells the follower at once (the next probe carries the new view) rather
+            // than up to a probe interval later.
+            if self.cfg.mode == HealthMode::Probe {
+                self.next_probe_at = self.next_probe_at.min(now);
+            }
         }
     }
 
@@ -323,5 +426,44 @@ mod tests {
         h.on_reply(u32::MAX, t0);
         assert_eq!(h.state(), PathState::Probing);
         assert_eq!(h.probes_answered, 0);
+    }
+
+    #[test]
+    fn a_follower_sends_nothing_adopts_the_view_and_goes_down_on_silence() {
+        let t0 = Instant::now();
+        let cfg = HealthConfig {
+            mode: HealthMode::Follow,
+            ..Default::default()
+        };
+        let mut f = PathHealth::new(cfg, t0);
+        let mut prober = PathHealth::new(HealthConfig::default(), t0);
+        let t = run(&mut prober, t0, ms(1000), ms(20), true);
+        assert_eq!(f.poll(t0), None, "a follower never probes");
+        let view = prober.view();
+        f.on_peer_probe(0, Some(&view), t0 + ms(10));
+        assert_eq!(f.state(), PathState::Up);
+        assert_eq!(f.srtt(), Some(ms(20)));
+        assert_eq!(f.min_rtt(), Some(ms(20)));
+        // The prober saw its replies stop (a dead return path): the follower follows at once.
+        let down = PeerView {
+            state: PathState::Down,
+            ..view
+        };
+        f.on_peer_probe(1, Some(&down), t0 + ms(110));
+        assert_eq!(f.state(), PathState::Down);
+        assert!(f.next_deadline() > t + ms(1000), "nothing due while down");
+        f.on_peer_probe(2, Some(&view), t0 + ms(210));
+        assert_eq!(f.state(), PathState::Up);
+        // Probes stop arriving (client -> server black hole): down after the silence bound.
+        let deadline = f.next_deadline();
+        assert!(deadline <= t0 + ms(210) + f.down_after() + ms(1));
+        f.poll(deadline - ms(1));
+        assert_eq!(f.state(), PathState::Up);
+        f.poll(deadline);
+        assert_eq!(f.state(), PathState::Down);
+        // A prober ignores the peer's probes: it judges by its own replies.
+        let before = prober.state();
+        prober.on_peer_probe(9, Some(&down), t);
+        assert_eq!(prober.state(), before);
     }
 }

@@ -2,6 +2,7 @@
 //! injected clock (`now: Instant` arguments). The I/O shell in the `mpquic` crate feeds it events;
 //! the deterministic simulator in `tests/sim.rs` feeds it modelled links in virtual time.
 
+pub mod addressing;
 pub mod bond;
 pub mod drops;
 pub mod flow;
@@ -12,11 +13,12 @@ pub mod paths;
 pub mod reconnect;
 pub mod router;
 pub mod scheduler;
+pub mod sessions;
 pub mod wire;
 
 pub use bond::Bond;
 pub use drops::{DropReason, Drops};
-pub use health::{HealthConfig, PathHealth, PathState};
+pub use health::{HealthConfig, HealthMode, PathHealth, PathState, PeerView};
 pub use packet::PacketInfo;
 pub use paths::{PathCounters, PathId, PathSet, PathSpec, ProbeDue, Transition};
 pub use router::Router;

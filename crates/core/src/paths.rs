@@ -7,7 +7,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::drops::{DropReason, Drops};
-use crate::health::{HealthConfig, PathHealth, PathState};
+use crate::health::{HealthConfig, PathHealth, PathState, PeerView};
 
 /// A path of one `PathSet`: stable for the set's lifetime (paths are added, never removed, so an
 /// id never comes to mean another path).
@@ -61,11 +61,13 @@ impl Path {
     }
 }
 
-/// A probe the shell must send on `path` with sequence number `seq`.
+/// A probe the shell must send on `path` with sequence number `seq`, carrying this side's
+/// `view` of the path for the peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProbeDue {
     pub path: PathId,
     pub seq: u32,
+    pub view: PeerView,
 }
 
 /// A path changed state (`None`: no connection); the shell logs it and tells the bonds.
@@ -180,7 +182,11 @@ impl PathSet {
             let id = PathId(i as u16);
             let before = h.state();
             if let Some(seq) = h.poll(now) {
-                probes.push(ProbeDue { path: id, seq });
+                probes.push(ProbeDue {
+                    path: id,
+                    seq,
+                    view: h.view(),
+                });
             }
             if h.state() != before {
                 changes.push(Transition {
@@ -202,9 +208,25 @@ impl PathSet {
 
     /// A reply to our probe arrived on `id`. Returns a transition if the path changed state.
     pub fn on_probe_reply(&mut self, id: PathId, seq: u32, now: Instant) -> Option<Transition> {
+        self.health_event(id, |h| h.on_reply(seq, now))
+    }
+
+    /// The peer's probe arrived on `id` (a follower adopts its view). Returns a transition if the
+    /// path changed state.
+    pub fn on_peer_probe(
+        &mut self,
+        id: PathId,
+        seq: u32,
+        view: Option<&PeerView>,
+        now: Instant,
+    ) -> Option<Transition> {
+        self.health_event(id, |h| h.on_peer_probe(seq, view, now))
+    }
+
+    fn health_event(&mut self, id: PathId, f: impl FnOnce(&mut PathHealth)) -> Option<Transition> {
         let h = self.paths.get_mut(id.index())?.health.as_mut()?;
         let before = h.state();
-        h.on_reply(seq, now);
+        f(h);
         (h.state() != before).then_some(Transition {
             path: id,
             from: Some(before),

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::bond::Bond;
 use crate::drops::DropReason;
-use crate::health::HealthConfig;
+use crate::health::{HealthConfig, PeerView};
 use crate::packet::PacketInfo;
 use crate::paths::{PathId, PathSet, PathSpec, ProbeDue, Transition};
 use crate::scheduler::Policy;
@@ -36,11 +36,18 @@ impl Router {
     /// The id of the path called `spec.name`, added if new; its spec is refreshed (the server
     /// learns priority and weight from each hello). `None` when the set is full.
     pub fn path(&mut self, spec: PathSpec) -> Option<PathId> {
+        self.path_within(spec, usize::MAX)
+    }
+
+    /// As `path`, but a new path is refused (`None`) once the tunnel has `limit` paths (the
+    /// server's bound per session, `sessions::MAX_PATHS_PER_SESSION`).
+    pub fn path_within(&mut self, spec: PathSpec, limit: usize) -> Option<PathId> {
         match self.paths.find(&spec.name) {
             Some(id) => {
                 self.paths.set_spec(id, spec);
                 Some(id)
             }
+            None if self.paths.len() >= limit => None,
             None => self.paths.add(spec),
         }
     }
@@ -84,6 +91,19 @@ impl Router {
 
     pub fn on_probe_reply(&mut self, id: PathId, seq: u32, now: Instant) -> Option<Transition> {
         let t = self.paths.on_probe_reply(id, seq, now)?;
+        self.bond.on_transition(&t);
+        Some(t)
+    }
+
+    /// The peer's probe arrived on `id` (on a follower, its view may change the path's state).
+    pub fn on_peer_probe(
+        &mut self,
+        id: PathId,
+        seq: u32,
+        view: Option<&PeerView>,
+        now: Instant,
+    ) -> Option<Transition> {
+        let t = self.paths.on_peer_probe(id, seq, view, now)?;
         self.bond.on_transition(&t);
         Some(t)
     }

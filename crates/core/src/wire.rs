@@ -2,14 +2,22 @@
 //! packet, recognised by its version nibble (4 or 6), or a control message whose first byte is a
 //! type below 0x10, which no IP packet can start with. Data therefore carries zero framing bytes.
 
+use std::time::Duration;
+
+use crate::health::{PathState, PeerView};
+
 pub const PROBE: u8 = 0x01;
 pub const PROBE_REPLY: u8 = 0x02;
+/// Type and sequence number: a probe reply, or a probe without the sender's view.
 pub const PROBE_LEN: usize = 5;
+/// A probe with the prober's view: state (1), srtt, rttvar, min RTT (4 each, microseconds,
+/// all ones = not measured), loss in 1/1000 (2).
+pub const PROBE_VIEW_LEN: usize = PROBE_LEN + 15;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Datagram<'a> {
     Packet(&'a [u8]),
-    Probe(u32),
+    Probe { seq: u32, view: Option<PeerView> },
     ProbeReply(u32),
 }
 
@@ -21,30 +29,118 @@ pub fn decode(buf: &[u8]) -> Option<Datagram<'_>> {
         0 => {}
         _ => return None,
     }
-    if buf.len() != PROBE_LEN {
+    if buf.len() < PROBE_LEN {
         return None;
     }
     let seq = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]);
-    match first {
-        PROBE => Some(Datagram::Probe(seq)),
-        PROBE_REPLY => Some(Datagram::ProbeReply(seq)),
+    match (first, buf.len()) {
+        (PROBE, PROBE_LEN) => Some(Datagram::Probe { seq, view: None }),
+        (PROBE, PROBE_VIEW_LEN) => Some(Datagram::Probe {
+            seq,
+            view: Some(decode_view(&buf[PROBE_LEN..])?),
+        }),
+        (PROBE_REPLY, PROBE_LEN) => Some(Datagram::ProbeReply(seq)),
         _ => None,
     }
 }
 
+const NOT_MEASURED: u32 = u32::MAX;
+
+fn micros(d: Option<Duration>) -> [u8; 4] {
+    let v = d.map_or(NOT_MEASURED, |d| {
+        u32::try_from(d.as_micros()).unwrap_or(NOT_MEASURED - 1)
+    });
+    v.to_be_bytes()
+}
+
+fn decode_view(b: &[u8]) -> Option<PeerView> {
+    let state = match b[0] {
+        0 => PathState::Probing,
+        1 => PathState::Up,
+        2 => PathState::Down,
+        _ => return None,
+    };
+    let dur = |i: usize| {
+        let v = u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        (v != NOT_MEASURED).then(|| Duration::from_micros(u64::from(v)))
+    };
+    let loss_permille = u16::from_be_bytes([b[13], b[14]]);
+    if loss_permille > 1000 {
+        return None;
+    }
+    Some(PeerView {
+        state,
+        srtt: dur(1),
+        rttvar: dur(5).unwrap_or_default(),
+        min_rtt: dur(9),
+        loss_permille,
+    })
+}
+
+/// A probe reply, or a probe without a view.
 pub fn encode_probe(kind: u8, seq: u32) -> [u8; PROBE_LEN] {
     let s = seq.to_be_bytes();
     [kind, s[0], s[1], s[2], s[3]]
 }
 
+/// A probe carrying the prober's view of the path.
+pub fn encode_probe_view(seq: u32, v: &PeerView) -> [u8; PROBE_VIEW_LEN] {
+    let mut out = [0u8; PROBE_VIEW_LEN];
+    out[..PROBE_LEN].copy_from_slice(&encode_probe(PROBE, seq));
+    out[5] = match v.state {
+        PathState::Probing => 0,
+        PathState::Up => 1,
+        PathState::Down => 2,
+    };
+    out[6..10].copy_from_slice(&micros(v.srtt));
+    out[10..14].copy_from_slice(&micros(Some(v.rttvar)));
+    out[14..18].copy_from_slice(&micros(v.min_rtt));
+    out[18..20].copy_from_slice(&v.loss_permille.min(1000).to_be_bytes());
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::health::{PathState, PeerView};
+    use std::time::Duration;
 
     #[test]
     fn vectors() {
         assert_eq!(encode_probe(PROBE, 0x01020304), [0x01, 1, 2, 3, 4]);
-        assert_eq!(decode(&[0x01, 0, 0, 0, 9]), Some(Datagram::Probe(9)));
+        assert_eq!(
+            decode(&[0x01, 0, 0, 0, 9]),
+            Some(Datagram::Probe { seq: 9, view: None })
+        );
+        let view = PeerView {
+            state: PathState::Down,
+            srtt: Some(Duration::from_micros(20_500)),
+            rttvar: Duration::from_micros(1_000),
+            min_rtt: None,
+            loss_permille: 125,
+        };
+        let p = encode_probe_view(7, &view);
+        assert_eq!(
+            p,
+            [
+                1, 0, 0, 0, 7, 2, 0, 0, 0x50, 0x14, 0, 0, 0x03, 0xe8, 0xff, 0xff, 0xff, 0xff, 0,
+                125
+            ]
+        );
+        assert_eq!(
+            decode(&p),
+            Some(Datagram::Probe {
+                seq: 7,
+                view: Some(view)
+            })
+        );
+        let mut bad = p;
+        bad[5] = 3;
+        assert_eq!(decode(&bad), None, "unknown state");
+        let mut bad = p;
+        bad[18..20].copy_from_slice(&1001u16.to_be_bytes());
+        assert_eq!(decode(&bad), None, "loss above 100%");
+        assert_eq!(decode(&p[..19]), None);
         assert_eq!(decode(&[0x02, 0, 0, 1, 0]), Some(Datagram::ProbeReply(256)));
         assert_eq!(decode(&[0x45, 0]), Some(Datagram::Packet(&[0x45, 0])));
         assert_eq!(decode(&[0x60]), Some(Datagram::Packet(&[0x60])));
@@ -65,7 +161,7 @@ mod props {
         fn decode_total(bytes in proptest::collection::vec(any::<u8>(), 0..64), seq in any::<u32>()) {
             let _ = super::decode(&bytes);
             let p = super::encode_probe(super::PROBE, seq);
-            prop_assert_eq!(super::decode(&p), Some(super::Datagram::Probe(seq)));
+            prop_assert_eq!(super::decode(&p), Some(super::Datagram::Probe { seq, view: None }));
         }
     }
 }

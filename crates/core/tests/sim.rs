@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use mpquic_core::packet::PacketInfo;
 use mpquic_core::wire::{self, Datagram};
-use mpquic_core::{HealthConfig, PathId, PathSpec, Policy, ProbeDue, Router};
+use mpquic_core::{HealthConfig, HealthMode, PathId, PathSpec, Policy, ProbeDue, Router};
 use mpquic_linkmodel::{Link, LinkSpec, LinkState};
 use proptest::prelude::*;
 
@@ -82,9 +82,16 @@ impl Sim {
     /// `links[i]`: path i's spec, the same in both directions.
     fn new(policy: Policy, specs: &[PathSpec], links: &[String], seed: u64) -> Sim {
         let t0 = Instant::now();
+        // As in the product: the client probes, the server follows its view.
         let cfg = HealthConfig::default();
         let mut client = Router::new(policy, cfg);
-        let mut server = Router::new(policy, cfg);
+        let mut server = Router::new(
+            policy,
+            HealthConfig {
+                mode: HealthMode::Follow,
+                ..cfg
+            },
+        );
         for s in specs {
             let c = client.path(s.clone()).unwrap();
             let v = server.path(s.clone()).unwrap();
@@ -186,7 +193,7 @@ impl Sim {
                     self.send(
                         side,
                         p.path,
-                        wire::encode_probe(wire::PROBE, p.seq).to_vec(),
+                        wire::encode_probe_view(p.seq, &p.view).to_vec(),
                     );
                 }
             }
@@ -222,11 +229,15 @@ impl Sim {
         }
         let now = self.at();
         match wire::decode(&m.bytes).expect("sim sends only valid datagrams") {
-            Datagram::Probe(seq) => self.send(
-                m.to,
-                m.path,
-                wire::encode_probe(wire::PROBE_REPLY, seq).to_vec(),
-            ),
+            Datagram::Probe { seq, view } => {
+                self.send(
+                    m.to,
+                    m.path,
+                    wire::encode_probe(wire::PROBE_REPLY, seq).to_vec(),
+                );
+                self.router(m.to)
+                    .on_peer_probe(m.path, seq, view.as_ref(), now);
+            }
             Datagram::ProbeReply(seq) => {
                 self.router(m.to).on_probe_reply(m.path, seq, now);
             }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use mpquic_core::{reconnect, PathId, PathSpec};
+use mpquic_core::{reconnect, sessions, HealthMode, PathId, PathSpec};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -56,17 +56,23 @@ pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<
         cfg.mode,
         ccfg.policy,
         None,
+        // The client probes every path; the server follows its view (core health.rs).
+        HealthMode::Probe,
     );
     let path_ids = ccfg
         .paths
         .iter()
         .map(|p| {
             tunnel
-                .path(PathSpec {
-                    name: p.name.clone(),
-                    priority: p.priority,
-                    weight: p.weight,
-                })
+                .path(
+                    PathSpec {
+                        name: p.name.clone(),
+                        priority: p.priority,
+                        weight: p.weight,
+                    },
+                    // The config allows no more than a server session takes.
+                    sessions::MAX_PATHS_PER_SESSION,
+                )
                 .ok_or_else(|| anyhow!("too many paths"))
         })
         .collect::<Result<Vec<_>>>()?;

@@ -1,6 +1,5 @@
 //! mpquic: multipath QUIC VPN. See README.md and docs/.
 
-mod addressing;
 mod client;
 mod config;
 mod control;

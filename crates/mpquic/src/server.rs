@@ -3,13 +3,13 @@
 //! rebinding, new ports and reconnections just work. Inner packets from the TUN device are routed
 //! to the client that owns the destination address.
 
-use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use mpquic_core::{DropReason, Drops, PathId, PathSpec, Policy};
+use mpquic_core::sessions::{self, Join, Registry};
+use mpquic_core::{DropReason, Drops, HealthMode, PathId, PathSpec, Policy};
 use tracing::{info, warn};
 
 use crate::config::{Config, ServerConfig};
@@ -18,21 +18,18 @@ use crate::platform::Platform;
 use crate::status::StatusReport;
 use crate::tun::Tun;
 use crate::tunnel::{close, NewLink, Tunnel};
-use crate::{addressing, quic, runtime, tls};
+use crate::{quic, runtime, tls};
 
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
-/// A session with no connected path for this long is forgotten (its address becomes free).
-const SESSION_LINGER: Duration = Duration::from_secs(120);
 /// How often sessions are checked for expiry (path health runs on each session's own timers).
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
 
+/// What the shell keeps per session; the rules (which session a path joins, replacement,
+/// expiry, addresses, the path bound) are the core's `sessions::Registry`.
 struct Session {
-    name: String,
-    id: u64,
-    addr: Ipv4Addr,
+    /// Its tunnel address (the registry's, kept here for the hello answer).
+    addr: std::net::Ipv4Addr,
     tunnel: Arc<Tunnel>,
-    /// Last time the session had a connected path.
-    last_connected: Mutex<Instant>,
     /// The task serving the tunnel's timers; it ends with the session.
     timers: tokio::task::AbortHandle,
 }
@@ -43,20 +40,12 @@ impl Drop for Session {
     }
 }
 
-#[derive(Default)]
-struct Registry {
-    by_name: HashMap<String, Arc<Session>>,
-    by_addr: HashMap<Ipv4Addr, Arc<Session>>,
-    /// Last address each client had, so a reconnecting client gets it back.
-    remembered: HashMap<String, Ipv4Addr>,
-}
-
 struct Server {
     cfg: Config,
     scfg: ServerConfig,
     tun: Arc<Tun>,
     mtu: u32,
-    registry: RwLock<Registry>,
+    registry: RwLock<Registry<Arc<Session>>>,
     drops: Mutex<Drops>,
     /// Connections refused, by reason (status and metrics).
     refused: Mutex<std::collections::BTreeMap<String, u64>>,
@@ -125,7 +114,7 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
 
     platform.stopped().await;
     info!("server shutting down");
-    let sessions: Vec<Arc<Session>> = server.read().by_name.values().cloned().collect();
+    let sessions = server.write().drain();
     for sess in sessions {
         sess.tunnel
             .close_all(close::SHUTDOWN, "server shutting down");
@@ -137,16 +126,20 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
 }
 
 impl Server {
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Registry> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Registry<Arc<Session>>> {
         self.registry.read().unwrap_or_else(|e| e.into_inner())
     }
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Registry> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Registry<Arc<Session>>> {
         self.registry.write().unwrap_or_else(|e| e.into_inner())
     }
 
     fn status(&self, started: Instant) -> StatusReport {
-        let mut sessions: Vec<Arc<Session>> = self.read().by_name.values().cloned().collect();
-        sessions.sort_by(|a, b| a.name.cmp(&b.name));
+        let sessions: Vec<(std::net::Ipv4Addr, Arc<Session>)> = self
+            .read()
+            .sessions()
+            .into_iter()
+            .map(|(_, addr, s)| (addr, s.clone()))
+            .collect();
         StatusReport {
             role: "server".into(),
             tun_name: self.cfg.tun_name.clone(),
@@ -155,9 +148,9 @@ impl Server {
             uptime_s: started.elapsed().as_secs_f64(),
             tunnels: sessions
                 .iter()
-                .map(|s| {
+                .map(|(addr, s)| {
                     s.tunnel
-                        .status(Some(format!("{}/{}", s.addr, self.scfg.prefix)))
+                        .status(Some(format!("{addr}/{}", self.scfg.prefix)))
                 })
                 .collect(),
             drops: self
@@ -188,32 +181,13 @@ impl Server {
         self.drops.lock().unwrap_or_else(|e| e.into_inner()).add(r);
     }
 
-    /// Forget sessions that have been without paths for long.
+    /// Forget sessions that have been without paths for long (`sessions::SESSION_LINGER`).
     fn expire_sessions(&self) {
-        let sessions: Vec<Arc<Session>> = self.read().by_name.values().cloned().collect();
-        let now = Instant::now();
-        let mut stale = Vec::new();
-        for s in sessions {
-            let mut last = s.last_connected.lock().unwrap_or_else(|e| e.into_inner());
-            if s.tunnel.connected_paths() > 0 {
-                *last = now;
-            } else if now.duration_since(*last) > SESSION_LINGER {
-                stale.push(s.clone());
-            }
-        }
-        if !stale.is_empty() {
-            let mut reg = self.write();
-            for s in stale {
-                if reg
-                    .by_name
-                    .get(&s.name)
-                    .is_some_and(|cur| Arc::ptr_eq(cur, &s))
-                {
-                    info!(client = %s.name, address = %s.addr, "session expired");
-                    reg.by_name.remove(&s.name);
-                    reg.by_addr.remove(&s.addr);
-                }
-            }
+        let gone = self
+            .write()
+            .expire(Instant::now(), |s| s.tunnel.connected_paths() > 0);
+        for (name, addr, _) in gone {
+            info!(client = %name, address = %addr, "session expired");
         }
     }
 
@@ -226,7 +200,7 @@ impl Server {
                 let IpAddr::V4(dst) = info.dst else {
                     return self.drop_packet(DropReason::NoRoute);
                 };
-                let session = self.read().by_addr.get(&dst).cloned();
+                let session = self.read().by_addr(dst).cloned();
                 match session {
                     Some(s) => s.tunnel.send_packet(pkt, Some(&info)),
                     None => self.drop_packet(DropReason::NoRoute),
@@ -315,60 +289,61 @@ impl Server {
     fn join(&self, name: &str, h: &Hello) -> Result<(Arc<Session>, PathId), String> {
         let policy =
             Policy::parse(&h.policy).ok_or_else(|| format!("unknown policy `{}`", h.policy))?;
-        let mut reg = self.write();
-        let existing = reg.by_name.get(name).cloned();
-        let session = match existing {
-            Some(s) if s.id == h.session => s,
-            other => {
-                // A new session id from a known identity: the client restarted. Drop the old
-                // session at once so nothing stale lingers, then assign afresh.
-                if let Some(old) = other {
-                    info!(client = %name, "client restarted; replacing its old session");
-                    reg.by_name.remove(name);
-                    reg.by_addr.remove(&old.addr);
-                    old.tunnel
-                        .close_all(close::REPLACED, "replaced by a new session");
-                }
-                let owner = |a: Ipv4Addr| reg.by_addr.get(&a).map(|s| s.name.clone());
-                let addr = addressing::assign(
-                    &self.scfg,
-                    owner,
-                    &reg.remembered,
-                    name,
-                    h.addr.as_deref(),
-                )?;
+        let plan = self.scfg.address_plan();
+        let joined = self.write().join(
+            &plan,
+            name,
+            h.session,
+            h.addr.as_deref(),
+            Instant::now(),
+            |addr| {
                 let tunnel = Tunnel::new(
                     name.to_string(),
                     self.tun.clone(),
                     h.mode,
                     policy,
                     Some(addr),
+                    HealthMode::Follow,
                 );
                 let t = tunnel.clone();
                 let timers = tokio::spawn(async move { t.run_timers().await }).abort_handle();
-                let s = Arc::new(Session {
-                    name: name.to_string(),
-                    id: h.session,
+                Arc::new(Session {
                     addr,
                     tunnel,
-                    last_connected: Mutex::new(Instant::now()),
                     timers,
-                });
-                reg.by_name.insert(name.to_string(), s.clone());
-                reg.by_addr.insert(addr, s.clone());
-                reg.remembered.insert(name.to_string(), addr);
+                })
+            },
+        )?;
+        let session = match joined {
+            Join::Existing(s) => s,
+            Join::New {
+                value,
+                addr,
+                replaced,
+            } => {
+                if let Some(old) = replaced {
+                    info!(client = %name, "client restarted; replacing its old session");
+                    old.tunnel
+                        .close_all(close::REPLACED, "replaced by a new session");
+                }
                 info!(client = %name, address = %addr, policy = policy.as_str(), mode = h.mode.as_str(), "client session started");
-                s
+                value
             }
+        };
+        let spec = PathSpec {
+            name: h.path.clone(),
+            priority: h.priority,
+            weight: h.weight.max(1),
         };
         let path = session
             .tunnel
-            .path(PathSpec {
-                name: h.path.clone(),
-                priority: h.priority,
-                weight: h.weight.max(1),
-            })
-            .ok_or("too many paths in this session")?;
+            .path(spec, sessions::MAX_PATHS_PER_SESSION)
+            .ok_or_else(|| {
+                format!(
+                    "too many paths in this session (at most {})",
+                    sessions::MAX_PATHS_PER_SESSION
+                )
+            })?;
         Ok((session, path))
     }
 }

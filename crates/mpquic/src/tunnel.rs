@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use mpquic_core::wire::{self, Datagram};
 use mpquic_core::{
-    DropReason, PacketInfo, PathId, PathSpec, PathState, Policy, ProbeDue, Router, Transition,
+    DropReason, HealthConfig, HealthMode, PacketInfo, PathId, PathSpec, PathState, Policy,
+    ProbeDue, Router, Transition,
 };
 use tokio::sync::{mpsc, Notify};
 use tracing::{debug, info, warn};
@@ -94,6 +95,7 @@ impl Tunnel {
         mode: TransportMode,
         policy: Policy,
         expect_src: Option<Ipv4Addr>,
+        health: HealthMode,
     ) -> Arc<Tunnel> {
         Arc::new(Tunnel {
             peer,
@@ -101,7 +103,13 @@ impl Tunnel {
             mode,
             expect_src,
             state: Mutex::new(State {
-                router: Router::new(policy, Default::default()),
+                router: Router::new(
+                    policy,
+                    HealthConfig {
+                        mode: health,
+                        ..Default::default()
+                    },
+                ),
                 links: Vec::new(),
                 next_generation: 1,
             }),
@@ -115,10 +123,10 @@ impl Tunnel {
     }
 
     /// The id of the path called `name`, created if new; its spec is refreshed. `None` when the
-    /// tunnel has no room for another path.
-    pub fn path(&self, spec: PathSpec) -> Option<PathId> {
+    /// tunnel already has `limit` paths (or no room at all) and this one is new.
+    pub fn path(&self, spec: PathSpec, limit: usize) -> Option<PathId> {
         let mut s = self.lock();
-        let id = s.router.path(spec)?;
+        let id = s.router.path_within(spec, limit)?;
         if s.links.len() <= id.index() {
             s.links.resize_with(id.index() + 1, || None);
         }
@@ -302,14 +310,23 @@ impl Tunnel {
     fn on_datagram(&self, path: PathId, conn: &quinn::Connection, d: &[u8]) {
         match wire::decode(d) {
             Some(Datagram::Packet(p)) => self.deliver(path, p),
-            Some(Datagram::Probe(seq)) => {
+            Some(Datagram::Probe { seq, view }) => {
                 // Not sent when the buffer is full, like our own probes: never evict data.
                 let _ = send_datagram(conn, &wire::encode_probe(wire::PROBE_REPLY, seq));
+                let t = self
+                    .lock()
+                    .router
+                    .on_peer_probe(path, seq, view.as_ref(), Instant::now());
+                if let Some(t) = t {
+                    self.log_transition(&t);
+                }
             }
             Some(Datagram::ProbeReply(seq)) => {
                 let t = self.lock().router.on_probe_reply(path, seq, Instant::now());
                 if let Some(t) = t {
                     self.log_transition(&t);
+                    // A transition makes a probe due now (it carries the new view to the peer).
+                    self.timers_changed.notify_one();
                 }
             }
             None => self.lock().router.drop_on(path, DropReason::Malformed, 1),
@@ -380,19 +397,20 @@ impl Tunnel {
         let now = Instant::now();
         let mut probes: Vec<ProbeDue> = Vec::new();
         let mut changes: Vec<Transition> = Vec::new();
-        let (conns, next): (Vec<(PathId, u32, quinn::Connection)>, _) = {
+        let (conns, next): (Vec<(ProbeDue, quinn::Connection)>, _) = {
             let mut s = self.lock();
             s.router.poll(now, &mut probes, &mut changes);
             let conns = probes
                 .iter()
-                .filter_map(|p| s.link(p.path).map(|l| (p.path, p.seq, l.conn.clone())))
+                .filter_map(|p| s.link(p.path).map(|l| (*p, l.conn.clone())))
                 .collect();
             (conns, s.router.next_deadline())
         };
-        for (path, seq, conn) in conns {
+        for (p, conn) in conns {
+            let path = p.path;
             // A probe that finds the datagram buffer full is not sent (it would evict data);
             // health counts it as unanswered, which is what a full buffer means.
-            if send_datagram(&conn, &wire::encode_probe(wire::PROBE, seq)).is_err() {
+            if send_datagram(&conn, &wire::encode_probe_view(p.seq, &p.view)).is_err() {
                 debug!(tunnel = %self.peer, path = %self.path_name(path), "probe not sent: datagram buffer full");
             }
         }

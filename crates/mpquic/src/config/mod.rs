@@ -9,6 +9,8 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+use mpquic_core::addressing::AddressPlan;
+pub use mpquic_core::addressing::{mask, parse_cidr};
 use mpquic_core::Policy;
 use serde::Deserialize;
 
@@ -299,18 +301,14 @@ fn levenshtein(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
-pub fn parse_cidr(s: &str) -> Option<(Ipv4Addr, u8)> {
-    let (a, p) = s.split_once('/')?;
-    let addr: Ipv4Addr = a.trim().parse().ok()?;
-    let prefix: u8 = p.trim().parse().ok()?;
-    (prefix <= 32).then_some((addr, prefix))
-}
-
-pub fn mask(prefix: u8) -> u32 {
-    if prefix == 0 {
-        0
-    } else {
-        u32::MAX << (32 - u32::from(prefix))
+impl ServerConfig {
+    /// The tunnel network and reserved addresses, for the core's address assignment.
+    pub fn address_plan(&self) -> AddressPlan {
+        AddressPlan {
+            tun_addr: self.tun_addr,
+            prefix: self.prefix,
+            fixed: self.clients.clone(),
+        }
     }
 }
 
@@ -422,6 +420,22 @@ multipath_paths:
         );
         let e = parse("role: client\n  bad indent: [\n").unwrap_err();
         assert!(e.problems[0].line >= 1);
+    }
+
+    #[test]
+    fn more_paths_than_a_server_session_takes_are_refused() {
+        let mut text =
+            String::from("role: client\ntls_ca_file: ca\nremote_addr: 1.2.3.4\nmultipath_paths:\n");
+        for i in 0..65 {
+            text.push_str(&format!("- name: p{i}\n"));
+        }
+        let e = parse(&text).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("65 paths: a server takes at most 64"),
+            "{e}"
+        );
+        assert_eq!(e.problems[0].line, 4 + 65, "{e}");
     }
 
     /// Nested keys are located by their place in the structure: the same key name earlier in

@@ -5,6 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
+use mpquic_core::sessions::MAX_PATHS_PER_SESSION;
 use mpquic_core::Policy;
 
 use super::positions::Positions;
@@ -391,6 +392,16 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
             weight: 1,
         });
         return out;
+    }
+    if raw.multipath_paths.len() > MAX_PATHS_PER_SESSION {
+        c.at(
+            &format!("multipath_paths[{MAX_PATHS_PER_SESSION}]"),
+            format!(
+                "{} paths: a server takes at most {MAX_PATHS_PER_SESSION} per client",
+                raw.multipath_paths.len()
+            ),
+            None,
+        );
     }
     for (i, p) in raw.multipath_paths.iter().enumerate() {
         let at = |key: &str| format!("multipath_paths[{i}].{key}");

@@ -3,13 +3,38 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
-use crate::config::{mask, parse_cidr, ServerConfig};
+/// The server's tunnel network and the addresses reserved for named clients (`clients:`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddressPlan {
+    /// The server's own tunnel address.
+    pub tun_addr: Ipv4Addr,
+    pub prefix: u8,
+    /// Fixed addresses by client name (certificate CN).
+    pub fixed: Vec<(String, Ipv4Addr)>,
+}
+
+/// `a.b.c.d/len`.
+pub fn parse_cidr(s: &str) -> Option<(Ipv4Addr, u8)> {
+    let (a, p) = s.split_once('/')?;
+    let addr: Ipv4Addr = a.trim().parse().ok()?;
+    let prefix: u8 = p.trim().parse().ok()?;
+    (prefix <= 32).then_some((addr, prefix))
+}
+
+/// The network mask of a prefix length, as a number.
+pub fn mask(prefix: u8) -> u32 {
+    if prefix == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(prefix))
+    }
+}
 
 /// The tunnel address for client `name`: its reserved one from `clients:`, else the one it asks
 /// for when free and allowed, else the one it had before, else the lowest free one (preferring
 /// addresses no other client had). `owner(a)` names the connected client using address `a`.
 pub fn assign(
-    scfg: &ServerConfig,
+    scfg: &AddressPlan,
     owner: impl Fn(Ipv4Addr) -> Option<String>,
     remembered: &HashMap<String, Ipv4Addr>,
     name: &str,
@@ -18,7 +43,7 @@ pub fn assign(
     let net = u32::from(scfg.tun_addr) & mask(scfg.prefix);
     let bcast = net | !mask(scfg.prefix);
     let reserved_for = |a: Ipv4Addr| {
-        scfg.clients
+        scfg.fixed
             .iter()
             .find(|(_, r)| *r == a)
             .map(|(n, _)| n.as_str())
@@ -36,7 +61,7 @@ pub fn assign(
         ),
         None => None,
     };
-    if let Some((_, fixed)) = scfg.clients.iter().find(|(n, _)| n == name) {
+    if let Some((_, fixed)) = scfg.fixed.iter().find(|(n, _)| n == name) {
         if let Some(r) = requested.filter(|r| r != fixed) {
             return Err(format!(
                 "this client's address is {fixed} (server `clients:` list); it asked for {r}: change its tun_cidr or remove it"
@@ -90,13 +115,11 @@ pub fn assign(
 mod tests {
     use super::*;
 
-    fn scfg(prefix: u8, clients: &[(&str, [u8; 4])]) -> ServerConfig {
-        ServerConfig {
-            listen: "0.0.0.0:1".parse().unwrap(),
+    fn scfg(prefix: u8, clients: &[(&str, [u8; 4])]) -> AddressPlan {
+        AddressPlan {
             tun_addr: Ipv4Addr::new(10, 0, 0, 254),
             prefix,
-            client_ca_file: Default::default(),
-            clients: clients
+            fixed: clients
                 .iter()
                 .map(|(n, a)| (n.to_string(), Ipv4Addr::from(*a)))
                 .collect(),
@@ -152,7 +175,7 @@ mod tests {
         assert_eq!(assign(&s, none, &mem, "a", None), Ok(ip("10.0.0.7")));
         assert_eq!(assign(&s, none, &mem, "c", None), Ok(ip("10.0.0.3")));
         // Exhaustion: a /30 has two hosts, one is the server's (.254 is outside, so both are free).
-        let small = ServerConfig {
+        let small = AddressPlan {
             tun_addr: ip("10.0.0.2"),
             prefix: 30,
             ..scfg(30, &[])

@@ -1,0 +1,251 @@
+//! The server's session rules, sans-IO: which session a new path joins, when a session is
+//! replaced or forgotten, which address it gets, and how many paths it may have. A session is one
+//! running client instance: its identity (certificate CN) and the session id its process drew at
+//! start, so a restarted client (new id) replaces its old session at once, while NAT rebinding,
+//! new ports and reconnections of the same process join the session they belong to.
+//!
+//! The registry is generic over what the shell keeps per session (`S`: its tunnel, timers...).
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use crate::addressing::{self, AddressPlan};
+
+/// A session with no connected path for this long is forgotten (its address becomes free).
+pub const SESSION_LINGER: Duration = Duration::from_secs(120);
+/// Paths one session may have: far more WAN links (x pipes) than a site has, small enough that a
+/// misbehaving or hostile client cannot grow a session's path table without bound.
+pub const MAX_PATHS_PER_SESSION: usize = 64;
+
+struct Entry<S> {
+    id: u64,
+    addr: Ipv4Addr,
+    value: S,
+    /// Last time the session had a connected path.
+    last_connected: Instant,
+}
+
+/// What a path's hello leads to.
+pub enum Join<S> {
+    /// The session of this identity and id exists: the path joins it.
+    Existing(S),
+    /// A new session was created with this address; `replaced` is the old session of the same
+    /// identity (the client restarted), already removed: the shell closes it.
+    New {
+        value: S,
+        addr: Ipv4Addr,
+        replaced: Option<S>,
+    },
+}
+
+pub struct Registry<S> {
+    by_name: HashMap<String, Entry<S>>,
+    by_addr: HashMap<Ipv4Addr, String>,
+    /// Last address each client had, so a reconnecting client gets it back.
+    remembered: HashMap<String, Ipv4Addr>,
+}
+
+impl<S> Default for Registry<S> {
+    fn default() -> Self {
+        Registry {
+            by_name: HashMap::new(),
+            by_addr: HashMap::new(),
+            remembered: HashMap::new(),
+        }
+    }
+}
+
+impl<S: Clone> Registry<S> {
+    /// The session a path of client `name` with session `id` belongs to: the existing one, or a
+    /// new one (made by `make(addr)`) with an address from `plan`, replacing any older session of
+    /// the same identity. Refused (with the reason for the client) when no address can be given.
+    pub fn join(
+        &mut self,
+        plan: &AddressPlan,
+        name: &str,
+        id: u64,
+        requested_addr: Option<&str>,
+        now: Instant,
+        make: impl FnOnce(Ipv4Addr) -> S,
+    ) -> Result<Join<S>, String> {
+        if let Some(e) = self.by_name.get(name).filter(|e| e.id == id) {
+            return Ok(Join::Existing(e.value.clone()));
+        }
+        // A new session id from a known identity: the client restarted. Its old session goes at
+        // once, so nothing stale lingers and its address can be given again.
+        let replaced = self.remove(name);
+        let owner = |a: Ipv4Addr| self.by_addr.get(&a).cloned();
+        let addr = match addressing::assign(plan, owner, &self.remembered, name, requested_addr) {
+            Ok(a) => a,
+            Err(e) => {
+                // A refused attempt changes nothing: the running session (if any) stays.
+                if let Some((entry_id, entry_addr, value, last)) = replaced {
+                    self.insert(name, entry_id, entry_addr, value, last);
+                }
+                return Err(e);
+            }
+        };
+        let value = make(addr);
+        self.insert(name, id, addr, value.clone(), now);
+        Ok(Join::New {
+            value,
+            addr,
+            replaced: replaced.map(|(_, _, v, _)| v),
+        })
+    }
+
+    /// The session owning tunnel address `addr` (the server's TUN routing).
+    pub fn by_addr(&self, addr: Ipv4Addr) -> Option<&S> {
+        let name = self.by_addr.get(&addr)?;
+        self.by_name.get(name).map(|e| &e.value)
+    }
+
+    /// Every session with its name and address, in name order.
+    pub fn sessions(&self) -> Vec<(&str, Ipv4Addr, &S)> {
+        let mut v: Vec<_> = self
+            .by_name
+            .iter()
+            .map(|(n, e)| (n.as_str(), e.addr, &e.value))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(b.0));
+        v
+    }
+
+    /// Forget sessions without a connected path for longer than `SESSION_LINGER`
+    /// (`connected(s)`: whether s has one now). Returns them with their names and addresses.
+    pub fn expire(
+        &mut self,
+        now: Instant,
+        connected: impl Fn(&S) -> bool,
+    ) -> Vec<(String, Ipv4Addr, S)> {
+        let mut stale = Vec::new();
+        for (name, e) in self.by_name.iter_mut() {
+            if connected(&e.value) {
+                e.last_connected = now;
+            } else if now.saturating_duration_since(e.last_connected) > SESSION_LINGER {
+                stale.push(name.clone());
+            }
+        }
+        stale
+            .into_iter()
+            .filter_map(|n| {
+                let (_, addr, v, _) = self.remove(&n)?;
+                Some((n, addr, v))
+            })
+            .collect()
+    }
+
+    /// Remove every session (shutdown).
+    pub fn drain(&mut self) -> Vec<S> {
+        self.by_addr.clear();
+        self.by_name.drain().map(|(_, e)| e.value).collect()
+    }
+
+    fn insert(&mut self, name: &str, id: u64, addr: Ipv4Addr, value: S, last: Instant) {
+        self.by_addr.insert(addr, name.to_string());
+        self.remembered.insert(name.to_string(), addr);
+        self.by_name.insert(
+            name.to_string(),
+            Entry {
+                id,
+                addr,
+                value,
+                last_connected: last,
+            },
+        );
+    }
+
+    fn remove(&mut self, name: &str) -> Option<(u64, Ipv4Addr, S, Instant)> {
+        let e = self.by_name.remove(name)?;
+        self.by_addr.remove(&e.addr);
+        Some((e.id, e.addr, e.value, e.last_connected))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> AddressPlan {
+        AddressPlan {
+            tun_addr: Ipv4Addr::new(10, 0, 0, 254),
+            prefix: 24,
+            fixed: vec![("fixed".into(), Ipv4Addr::new(10, 0, 0, 50))],
+        }
+    }
+
+    fn new_addr(j: &Join<u32>) -> Option<(Ipv4Addr, Option<u32>)> {
+        match j {
+            Join::New { addr, replaced, .. } => Some((*addr, *replaced)),
+            Join::Existing(_) => None,
+        }
+    }
+
+    #[test]
+    fn paths_join_their_session_and_a_restart_replaces_it() {
+        let t0 = Instant::now();
+        let mut r: Registry<u32> = Registry::default();
+        let p = plan();
+        let a = r.join(&p, "site1", 7, None, t0, |_| 1).unwrap();
+        assert_eq!(new_addr(&a), Some((Ipv4Addr::new(10, 0, 0, 1), None)));
+        // A second path of the same process joins the same session.
+        let b = r.join(&p, "site1", 7, None, t0, |_| 2).unwrap();
+        assert!(matches!(b, Join::Existing(1)));
+        // Another client gets another address.
+        let c = r.join(&p, "site2", 9, None, t0, |_| 3).unwrap();
+        assert_eq!(new_addr(&c), Some((Ipv4Addr::new(10, 0, 0, 2), None)));
+        // site1 restarted (new session id): the old session is replaced, the address kept.
+        let d = r.join(&p, "site1", 8, None, t0, |_| 4).unwrap();
+        assert_eq!(new_addr(&d), Some((Ipv4Addr::new(10, 0, 0, 1), Some(1))));
+        assert_eq!(r.by_addr(Ipv4Addr::new(10, 0, 0, 1)), Some(&4));
+        assert_eq!(r.sessions().len(), 2);
+    }
+
+    #[test]
+    fn a_refused_restart_keeps_the_running_session() {
+        let t0 = Instant::now();
+        let mut r: Registry<u32> = Registry::default();
+        let p = plan();
+        r.join(&p, "fixed", 1, None, t0, |_| 1).unwrap();
+        // The restarted process asks for an address it may not have: refused, and the session
+        // of the running process is not torn down by a bad attempt.
+        let e = r.join(&p, "fixed", 2, Some("10.0.0.9/24"), t0, |_| 2);
+        assert!(e.is_err_and(|e| e.contains("clients:")));
+        assert_eq!(r.by_addr(Ipv4Addr::new(10, 0, 0, 50)), Some(&1));
+    }
+
+    #[test]
+    fn sessions_without_paths_expire_after_the_linger() {
+        let t0 = Instant::now();
+        let mut r: Registry<u32> = Registry::default();
+        let p = plan();
+        r.join(&p, "a", 1, None, t0, |_| 1).unwrap();
+        r.join(&p, "b", 1, None, t0, |_| 2).unwrap();
+        // `a` keeps a path, `b` has none.
+        let connected = |s: &u32| *s == 1;
+        assert!(r.expire(t0 + SESSION_LINGER, connected).is_empty());
+        let gone = r.expire(t0 + SESSION_LINGER + Duration::from_secs(1), connected);
+        assert_eq!(gone, vec![("b".to_string(), Ipv4Addr::new(10, 0, 0, 2), 2)]);
+        assert!(r.by_addr(Ipv4Addr::new(10, 0, 0, 2)).is_none());
+        // A returning client gets its remembered address back.
+        let j = r.join(&p, "b", 5, None, t0, |_| 3).unwrap();
+        assert_eq!(new_addr(&j), Some((Ipv4Addr::new(10, 0, 0, 2), None)));
+    }
+
+    #[test]
+    fn the_path_bound_is_enforced_by_the_router() {
+        let mut r = crate::Router::new(crate::Policy::Failover, Default::default());
+        let spec = |i: usize| crate::PathSpec {
+            name: format!("p{i}"),
+            priority: 1,
+            weight: 1,
+        };
+        for i in 0..MAX_PATHS_PER_SESSION {
+            assert!(r.path_within(spec(i), MAX_PATHS_PER_SESSION).is_some());
+        }
+        assert!(r.path_within(spec(999), MAX_PATHS_PER_SESSION).is_none());
+        // A known path is still found (its spec refreshed) at the bound.
+        assert!(r.path_within(spec(3), MAX_PATHS_PER_SESSION).is_some());
+    }
+}
