@@ -230,6 +230,13 @@ impl PathHealth {
         self.record_outcome(true);
         let sample = now.saturating_duration_since(sent);
         self.update_rtt(sample);
+        self.heard(seq, now);
+        self.up_if_proven(now);
+    }
+
+    /// Something answering for the path arrived: a reply to our probe `seq`, or (a follower)
+    /// the peer's probe `seq`. Counts consecutive ones for `up_after`.
+    fn heard(&mut self, seq: u32, now: Instant) {
         self.last_reply_at = Some(now);
         let contiguous = self.last_reply_seq.map(|l| l.wrapping_add(1) == seq);
         self.consecutive = if contiguous == Some(true) {
@@ -238,6 +245,9 @@ impl PathHealth {
             1
         };
         self.last_reply_seq = Some(seq);
+    }
+
+    fn up_if_proven(&mut self, now: Instant) {
         match self.state {
             // A fresh connection has just proven the path with its handshake.
             PathState::Probing => self.set_state(PathState::Up, now),
@@ -255,23 +265,10 @@ impl PathHealth {
             return;
         }
         self.probes_answered += 1;
-        self.last_reply_at = Some(now);
-        let contiguous = self.last_reply_seq.map(|l| l.wrapping_add(1) == seq);
-        self.consecutive = if contiguous == Some(true) {
-            self.consecutive + 1
-        } else {
-            1
-        };
-        self.last_reply_seq = Some(seq);
+        self.heard(seq, now);
         let Some(v) = view else {
             // No view: the probe's arrival is all there is, judged like a reply.
-            match self.state {
-                PathState::Probing => self.set_state(PathState::Up, now),
-                PathState::Down if self.consecutive >= self.cfg.up_after => {
-                    self.set_state(PathState::Up, now)
-                }
-                _ => {}
-            }
+            self.up_if_proven(now);
             return;
         };
         self.srtt = v.srtt;
