@@ -15,8 +15,9 @@ use crate::config::{parse_cidr, ClientConfig, Config};
 use crate::hello::{self, Hello, HelloAck};
 use crate::platform::Platform;
 use crate::status::StatusReport;
+use crate::transport::NewLink;
 use crate::tun::Tun;
-use crate::tunnel::{close, NewLink, Tunnel};
+use crate::tunnel::{close, Tunnel};
 use crate::{quic, runtime, tls};
 
 /// Bound on socket setup + handshake + hello for one attempt.
@@ -186,7 +187,7 @@ impl Client {
         let name = &self.ccfg.paths[idx].name;
         let id = self.path_ids[idx];
         let mut conn = link.conn.clone();
-        let mut generation = self.tunnel.install(id, link);
+        let mut generation = self.tunnel.install(id, link.into_transport(self.cfg.mode));
         loop {
             tokio::select! {
                 reason = conn.closed() => {
@@ -200,7 +201,7 @@ impl Client {
                             Ok(new) => {
                                 info!(path = %name, "path unusable; replaced its connection");
                                 conn = new.conn.clone();
-                                generation = self.tunnel.install(id, new);
+                                generation = self.tunnel.install(id, new.into_transport(self.cfg.mode));
                             }
                             Err(e) => info!(path = %name, error = %format!("{e:#}"), "path still unusable; reconnect failed"),
                         }

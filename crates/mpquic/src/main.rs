@@ -16,6 +16,7 @@ mod server;
 /// The status report's types live in their own crate, shared with the lab.
 use mpquic_status as status;
 mod tls;
+mod transport;
 mod tun;
 mod tunnel;
 

@@ -16,8 +16,9 @@ use crate::config::{Config, ServerConfig};
 use crate::hello::{self, Hello, HelloAck};
 use crate::platform::Platform;
 use crate::status::StatusReport;
+use crate::transport::NewLink;
 use crate::tun::Tun;
-use crate::tunnel::{close, NewLink, Tunnel};
+use crate::tunnel::{close, Tunnel};
 use crate::{quic, runtime, tls};
 
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -266,7 +267,7 @@ impl Server {
                     recv,
                     endpoint: None,
                 };
-                session.tunnel.install(path, link);
+                session.tunnel.install(path, link.into_transport(h.mode));
             }
             Err(msg) => {
                 warn!(client = %name, %remote, reason = %msg, "client refused");

@@ -1,5 +1,6 @@
 //! One tunnel's data path, shared by the client and by each client session on the server: the
-//! sans-IO `Router` (paths, health, the bond's scheduler) plus the QUIC connection of each path.
+//! sans-IO `Router` (paths, health, the bond's scheduler) plus the transport of each path
+//! (`transport.rs`; the tunnel never sees QUIC).
 //! It sends inner packets on the path the bond picks, receives from every path into the TUN
 //! device, answers and sends probes, runs the core's timers, and counts every packet it does not
 //! deliver.
@@ -8,17 +9,17 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
 use mpquic_core::wire::{self, Datagram};
 use mpquic_core::{
     DropReason, HealthConfig, HealthMode, PacketInfo, PathId, PathSpec, PathState, Policy,
     ProbeDue, Router, Transition,
 };
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use crate::config::TransportMode;
 use crate::status::{PathStatus, TunnelStatus};
+use crate::transport::{PathTransport, Sink};
 use crate::tun::Tun;
 
 /// QUIC application error codes used when closing a connection.
@@ -29,27 +30,12 @@ pub mod close {
     pub const PROTOCOL: u32 = 3;
 }
 
-/// Packets a reliable-mode path may queue before new ones are dropped (counted `queue_full`).
-const STREAM_QUEUE: usize = 2048;
 /// How long a replaced connection stays open to drain what is already in flight on it.
 const REPLACE_GRACE: Duration = Duration::from_millis(250);
-/// Bytes written to a stream in one call (batching amortises the per-write cost).
-const STREAM_BATCH: usize = 64 * 1024;
-
-/// How a packet leaves on a path, taken out of the lock for the send.
-enum Sender {
-    Datagram(quinn::Connection),
-    Stream(mpsc::Sender<Bytes>),
-}
-
-/// A live connection carrying one path.
+/// A live transport carrying one path.
 struct Link {
-    conn: quinn::Connection,
-    /// Reliable mode: the queue into the stream writer task.
-    stream_tx: Option<mpsc::Sender<Bytes>>,
+    transport: Arc<dyn PathTransport>,
     generation: u64,
-    /// Kept so the client's per-path socket lives as long as the connection.
-    _endpoint: Option<quinn::Endpoint>,
 }
 
 struct State {
@@ -76,14 +62,6 @@ pub struct Tunnel {
     /// Wakes the timer task when the core's next deadline may have moved earlier (a path was
     /// connected), so it can sleep until that deadline rather than tick.
     timers_changed: Notify,
-}
-
-/// What a new path connection brings.
-pub struct NewLink {
-    pub conn: quinn::Connection,
-    pub send: quinn::SendStream,
-    pub recv: quinn::RecvStream,
-    pub endpoint: Option<quinn::Endpoint>,
 }
 
 impl Tunnel {
@@ -137,32 +115,17 @@ impl Tunnel {
         self.lock().router.paths().get(path).spec.name.clone()
     }
 
-    /// Put a fresh connection on `path`, replacing any previous one (closed after a short drain),
-    /// and start its receive tasks. Returns the link generation for `remove`.
-    pub fn install(self: &Arc<Self>, path: PathId, new: NewLink) -> u64 {
-        let NewLink {
-            conn,
-            send,
-            recv,
-            endpoint,
-        } = new;
+    /// Put a fresh transport on `path`, replacing any previous one (closed after a short
+    /// drain), and start its receive side. Returns the link generation for `remove`.
+    pub fn install(self: &Arc<Self>, path: PathId, transport: Arc<dyn PathTransport>) -> u64 {
         let now = Instant::now();
-        let (stream_tx, stream_rx) = match self.mode {
-            TransportMode::Reliable => {
-                let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-                (Some(tx), Some(rx))
-            }
-            TransportMode::Datagram => (None, None),
-        };
         let (generation, old) = {
             let mut s = self.lock();
             let generation = s.next_generation;
             s.next_generation += 1;
             let old = s.links[path.index()].replace(Link {
-                conn: conn.clone(),
-                stream_tx,
+                transport: transport.clone(),
                 generation,
-                _endpoint: endpoint,
             });
             s.router.connected(path, now);
             (generation, old)
@@ -175,36 +138,18 @@ impl Tunnel {
             // new connection. Closing at once would discard them.
             tokio::spawn(async move {
                 tokio::time::sleep(REPLACE_GRACE).await;
-                old.conn
-                    .close(close::REPLACED.into(), b"replaced by a new connection");
+                old.transport
+                    .close(close::REPLACED, "replaced by a new connection");
             });
         }
-        info!(tunnel = %self.peer, path = %self.path_name(path), remote = %conn.remote_address(), mode = self.mode.as_str(), "path connected");
-
-        // Datagrams: probes always, inner packets in datagram mode.
-        let me = self.clone();
-        let c = conn.clone();
-        tokio::spawn(async move {
-            while let Ok(d) = c.read_datagram().await {
-                me.on_datagram(path, &c, &d);
-            }
-            me.remove(path, generation);
+        info!(tunnel = %self.peer, path = %self.path_name(path), remote = %transport.remote(), mode = self.mode.as_str(), "path connected");
+        let sink = Arc::new(LinkSink {
+            tunnel: self.clone(),
+            path,
+            generation,
+            transport: transport.clone(),
         });
-        match stream_rx {
-            Some(rx) => {
-                let me = self.clone();
-                tokio::spawn(async move { me.stream_reader(path, recv).await });
-                let me = self.clone();
-                tokio::spawn(async move { me.stream_writer(path, send, rx).await });
-            }
-            None => {
-                // Keep the control stream open for the connection's life.
-                tokio::spawn(async move {
-                    let _keep = (send, recv);
-                    conn.closed().await;
-                });
-            }
-        }
+        transport.start(sink);
         generation
     }
 
@@ -237,7 +182,7 @@ impl Tunnel {
             .filter_map(Option::take)
             .collect();
         for l in links {
-            l.conn.close(code.into(), reason.as_bytes());
+            l.transport.close(code, reason);
         }
     }
 
@@ -245,32 +190,20 @@ impl Tunnel {
     /// covers the decision; the send itself runs outside it so the receive side never waits.
     pub fn send_packet(&self, pkt: &[u8], info: Option<&PacketInfo>) {
         let now = Instant::now();
-        let (path, sender) = {
+        let (path, transport) = {
             let mut s = self.lock();
             let Some(path) = s.router.route(info, pkt.len(), now) else {
                 return; // counted as no_path by the bond
             };
             match s.link(path) {
-                Some(link) => match &link.stream_tx {
-                    Some(tx) => (path, Sender::Stream(tx.clone())),
-                    None => (path, Sender::Datagram(link.conn.clone())),
-                },
+                Some(link) => (path, link.transport.clone()),
                 None => {
                     s.router.drop_tx(path, pkt.len(), DropReason::NoPath);
                     return;
                 }
             }
         };
-        let result = match sender {
-            Sender::Stream(tx) => tx
-                .try_send(Bytes::copy_from_slice(pkt))
-                .map_err(|e| match e {
-                    mpsc::error::TrySendError::Full(_) => DropReason::QueueFull,
-                    mpsc::error::TrySendError::Closed(_) => DropReason::SendFailed,
-                }),
-            Sender::Datagram(conn) => send_datagram(&conn, pkt),
-        };
-        if let Err(reason) = result {
+        if let Err(reason) = transport.send_packet(pkt) {
             self.lock().router.drop_tx(path, pkt.len(), reason);
         }
     }
@@ -307,12 +240,12 @@ impl Tunnel {
         }
     }
 
-    fn on_datagram(&self, path: PathId, conn: &quinn::Connection, d: &[u8]) {
+    fn on_datagram(&self, path: PathId, transport: &dyn PathTransport, d: &[u8]) {
         match wire::decode(d) {
             Some(Datagram::Packet(p)) => self.deliver(path, p),
             Some(Datagram::Probe { seq, view }) => {
                 // Not sent when the buffer is full, like our own probes: never evict data.
-                let _ = send_datagram(conn, &wire::encode_probe(wire::PROBE_REPLY, seq));
+                let _ = transport.send_control(&wire::encode_probe(wire::PROBE_REPLY, seq));
                 let t = self
                     .lock()
                     .router
@@ -333,84 +266,29 @@ impl Tunnel {
         }
     }
 
-    /// Reliable mode, receive side: 2-byte big-endian length, then the packet.
-    async fn stream_reader(&self, path: PathId, mut recv: quinn::RecvStream) {
-        let mut buf = vec![0u8; 65_536];
-        loop {
-            let mut len = [0u8; 2];
-            if recv.read_exact(&mut len).await.is_err() {
-                return;
-            }
-            let n = usize::from(u16::from_be_bytes(len));
-            if recv.read_exact(&mut buf[..n]).await.is_err() {
-                return;
-            }
-            if n == 0 {
-                self.lock().router.drop_on(path, DropReason::Malformed, 1);
-                continue;
-            }
-            self.deliver(path, &buf[..n]);
-        }
-    }
-
-    /// Reliable mode, send side: frames queued packets and writes them in batches.
-    async fn stream_writer(
-        &self,
-        path: PathId,
-        mut send: quinn::SendStream,
-        mut rx: mpsc::Receiver<Bytes>,
-    ) {
-        let mut batch = BytesMut::with_capacity(STREAM_BATCH + 65_538);
-        while let Some(first) = rx.recv().await {
-            batch.clear();
-            let frame = |p: &Bytes, b: &mut BytesMut| {
-                b.extend_from_slice(&(p.len() as u16).to_be_bytes());
-                b.extend_from_slice(p);
-            };
-            frame(&first, &mut batch);
-            while batch.len() < STREAM_BATCH {
-                match rx.try_recv() {
-                    Ok(p) => frame(&p, &mut batch),
-                    Err(_) => break,
-                }
-            }
-            if send.write_all(&batch).await.is_err() {
-                // Everything in this batch and everything still queued is lost with the stream;
-                // closing the queue makes later packets fail (and count) in `send_packet`.
-                rx.close();
-                let (mut packets, mut bytes) = frames_in(&batch);
-                while let Ok(p) = rx.try_recv() {
-                    packets += 1;
-                    bytes += p.len() as u64;
-                }
-                self.lock()
-                    .router
-                    .drop_tx_batch(path, packets, bytes, DropReason::SendFailed);
-                return;
-            }
-        }
-    }
-
     /// Advance health: send due probes, log transitions. Returns when the core next has work
     /// (`None`: no connected path, nothing to do until one is installed).
     fn tick(&self) -> Option<Instant> {
         let now = Instant::now();
         let mut probes: Vec<ProbeDue> = Vec::new();
         let mut changes: Vec<Transition> = Vec::new();
-        let (conns, next): (Vec<(ProbeDue, quinn::Connection)>, _) = {
+        let (due, next): (Vec<(ProbeDue, Arc<dyn PathTransport>)>, _) = {
             let mut s = self.lock();
             s.router.poll(now, &mut probes, &mut changes);
-            let conns = probes
+            let due = probes
                 .iter()
-                .filter_map(|p| s.link(p.path).map(|l| (*p, l.conn.clone())))
+                .filter_map(|p| s.link(p.path).map(|l| (*p, l.transport.clone())))
                 .collect();
-            (conns, s.router.next_deadline())
+            (due, s.router.next_deadline())
         };
-        for (p, conn) in conns {
+        for (p, transport) in due {
             let path = p.path;
             // A probe that finds the datagram buffer full is not sent (it would evict data);
             // health counts it as unanswered, which is what a full buffer means.
-            if send_datagram(&conn, &wire::encode_probe_view(p.seq, &p.view)).is_err() {
+            if transport
+                .send_control(&wire::encode_probe_view(p.seq, &p.view))
+                .is_err()
+            {
                 debug!(tunnel = %self.peer, path = %self.path_name(path), "probe not sent: datagram buffer full");
             }
         }
@@ -486,15 +364,14 @@ impl Tunnel {
                     ps.probe_loss_pct = h.loss() * 100.0;
                 }
                 if let Some(l) = link {
-                    let st = l.conn.stats();
-                    ps.remote = l.conn.remote_address().to_string();
-                    ps.quic_rtt_ms = Some(ms(st.path.rtt));
-                    ps.cwnd_bytes = Some(st.path.cwnd);
-                    ps.quic_sent_packets = st.path.sent_packets;
-                    ps.quic_lost_packets = st.path.lost_packets;
-                    if st.path.sent_packets > 0 {
-                        ps.quic_loss_pct =
-                            st.path.lost_packets as f64 * 100.0 / st.path.sent_packets as f64;
+                    let st = l.transport.stats();
+                    ps.remote = l.transport.remote().to_string();
+                    ps.quic_rtt_ms = st.rtt.map(ms);
+                    ps.cwnd_bytes = st.cwnd;
+                    ps.quic_sent_packets = st.sent_packets;
+                    ps.quic_lost_packets = st.lost_packets;
+                    if st.sent_packets > 0 {
+                        ps.quic_loss_pct = st.lost_packets as f64 * 100.0 / st.sent_packets as f64;
                     }
                 }
                 ps
@@ -521,31 +398,39 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// Send one datagram, refusing (and reporting) rather than letting the QUIC engine silently
-/// drop older queued datagrams when its buffer is full. `send_datagram_wait` checks for space
-/// and queues under one lock and never evicts; polled once, "would wait" means the buffer is
-/// full. (`send_datagram` would make room by discarding queued datagrams uncounted, and a
-/// separate space check before it races with the other threads that send.)
-fn send_datagram(conn: &quinn::Connection, pkt: &[u8]) -> Result<(), DropReason> {
-    use std::future::Future;
-    use std::task::{Context, Poll, Waker};
-    let fut = std::pin::pin!(conn.send_datagram_wait(Bytes::copy_from_slice(pkt)));
-    match fut.poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(Ok(())) => Ok(()),
-        Poll::Ready(Err(quinn::SendDatagramError::TooLarge)) => Err(DropReason::Oversized),
-        Poll::Ready(Err(_)) => Err(DropReason::SendFailed),
-        Poll::Pending => Err(DropReason::QueueFull),
-    }
+/// What the transport of one path (one connection generation) delivers to its tunnel.
+struct LinkSink {
+    tunnel: Arc<Tunnel>,
+    path: PathId,
+    generation: u64,
+    /// Probes are answered on the transport they came on.
+    transport: Arc<dyn PathTransport>,
 }
 
-/// Packets and payload bytes in a batch of length-prefixed frames (reliable mode).
-fn frames_in(batch: &[u8]) -> (u64, u64) {
-    let (mut packets, mut bytes, mut at) = (0, 0, 0);
-    while at + 2 <= batch.len() {
-        let n = usize::from(u16::from_be_bytes([batch[at], batch[at + 1]]));
-        packets += 1;
-        bytes += n as u64;
-        at += 2 + n;
+impl Sink for LinkSink {
+    fn on_datagram(&self, d: &[u8]) {
+        self.tunnel.on_datagram(self.path, &*self.transport, d);
     }
-    (packets, bytes)
+
+    fn on_stream_packet(&self, pkt: Option<&[u8]>) {
+        match pkt {
+            Some(p) => self.tunnel.deliver(self.path, p),
+            None => self
+                .tunnel
+                .lock()
+                .router
+                .drop_on(self.path, DropReason::Malformed, 1),
+        }
+    }
+
+    fn on_send_lost(&self, packets: u64, bytes: u64) {
+        self.tunnel
+            .lock()
+            .router
+            .drop_tx_batch(self.path, packets, bytes, DropReason::SendFailed);
+    }
+
+    fn on_closed(&self) {
+        self.tunnel.remove(self.path, self.generation);
+    }
 }
