@@ -90,9 +90,8 @@ impl Router {
     }
 
     pub fn on_probe_reply(&mut self, id: PathId, seq: u32, now: Instant) -> Option<Transition> {
-        let t = self.paths.on_probe_reply(id, seq, now)?;
-        self.bond.on_transition(&t);
-        Some(t)
+        let t = self.paths.on_probe_reply(id, seq, now);
+        self.tell_bond(t)
     }
 
     /// The peer's probe arrived on `id` (on a follower, its view may change the path's state).
@@ -103,9 +102,16 @@ impl Router {
         view: Option<&PeerView>,
         now: Instant,
     ) -> Option<Transition> {
-        let t = self.paths.on_peer_probe(id, seq, view, now)?;
-        self.bond.on_transition(&t);
-        Some(t)
+        let t = self.paths.on_peer_probe(id, seq, view, now);
+        self.tell_bond(t)
+    }
+
+    /// A path event's transition reaches the bond (the one rule that keeps them in step).
+    fn tell_bond(&mut self, t: Option<Transition>) -> Option<Transition> {
+        if let Some(t) = &t {
+            self.bond.on_transition(t);
+        }
+        t
     }
 
     /// The path for an inner packet of `len` bytes, counted as sent there; `None` (counted as

@@ -26,17 +26,15 @@ struct Entry<S> {
     last_connected: Instant,
 }
 
-/// What a path's hello leads to.
-pub enum Join<S> {
-    /// The session of this identity and id exists: the path joins it.
-    Existing(S),
-    /// A new session was created with this address; `replaced` is the old session of the same
-    /// identity (the client restarted), already removed: the shell closes it.
-    New {
-        value: S,
-        addr: Ipv4Addr,
-        replaced: Option<S>,
-    },
+/// What a path's hello leads to: the session it joins and that session's address.
+pub struct Join<S> {
+    pub value: S,
+    pub addr: Ipv4Addr,
+    /// The session was created by this hello (`false`: the path joins a running one).
+    pub created: bool,
+    /// The old session of the same identity (the client restarted), already removed: the shell
+    /// closes it.
+    pub replaced: Option<S>,
 }
 
 pub struct Registry<S> {
@@ -70,28 +68,26 @@ impl<S: Clone> Registry<S> {
         make: impl FnOnce(Ipv4Addr) -> S,
     ) -> Result<Join<S>, String> {
         if let Some(e) = self.by_name.get(name).filter(|e| e.id == id) {
-            return Ok(Join::Existing(e.value.clone()));
+            return Ok(Join {
+                value: e.value.clone(),
+                addr: e.addr,
+                created: false,
+                replaced: None,
+            });
         }
-        // A new session id from a known identity: the client restarted. Its old session goes at
-        // once, so nothing stale lingers and its address can be given again.
+        // A new session id from a known identity: the client restarted. Its old session's address
+        // counts as free for it; the old session goes only once the new one has an address (a
+        // refused attempt leaves the running session alone).
+        let owner = |a: Ipv4Addr| self.by_addr.get(&a).filter(|n| *n != name).cloned();
+        let addr = addressing::assign(plan, owner, &self.remembered, name, requested_addr)?;
         let replaced = self.remove(name);
-        let owner = |a: Ipv4Addr| self.by_addr.get(&a).cloned();
-        let addr = match addressing::assign(plan, owner, &self.remembered, name, requested_addr) {
-            Ok(a) => a,
-            Err(e) => {
-                // A refused attempt changes nothing: the running session (if any) stays.
-                if let Some((entry_id, entry_addr, value, last)) = replaced {
-                    self.insert(name, entry_id, entry_addr, value, last);
-                }
-                return Err(e);
-            }
-        };
         let value = make(addr);
         self.insert(name, id, addr, value.clone(), now);
-        Ok(Join::New {
+        Ok(Join {
             value,
             addr,
-            replaced: replaced.map(|(_, _, v, _)| v),
+            created: true,
+            replaced,
         })
     }
 
@@ -130,8 +126,8 @@ impl<S: Clone> Registry<S> {
         stale
             .into_iter()
             .filter_map(|n| {
-                let (_, addr, v, _) = self.remove(&n)?;
-                Some((n, addr, v))
+                let addr = self.by_name.get(&n)?.addr;
+                Some((n.clone(), addr, self.remove(&n)?))
             })
             .collect()
     }
@@ -142,7 +138,7 @@ impl<S: Clone> Registry<S> {
         self.by_name.drain().map(|(_, e)| e.value).collect()
     }
 
-    fn insert(&mut self, name: &str, id: u64, addr: Ipv4Addr, value: S, last: Instant) {
+    fn insert(&mut self, name: &str, id: u64, addr: Ipv4Addr, value: S, now: Instant) {
         self.by_addr.insert(addr, name.to_string());
         self.remembered.insert(name.to_string(), addr);
         self.by_name.insert(
@@ -151,15 +147,15 @@ impl<S: Clone> Registry<S> {
                 id,
                 addr,
                 value,
-                last_connected: last,
+                last_connected: now,
             },
         );
     }
 
-    fn remove(&mut self, name: &str) -> Option<(u64, Ipv4Addr, S, Instant)> {
+    fn remove(&mut self, name: &str) -> Option<S> {
         let e = self.by_name.remove(name)?;
         self.by_addr.remove(&e.addr);
-        Some((e.id, e.addr, e.value, e.last_connected))
+        Some(e.value)
     }
 }
 
@@ -176,10 +172,7 @@ mod tests {
     }
 
     fn new_addr(j: &Join<u32>) -> Option<(Ipv4Addr, Option<u32>)> {
-        match j {
-            Join::New { addr, replaced, .. } => Some((*addr, *replaced)),
-            Join::Existing(_) => None,
-        }
+        j.created.then_some((j.addr, j.replaced))
     }
 
     #[test]
@@ -191,7 +184,7 @@ mod tests {
         assert_eq!(new_addr(&a), Some((Ipv4Addr::new(10, 0, 0, 1), None)));
         // A second path of the same process joins the same session.
         let b = r.join(&p, "site1", 7, None, t0, |_| 2).unwrap();
-        assert!(matches!(b, Join::Existing(1)));
+        assert!(!b.created && b.value == 1 && b.addr == Ipv4Addr::new(10, 0, 0, 1));
         // Another client gets another address.
         let c = r.join(&p, "site2", 9, None, t0, |_| 3).unwrap();
         assert_eq!(new_addr(&c), Some((Ipv4Addr::new(10, 0, 0, 2), None)));

@@ -39,6 +39,11 @@ pub struct Written {
     pub clients: Vec<Instance>,
 }
 
+/// The control socket of instance `who` (`server`, `client1`...) among the files in `dir`.
+pub fn socket(dir: &Path, who: &str) -> PathBuf {
+    dir.join(format!("{who}.sock"))
+}
+
 /// The mpquic binary: `$MPQUIC_BIN`, else the one next to this executable (target/release/).
 pub fn mpquic_bin() -> PathBuf {
     std::env::var_os("MPQUIC_BIN")
@@ -89,19 +94,18 @@ pub fn write(lab: &LabState, opts: &MpquicOpts, dir: &Path) -> Result<Written> {
         name: "server".into(),
         ns: lab.namespaces.server.clone(),
         config: dir.join("server.yaml"),
-        socket: dir.join("server.sock"),
+        socket: socket(dir, "server"),
         tun_addr: format!("{TUNNEL_PREFIX}.254/24"),
     };
     std::fs::write(&server.config, server_yaml(opts, p, &server))?;
-    let nclients = lab.clients.len().max(1);
     let mut clients = Vec::new();
-    for c in 1..=nclients {
+    for c in 1..=lab.clients.len() {
         let site = format!("site{c}");
         mpquic(&["pki", "client", "--dir", p, "--name", &site])?;
         let inst = Instance {
             ns: lab.client(c)?.client,
             config: dir.join(format!("client{c}.yaml")),
-            socket: dir.join(format!("client{c}.sock")),
+            socket: socket(dir, &format!("client{c}")),
             tun_addr: format!("{TUNNEL_PREFIX}.{c}/24"),
             name: site,
         };

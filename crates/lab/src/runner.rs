@@ -263,7 +263,7 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
         let one = |who: &str| {
             Command::new(mpquic_conf::mpquic_bin())
                 .args(["status", "--json", "--socket"])
-                .arg(dir.join(format!("{who}.sock")))
+                .arg(mpquic_conf::socket(dir, who))
                 .output()
                 .ok()
                 .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())

@@ -46,9 +46,7 @@ pub struct PathInfo {
     /// The emulator's path number (1..), over all clients.
     pub index: usize,
     /// The client (1..) this path belongs to, and its number among that client's paths (1..).
-    #[serde(default = "one")]
     pub client: usize,
-    #[serde(default = "one")]
     pub client_path: usize,
     pub client_if: String,
     pub client_addr: String,
@@ -59,16 +57,7 @@ pub struct PathInfo {
     pub spec: serde_json::Value,
     /// False for a `direct` path: a plain veth pair between client and server, not crossing the
     /// emulator (nothing to `set` on it).
-    #[serde(default = "yes")]
     pub emulated: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
-fn one() -> usize {
-    1
 }
 
 /// One site: its LAN host and client router. Client 1's are also `namespaces.lan`/`.client`.
@@ -94,7 +83,6 @@ pub struct LabState {
     pub paths: Vec<PathInfo>,
     pub hosts: Hosts,
     /// Every client (site), client 1 first.
-    #[serde(default)]
     pub clients: Vec<ClientHosts>,
     pub emulator_pid: Option<u32>,
     /// The process the lab belongs to (a scenario run); the lab is stale once it is gone.
@@ -111,15 +99,8 @@ impl LabState {
         self.paths.iter().filter(move |p| p.client == c)
     }
 
-    /// Client `c`'s hosts (1..); client 1 also for labs saved before `clients` existed.
+    /// Client `c`'s hosts (1..).
     pub fn client(&self, c: usize) -> Result<ClientHosts> {
-        if c == 1 && self.clients.is_empty() {
-            return Ok(ClientHosts {
-                lan: self.namespaces.lan.clone(),
-                client: self.namespaces.client.clone(),
-                lan_addr: self.hosts.lan_addr.clone(),
-            });
-        }
         self.clients.get(c.wrapping_sub(1)).cloned().ok_or_else(|| {
             anyhow!(
                 "no client {c} in lab `{}` (clients 1..{})",

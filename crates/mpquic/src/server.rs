@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use mpquic_core::sessions::{self, Join, Registry};
+use mpquic_core::sessions::{self, Registry};
 use mpquic_core::{DropReason, Drops, HealthMode, PathId, PathSpec, Policy};
 use tracing::{info, warn};
 
@@ -28,8 +28,6 @@ const HOUSEKEEPING: Duration = Duration::from_secs(1);
 /// What the shell keeps per session; the rules (which session a path joins, replacement,
 /// expiry, addresses, the path bound) are the core's `sessions::Registry`.
 struct Session {
-    /// Its tunnel address (the registry's, kept here for the hello answer).
-    addr: std::net::Ipv4Addr,
     tunnel: Arc<Tunnel>,
     /// The task serving the tunnel's timers; it ends with the session.
     timers: tokio::task::AbortHandle,
@@ -249,10 +247,10 @@ impl Server {
             }
         };
         match self.join(&name, &h) {
-            Ok((session, path)) => {
+            Ok((session, addr, path)) => {
                 let ack = HelloAck {
                     ok: true,
-                    addr: Some(format!("{}/{}", session.addr, self.scfg.prefix)),
+                    addr: Some(format!("{addr}/{}", self.scfg.prefix)),
                     server_addr: Some(self.scfg.tun_addr.to_string()),
                     mtu: Some(self.mtu),
                     ..Default::default()
@@ -287,7 +285,12 @@ impl Server {
     }
 
     /// Attach a path to the client's session, creating or replacing the session as needed.
-    fn join(&self, name: &str, h: &Hello) -> Result<(Arc<Session>, PathId), String> {
+    /// Returns the session, its tunnel address and the path's id in it.
+    fn join(
+        &self,
+        name: &str,
+        h: &Hello,
+    ) -> Result<(Arc<Session>, std::net::Ipv4Addr, PathId), String> {
         let policy =
             Policy::parse(&h.policy).ok_or_else(|| format!("unknown policy `{}`", h.policy))?;
         let plan = self.scfg.address_plan();
@@ -308,35 +311,24 @@ impl Server {
                 );
                 let t = tunnel.clone();
                 let timers = tokio::spawn(async move { t.run_timers().await }).abort_handle();
-                Arc::new(Session {
-                    addr,
-                    tunnel,
-                    timers,
-                })
+                Arc::new(Session { tunnel, timers })
             },
         )?;
-        let session = match joined {
-            Join::Existing(s) => s,
-            Join::New {
-                value,
-                addr,
-                replaced,
-            } => {
-                if let Some(old) = replaced {
-                    info!(client = %name, "client restarted; replacing its old session");
-                    old.tunnel
-                        .close_all(close::REPLACED, "replaced by a new session");
-                }
-                info!(client = %name, address = %addr, policy = policy.as_str(), mode = h.mode.as_str(), "client session started");
-                value
-            }
-        };
+        if let Some(old) = &joined.replaced {
+            info!(client = %name, "client restarted; replacing its old session");
+            old.tunnel
+                .close_all(close::REPLACED, "replaced by a new session");
+        }
+        if joined.created {
+            info!(client = %name, address = %joined.addr, policy = policy.as_str(), mode = h.mode.as_str(), "client session started");
+        }
         let spec = PathSpec {
             name: h.path.clone(),
             priority: h.priority,
             weight: h.weight.max(1),
         };
-        let path = session
+        let path = joined
+            .value
             .tunnel
             .path(spec, sessions::MAX_PATHS_PER_SESSION)
             .ok_or_else(|| {
@@ -345,6 +337,6 @@ impl Server {
                     sessions::MAX_PATHS_PER_SESSION
                 )
             })?;
-        Ok((session, path))
+        Ok((joined.value, joined.addr, path))
     }
 }
