@@ -50,7 +50,7 @@ impl Bond {
     ) -> Option<PathId> {
         let chosen = self.scheduler.pick(paths, info, now);
         match chosen {
-            Some(id) => paths.count_tx(id, len),
+            Some(id) => paths.count_tx(id, len, now),
             None => self.drops.add(DropReason::NoPath),
         }
         chosen

@@ -1,5 +1,5 @@
-//! Active path health: every path is probed at a fixed interval, idle or busy, and judged only by
-//! whether its own probes come back. There is no "master" path and no reliance on the QUIC engine's
+//! Active path health: every path is probed at a steady interval, and judged only by whether its
+//! own probes come back. There is no "master" path and no reliance on the QUIC engine's
 //! idle timeout (a field peer took 34 s to forever to notice a black hole that way).
 //!
 //! One side probes (`HealthMode::Probe`, the client): a probe every `probe_interval`, answered at
@@ -9,6 +9,13 @@
 //! the state without the follower sending probes of its own (half the packets, and none of the
 //! QUIC ACKs they would elicit, on an idle tunnel). The follower still takes a path down by
 //! itself when the probes stop arriving (client -> server black hole).
+//!
+//! A quiet tunnel (no inner packet either way for `quiet_after`) probes every path at the slower
+//! `quiet_probe_interval`, and the silence that takes a path down grows in proportion; the first
+//! packet sent or received wakes every path to the fast interval at once, with a fresh silence
+//! window. So a tunnel at rest costs a fifth of the probes, while one that carries traffic (on any
+//! path: backups included) detects a dead path as fast as ever. The probe carries the interval, so
+//! the follower scales its own silence bound the same way.
 
 use std::time::{Duration, Instant};
 
@@ -26,10 +33,16 @@ pub enum HealthMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HealthConfig {
     pub mode: HealthMode,
-    /// Time between probes on a path.
+    /// Time between probes on a path while the tunnel carries traffic.
     pub probe_interval: Duration,
+    /// Time between probes while the tunnel is quiet (nothing sent or received for
+    /// `quiet_after`, decided by the `PathSet`).
+    pub quiet_probe_interval: Duration,
+    pub quiet_after: Duration,
     /// A path is declared down when no probe reply arrived for
-    /// `max(down_after_min, 2*srtt + 4*rttvar)`, capped at `down_after_max`.
+    /// `max(down_after_min, 2*srtt + 4*rttvar)`, capped at `down_after_max`. Both bounds hold
+    /// for `probe_interval` and scale with a slower interval (a quiet tunnel, or a follower
+    /// told so by the prober).
     pub down_after_min: Duration,
     pub down_after_max: Duration,
     /// Consecutive probe replies needed before a path that was down is used again.
@@ -41,6 +54,8 @@ impl Default for HealthConfig {
         HealthConfig {
             mode: HealthMode::Probe,
             probe_interval: Duration::from_millis(100),
+            quiet_probe_interval: Duration::from_millis(500),
+            quiet_after: Duration::from_secs(2),
             down_after_min: Duration::from_millis(350),
             down_after_max: Duration::from_millis(1500),
             up_after: 3,
@@ -75,6 +90,9 @@ pub struct PeerView {
     pub min_rtt: Option<Duration>,
     /// Share of recent probes unanswered, in 1/1000.
     pub loss_permille: u16,
+    /// When the prober sends its next probe after this one (`None` from a peer that does not
+    /// say): the follower's silence bound follows it.
+    pub probe_interval: Option<Duration>,
 }
 
 /// Outstanding probes remembered for RTT measurement; older replies are ignored.
@@ -83,6 +101,8 @@ const PROBE_RING: usize = 64;
 const LOSS_WINDOW: usize = 50;
 /// A follower whose path is down has no deadline of its own; it is woken by the next probe.
 const NOTHING_DUE: Duration = Duration::from_secs(3600);
+/// The slowest probe interval a follower accepts from the prober (bounds its silence bound).
+const MAX_PEER_INTERVAL: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 pub struct PathHealth {
@@ -91,6 +111,12 @@ pub struct PathHealth {
     since: Instant,
     next_seq: u32,
     next_probe_at: Instant,
+    /// The probe interval in force: the prober's own (fast, or quiet), or the one the follower
+    /// was last told.
+    interval: Duration,
+    /// When a quiet tunnel last woke: silence is measured from here at the latest, so the
+    /// fast interval's shorter bound does not count the quiet spell against the path.
+    woke_at: Option<Instant>,
     sent_at: [Option<(u32, Instant)>; PROBE_RING],
     last_reply_at: Option<Instant>,
     last_reply_seq: Option<u32>,
@@ -115,6 +141,8 @@ impl PathHealth {
             since: now,
             next_seq: 0,
             next_probe_at: now,
+            interval: cfg.probe_interval,
+            woke_at: None,
             sent_at: [None; PROBE_RING],
             last_reply_at: None,
             last_reply_seq: None,
@@ -155,15 +183,57 @@ impl PathHealth {
         lost as f64 / self.outcomes.len() as f64
     }
 
+    /// The probe interval in force (status: a quiet tunnel probes slower).
+    pub fn probe_interval(&self) -> Duration {
+        self.interval
+    }
+
     /// How long silence must last before the path is declared down.
     pub fn down_after(&self) -> Duration {
         let adaptive = match self.srtt {
             Some(srtt) => 2 * srtt + 4 * self.rttvar,
             None => Duration::ZERO,
         };
-        adaptive
-            .max(self.cfg.down_after_min)
-            .min(self.cfg.down_after_max)
+        // Silence is counted in probe intervals: a slower interval stretches both bounds.
+        let scale = self.interval.as_secs_f64() / self.cfg.probe_interval.as_secs_f64();
+        let (min, max) = if scale > 1.0 {
+            (
+                self.cfg.down_after_min.mul_f64(scale),
+                self.cfg.down_after_max.mul_f64(scale),
+            )
+        } else {
+            (self.cfg.down_after_min, self.cfg.down_after_max)
+        };
+        adaptive.max(min).min(max)
+    }
+
+    /// The tunnel went quiet (`true`) or carries traffic again (`false`). A prober probes at
+    /// the quiet interval from its next probe on; woken, it probes at once and measures silence
+    /// afresh from now.
+    ///
+    /// A follower's interval is the prober's to set (`on_peer_probe`), but woken by its own
+    /// traffic it returns to the fast bound at once: the prober wakes too when that traffic
+    /// reaches it and probes within a one-way delay, and if the path is dead it never does, so
+    /// waiting for the quiet bound would send into a black hole for up to two seconds. Silence
+    /// then counts from the wake-up, or from when the prober's next quiet probe is due, less
+    /// one fast interval, if that is later (the prober may not have woken: its wake-up packet
+    /// was lost), so a healthy path is not taken down in between.
+    pub fn set_quiet(&mut self, quiet: bool, now: Instant) {
+        if self.cfg.mode == HealthMode::Follow {
+            if !quiet && self.interval > self.cfg.probe_interval {
+                let next_quiet_probe = self.silence_reference() + self.interval;
+                self.woke_at = Some(now.max(next_quiet_probe - self.cfg.probe_interval));
+                self.interval = self.cfg.probe_interval;
+            }
+            return;
+        }
+        if quiet {
+            self.interval = self.cfg.quiet_probe_interval;
+        } else if self.interval != self.cfg.probe_interval {
+            self.interval = self.cfg.probe_interval;
+            self.next_probe_at = self.next_probe_at.min(now);
+            self.woke_at = Some(now);
+        }
     }
 
     /// When the shell must call `poll` again at the latest: the next probe, or the moment the
@@ -195,12 +265,18 @@ impl PathHealth {
             rttvar: self.rttvar,
             min_rtt: self.min_rtt,
             loss_permille: (self.loss() * 1000.0).round().clamp(0.0, 1000.0) as u16,
+            probe_interval: Some(self.interval),
         }
     }
 
-    /// Silence is measured from the last reply, or from the start of probing.
+    /// Silence is measured from the last reply, or from the start of probing, or from the
+    /// moment a quiet tunnel woke, whichever is latest.
     fn silence_reference(&self) -> Instant {
-        self.last_reply_at.unwrap_or(self.since).max(self.since)
+        let woke = self.woke_at.unwrap_or(self.since);
+        self.last_reply_at
+            .unwrap_or(self.since)
+            .max(self.since)
+            .max(woke)
     }
 
     /// Advance time. Returns a probe sequence number when a probe is due (never for a follower).
@@ -210,7 +286,7 @@ impl PathHealth {
         if self.cfg.mode == HealthMode::Follow || now < self.next_probe_at {
             return None;
         }
-        self.next_probe_at = now + self.cfg.probe_interval;
+        self.next_probe_at = now + self.interval;
         let seq = self.next_seq;
         self.next_seq = self.next_seq.wrapping_add(1);
         self.sent_at[seq as usize % PROBE_RING] = Some((seq, now));
@@ -275,6 +351,10 @@ impl PathHealth {
         self.rttvar = v.rttvar;
         self.min_rtt = v.min_rtt;
         self.peer_loss = f64::from(v.loss_permille.min(1000)) / 1000.0;
+        self.interval = v
+            .probe_interval
+            .unwrap_or(self.cfg.probe_interval)
+            .min(MAX_PEER_INTERVAL);
         // The prober decides: it sees both directions (a dead return path shows there only).
         if v.state != self.state {
             if v.state == PathState::Down {
@@ -462,5 +542,105 @@ mod tests {
         let before = prober.state();
         prober.on_peer_probe(9, Some(&down), t);
         assert_eq!(prober.state(), before);
+    }
+
+    #[test]
+    fn a_quiet_tunnel_probes_slower_and_wakes_at_once() {
+        let cfg = HealthConfig::default();
+        let t0 = Instant::now();
+        let mut h = PathHealth::new(cfg, t0);
+        let t = run(&mut h, t0, ms(1000), ms(20), true);
+        h.set_quiet(true, t);
+        let sent = h.probes_sent;
+        // Quiet: one probe per quiet interval, and the path stays up between them.
+        let t = run(&mut h, t, ms(5000), ms(20), true);
+        let quiet_probes = h.probes_sent - sent;
+        assert!(
+            (9..=11).contains(&quiet_probes),
+            "{quiet_probes} probes in 5 s"
+        );
+        assert_eq!(h.state(), PathState::Up);
+        assert_eq!(h.view().probe_interval, Some(cfg.quiet_probe_interval));
+        assert!(h.down_after() >= cfg.down_after_min * 5);
+        // One more quiet probe, answered; woken 480 ms later (silence beyond the fast bound):
+        // a probe at once, and no verdict from the quiet spell's long silence.
+        let (mut t, mut seq) = (t, None);
+        while seq.is_none() {
+            seq = h.poll(t);
+            t += ms(1);
+        }
+        let seq = seq.unwrap();
+        h.on_reply(seq, t + ms(20));
+        let woke = t + ms(480);
+        assert_eq!(h.poll(woke), None, "next quiet probe not due yet");
+        h.set_quiet(false, woke);
+        assert!(h.poll(woke).is_some(), "probes at once when woken");
+        assert_eq!(h.state(), PathState::Up, "silence counted from the wake-up");
+        assert_eq!(h.down_after(), cfg.down_after_min);
+        // A dead path found within the fast bound of the wake-up.
+        let t = run(&mut h, woke, cfg.down_after_min + ms(10), ms(20), false);
+        assert_eq!(h.state(), PathState::Down);
+        assert!(
+            h.since() <= woke + cfg.down_after_min + ms(1),
+            "{:?}",
+            h.since() - woke
+        );
+        assert!(t > woke);
+    }
+
+    #[test]
+    fn a_quiet_dead_path_goes_down_within_the_scaled_bound() {
+        let cfg = HealthConfig::default();
+        let t0 = Instant::now();
+        let mut h = PathHealth::new(cfg, t0);
+        let t = run(&mut h, t0, ms(1000), ms(20), true);
+        h.set_quiet(true, t);
+        let t = run(&mut h, t, ms(2000), ms(20), true);
+        let t = run(&mut h, t, ms(3000), ms(20), false);
+        assert_eq!(h.state(), PathState::Down);
+        assert!(h.since() <= t - ms(3000) + cfg.down_after_min * 5 + cfg.quiet_probe_interval);
+    }
+
+    #[test]
+    fn a_follower_scales_its_silence_bound_with_the_probers_interval() {
+        let t0 = Instant::now();
+        let cfg = HealthConfig {
+            mode: HealthMode::Follow,
+            ..Default::default()
+        };
+        let mut f = PathHealth::new(cfg, t0);
+        let mut prober = PathHealth::new(HealthConfig::default(), t0);
+        run(&mut prober, t0, ms(500), ms(20), true);
+        prober.set_quiet(true, t0 + ms(500));
+        prober.poll(t0 + ms(600));
+        let quiet = prober.view();
+        assert_eq!(quiet.probe_interval, Some(ms(500)));
+        f.on_peer_probe(0, Some(&quiet), t0);
+        // Two quiet intervals without a probe are not a dead path...
+        f.poll(t0 + ms(1000));
+        assert_eq!(f.state(), PathState::Up);
+        // ...but woken by its own traffic, the follower wants a probe soon: by the prober's next
+        // quiet probe at the latest, less a fast interval, plus the fast bound.
+        let mut woken = f.clone();
+        woken.set_quiet(false, t0 + ms(200));
+        assert_eq!(woken.down_after(), cfg.down_after_min);
+        assert_eq!(
+            woken.next_deadline(),
+            t0 + ms(500) - ms(100) + cfg.down_after_min + Duration::from_nanos(1)
+        );
+        // ...but a forged or absurd interval cannot keep a dead path up for long.
+        let absurd = PeerView {
+            probe_interval: Some(Duration::from_secs(60)),
+            ..quiet
+        };
+        f.on_peer_probe(1, Some(&absurd), t0 + ms(1000));
+        assert!(f.down_after() <= cfg.down_after_max * 50);
+        // Back to the fast interval: the fast bound again.
+        let fast = PeerView {
+            probe_interval: Some(ms(100)),
+            ..quiet
+        };
+        f.on_peer_probe(2, Some(&fast), t0 + ms(1100));
+        assert_eq!(f.down_after(), cfg.down_after_min);
     }
 }

@@ -94,6 +94,13 @@ const MAX_PATHS: usize = u16::MAX as usize;
 pub struct PathSet {
     health_cfg: HealthConfig,
     paths: Vec<Path>,
+    /// The last inner packet sent or received on any path (or when the set was first polled).
+    last_activity: Option<Instant>,
+    /// No inner packet for `quiet_after`: every path probes at the quiet interval.
+    quiet: bool,
+    /// A quiet set woke since the shell last asked (`take_woken`): probes are due now, earlier
+    /// than the deadline the shell may be sleeping until.
+    woken: bool,
 }
 
 impl PathSet {
@@ -101,6 +108,38 @@ impl PathSet {
         PathSet {
             health_cfg,
             paths: Vec::new(),
+            last_activity: None,
+            quiet: false,
+            woken: false,
+        }
+    }
+
+    /// An inner packet was sent or received: a quiet set wakes every path to the fast interval.
+    fn note_activity(&mut self, now: Instant) {
+        self.last_activity = Some(now);
+        if self.quiet {
+            self.quiet = false;
+            self.woken = true;
+            for h in self.paths.iter_mut().filter_map(|p| p.health.as_mut()) {
+                h.set_quiet(false, now);
+            }
+        }
+    }
+
+    /// True once after the set woke from quiet: the shell must poll now rather than sleep until
+    /// the deadline it had (a quiet probe interval away).
+    pub fn take_woken(&mut self) -> bool {
+        std::mem::take(&mut self.woken)
+    }
+
+    /// Quiet after `quiet_after` without an inner packet.
+    fn update_quiet(&mut self, now: Instant) {
+        let since = *self.last_activity.get_or_insert(now);
+        if !self.quiet && now.saturating_duration_since(since) >= self.health_cfg.quiet_after {
+            self.quiet = true;
+            for h in self.paths.iter_mut().filter_map(|p| p.health.as_mut()) {
+                h.set_quiet(true, now);
+            }
         }
     }
 
@@ -149,7 +188,11 @@ impl PathSet {
     pub fn connected(&mut self, id: PathId, now: Instant) -> Transition {
         let p = &mut self.paths[id.index()];
         let from = p.state();
-        p.health = Some(PathHealth::new(self.health_cfg, now));
+        let mut h = PathHealth::new(self.health_cfg, now);
+        if self.quiet {
+            h.set_quiet(true, now);
+        }
+        p.health = Some(h);
         p.connects += 1;
         Transition {
             path: id,
@@ -177,6 +220,7 @@ impl PathSet {
         probes: &mut Vec<ProbeDue>,
         changes: &mut Vec<Transition>,
     ) {
+        self.update_quiet(now);
         for (i, p) in self.paths.iter_mut().enumerate() {
             let Some(h) = p.health.as_mut() else { continue };
             let id = PathId(i as u16);
@@ -198,12 +242,19 @@ impl PathSet {
         }
     }
 
-    /// The earliest time `poll` has work to do (a probe, or a silence that takes a path down).
+    /// The earliest time `poll` has work to do (a probe, a silence that takes a path down, or
+    /// the moment the tunnel goes quiet).
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.paths
+        let health = self
+            .paths
             .iter()
             .filter_map(|p| p.health.as_ref().map(|h| h.next_deadline()))
-            .min()
+            .min()?;
+        let quiet_at = match (self.quiet, self.last_activity) {
+            (false, Some(t)) => Some(t + self.health_cfg.quiet_after),
+            _ => None,
+        };
+        Some(quiet_at.map_or(health, |q| q.min(health)))
     }
 
     /// A reply to our probe arrived on `id`. Returns a transition if the path changed state.
@@ -235,17 +286,19 @@ impl PathSet {
     }
 
     /// Count a packet of `len` bytes sent on `id`.
-    pub fn count_tx(&mut self, id: PathId, len: usize) {
+    pub fn count_tx(&mut self, id: PathId, len: usize, now: Instant) {
         let c = &mut self.paths[id.index()].counters;
         c.tx_packets += 1;
         c.tx_bytes += len as u64;
+        self.note_activity(now);
     }
 
     /// Count a packet received from the peer on `id`.
-    pub fn on_received(&mut self, id: PathId, len: usize) {
+    pub fn on_received(&mut self, id: PathId, len: usize, now: Instant) {
         let c = &mut self.paths[id.index()].counters;
         c.rx_packets += 1;
         c.rx_bytes += len as u64;
+        self.note_activity(now);
     }
 
     /// A packet of `len` bytes counted as sent on `id` could not be sent after all.

@@ -120,8 +120,14 @@ impl Router {
         self.bond.route(&mut self.paths, info, len, now)
     }
 
-    pub fn on_received(&mut self, id: PathId, len: usize) {
-        self.paths.on_received(id, len);
+    pub fn on_received(&mut self, id: PathId, len: usize, now: Instant) {
+        self.paths.on_received(id, len, now);
+    }
+
+    /// True once after a packet woke a quiet tunnel: probes are due now, so the shell must not
+    /// go on sleeping until the deadline it had (a quiet probe interval away).
+    pub fn take_woken(&mut self) -> bool {
+        self.paths.take_woken()
     }
     pub fn drop_tx(&mut self, id: PathId, len: usize, reason: DropReason) {
         self.paths.drop_tx(id, len, reason);

@@ -11,8 +11,10 @@ pub const PROBE_REPLY: u8 = 0x02;
 /// Type and sequence number: a probe reply, or a probe without the sender's view.
 pub const PROBE_LEN: usize = 5;
 /// A probe with the prober's view: state (1), srtt, rttvar, min RTT (4 each, microseconds,
-/// all ones = not measured), loss in 1/1000 (2).
-pub const PROBE_VIEW_LEN: usize = PROBE_LEN + 15;
+/// all ones = not measured), loss in 1/1000 (2), the interval to the next probe in ms (2).
+pub const PROBE_VIEW_LEN: usize = PROBE_LEN + 17;
+/// The same without the interval (an earlier build's probe; still accepted).
+const PROBE_VIEW_LEN_V0: usize = PROBE_LEN + 15;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Datagram<'a> {
@@ -35,7 +37,7 @@ pub fn decode(buf: &[u8]) -> Option<Datagram<'_>> {
     let seq = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]);
     match (first, buf.len()) {
         (PROBE, PROBE_LEN) => Some(Datagram::Probe { seq, view: None }),
-        (PROBE, PROBE_VIEW_LEN) => Some(Datagram::Probe {
+        (PROBE, PROBE_VIEW_LEN | PROBE_VIEW_LEN_V0) => Some(Datagram::Probe {
             seq,
             view: Some(decode_view(&buf[PROBE_LEN..])?),
         }),
@@ -68,12 +70,16 @@ fn decode_view(b: &[u8]) -> Option<PeerView> {
     if loss_permille > 1000 {
         return None;
     }
+    let probe_interval = b
+        .get(15..17)
+        .map(|i| Duration::from_millis(u64::from(u16::from_be_bytes([i[0], i[1]]))));
     Some(PeerView {
         state,
         srtt: dur(1),
         rttvar: dur(5).unwrap_or_default(),
         min_rtt: dur(9),
         loss_permille,
+        probe_interval,
     })
 }
 
@@ -96,6 +102,10 @@ pub fn encode_probe_view(seq: u32, v: &PeerView) -> [u8; PROBE_VIEW_LEN] {
     out[10..14].copy_from_slice(&micros(Some(v.rttvar)));
     out[14..18].copy_from_slice(&micros(v.min_rtt));
     out[18..20].copy_from_slice(&v.loss_permille.min(1000).to_be_bytes());
+    let interval_ms = v
+        .probe_interval
+        .map_or(0, |i| i.as_millis().min(0xffff) as u16);
+    out[20..22].copy_from_slice(&interval_ms.to_be_bytes());
     out
 }
 
@@ -118,14 +128,26 @@ mod tests {
             rttvar: Duration::from_micros(1_000),
             min_rtt: None,
             loss_permille: 125,
+            probe_interval: Some(Duration::from_millis(500)),
         };
         let p = encode_probe_view(7, &view);
         assert_eq!(
             p,
             [
                 1, 0, 0, 0, 7, 2, 0, 0, 0x50, 0x14, 0, 0, 0x03, 0xe8, 0xff, 0xff, 0xff, 0xff, 0,
-                125
+                125, 0x01, 0xf4
             ]
+        );
+        // An earlier build's probe (no interval) is still understood.
+        assert_eq!(
+            decode(&p[..20]),
+            Some(Datagram::Probe {
+                seq: 7,
+                view: Some(PeerView {
+                    probe_interval: None,
+                    ..view
+                })
+            })
         );
         assert_eq!(
             decode(&p),
@@ -141,6 +163,7 @@ mod tests {
         bad[18..20].copy_from_slice(&1001u16.to_be_bytes());
         assert_eq!(decode(&bad), None, "loss above 100%");
         assert_eq!(decode(&p[..19]), None);
+        assert_eq!(decode(&p[..21]), None);
         assert_eq!(decode(&[0x02, 0, 0, 1, 0]), Some(Datagram::ProbeReply(256)));
         assert_eq!(decode(&[0x45, 0]), Some(Datagram::Packet(&[0x45, 0])));
         assert_eq!(decode(&[0x60]), Some(Datagram::Packet(&[0x60])));

@@ -244,7 +244,7 @@ impl Sim {
             Datagram::Packet(p) => {
                 let port = u16::from_be_bytes([p[20], p[21]]);
                 let seq = u32::from_be_bytes([p[28], p[29], p[30], p[31]]);
-                self.router(m.to).on_received(m.path, p.len());
+                self.router(m.to).on_received(m.path, p.len(), now);
                 self.delivered.push((m.to, port, seq));
             }
         }
@@ -400,6 +400,94 @@ proptest! {
         // the transport dropped them: the property is not vacuous.
         let copies: u64 = sim.links.iter().flatten().map(|l| l.stats.duplicated).sum();
         prop_assert!(dup < 0.05 || (copies > 0 && sim.dup_dropped > 0), "no copies at dup={dup}");
+    }
+}
+
+/// A tunnel at rest (quiet: slow probing) whose primary path is black-holed in `block`'s
+/// directions at `fail_at`; ping-like traffic from both sides every 10 ms from `start` for 3 s.
+/// Returns the sequence numbers each side sent at or after `start + settle` that never arrived.
+fn quiet_failover_case(
+    delays: (u64, u64),
+    block: (bool, bool),
+    fail_at: Duration,
+    start: Duration,
+    settle: Duration,
+    seed: u64,
+) -> [Vec<u32>; 2] {
+    let specs = [spec("wan1", 1, 1), spec("wan2", 2, 1)];
+    let mut sim = Sim::new(
+        Policy::Failover,
+        &specs,
+        &[delay(delays.0), delay(delays.1)],
+        seed,
+    );
+    sim.run_until(fail_at);
+    assert!(
+        sim.client.paths().iter().all(|(_, p)| {
+            p.health.as_ref().unwrap().probe_interval()
+                == HealthConfig::default().quiet_probe_interval
+        }),
+        "the tunnel went quiet before the failure"
+    );
+    sim.set_blackhole(Side::Client, 0, block.0);
+    sim.set_blackhole(Side::Server, 0, block.1);
+    sim.run_until(start);
+    let mut sent: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
+    let mut seq = 0;
+    while sim.now < start + Duration::from_secs(3) {
+        for (i, side) in [Side::Client, Side::Server].into_iter().enumerate() {
+            sim.send_data(side, 7, seq);
+            if sim.now >= start + settle {
+                sent[i].push(seq);
+            }
+        }
+        seq += 1;
+        let next = sim.now + Duration::from_millis(10);
+        sim.run_until(next);
+    }
+    sim.run_until(sim.now + Duration::from_secs(1));
+    let arrived = |to: Side| -> HashSet<u32> {
+        sim.delivered
+            .iter()
+            .filter(|d| d.0 == to)
+            .map(|d| d.2)
+            .collect()
+    };
+    let (at_server, at_client) = (arrived(Side::Server), arrived(Side::Client));
+    [
+        sent[0]
+            .iter()
+            .copied()
+            .filter(|s| !at_server.contains(s))
+            .collect(),
+        sent[1]
+            .iter()
+            .copied()
+            .filter(|s| !at_client.contains(s))
+            .collect(),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// A quiet tunnel probes slowly, but the first packet wakes it: whatever direction of the
+    /// primary died during the quiet spell, and however long before the traffic starts,
+    /// nothing either side sends from 1 s after the start on is lost.
+    #[test]
+    fn a_quiet_tunnel_woken_onto_a_dead_path_recovers_within_a_second(
+        d0 in 2u64..60, d1 in 2u64..120,
+        dir in 0usize..3,
+        fail_ms in 3_000u64..6_000,
+        wait_ms in 0u64..3_000,
+        seed in any::<u64>(),
+    ) {
+        let block = [(true, true), (true, false), (false, true)][dir];
+        let fail_at = Duration::from_millis(fail_ms);
+        let start = fail_at + Duration::from_millis(wait_ms);
+        let lost = quiet_failover_case((d0, d1), block, fail_at, start, Duration::from_secs(1), seed);
+        prop_assert!(lost[0].is_empty(), "client packets lost after 1 s: {:?}", lost[0]);
+        prop_assert!(lost[1].is_empty(), "server packets lost after 1 s: {:?}", lost[1]);
     }
 }
 

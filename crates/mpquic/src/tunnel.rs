@@ -60,7 +60,8 @@ pub struct Tunnel {
     expect_src: Option<Ipv4Addr>,
     state: Mutex<State>,
     /// Wakes the timer task when the core's next deadline may have moved earlier (a path was
-    /// connected), so it can sleep until that deadline rather than tick.
+    /// connected, a state changed, a packet woke a quiet tunnel), so it can sleep until that
+    /// deadline rather than tick.
     timers_changed: Notify,
 }
 
@@ -192,7 +193,9 @@ impl Tunnel {
         let now = Instant::now();
         let (path, transport) = {
             let mut s = self.lock();
-            let Some(path) = s.router.route(info, pkt.len(), now) else {
+            let routed = s.router.route(info, pkt.len(), now);
+            self.wake_timers_if(s.router.take_woken());
+            let Some(path) = routed else {
                 return; // counted as no_path by the bond
             };
             match s.link(path) {
@@ -228,7 +231,10 @@ impl Tunnel {
         let written = self.tun.send(pkt);
         let mut s = self.lock();
         match written {
-            Ok(_) => s.router.on_received(path, pkt.len()),
+            Ok(_) => {
+                s.router.on_received(path, pkt.len(), Instant::now());
+                self.wake_timers_if(s.router.take_woken());
+            }
             Err(e) => {
                 let reason = if e.raw_os_error() == Some(libc::EAGAIN) {
                     DropReason::QueueFull
@@ -237,6 +243,13 @@ impl Tunnel {
                 };
                 s.router.drop_on(path, reason, 1);
             }
+        }
+    }
+
+    /// A packet woke a quiet tunnel: its probes are due now, not when the timer task planned.
+    fn wake_timers_if(&self, woken: bool) {
+        if woken {
+            self.timers_changed.notify_one();
         }
     }
 
@@ -362,6 +375,7 @@ impl Tunnel {
                     ps.srtt_ms = h.srtt().map(ms);
                     ps.min_rtt_ms = h.min_rtt().map(ms);
                     ps.probe_loss_pct = h.loss() * 100.0;
+                    ps.probe_interval_ms = Some(ms(h.probe_interval()));
                 }
                 if let Some(l) = link {
                     let st = l.transport.stats();

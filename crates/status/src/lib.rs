@@ -26,6 +26,9 @@ pub struct PathStatus {
     pub min_rtt_ms: Option<f64>,
     /// Share of recent probes unanswered (%).
     pub probe_loss_pct: f64,
+    /// Probe interval in force (ms): slower while the tunnel is quiet (no traffic for a while).
+    #[serde(default)]
+    pub probe_interval_ms: Option<f64>,
     /// The QUIC engine's view of the path.
     pub quic_rtt_ms: Option<f64>,
     pub cwnd_bytes: Option<u64>,

@@ -86,6 +86,11 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Gauge(|p| Some(p.probe_loss_pct)),
     ),
     (
+        "mpquic_path_probe_interval_ms",
+        "Probe interval in force (ms): slower while the tunnel is quiet",
+        PathValue::Gauge(|p| p.probe_interval_ms),
+    ),
+    (
         "mpquic_path_quic_rtt_ms",
         "The QUIC connection's RTT estimate (ms)",
         PathValue::Gauge(|p| p.quic_rtt_ms),

@@ -17,11 +17,12 @@ impl StatusReport {
         for t in &self.tunnels {
             let _ = writeln!(
                 o,
-                "\n{} {}  policy {}  mode {}",
+                "\n{} {}  policy {}  mode {}{}",
                 t.peer,
                 t.address.as_deref().unwrap_or("(no address)"),
                 t.policy,
-                t.mode
+                t.mode,
+                probing(t)
             );
             let _ = writeln!(
                 o,
@@ -72,6 +73,15 @@ impl StatusReport {
 }
 
 /// "reason=n ..." for the reasons with a non-zero count.
+/// "  probes every N ms" when the paths agree on an interval (a quiet tunnel probes slower).
+fn probing(t: &crate::TunnelStatus) -> String {
+    let mut intervals = t.paths.iter().filter_map(|p| p.probe_interval_ms);
+    match intervals.next() {
+        Some(first) if intervals.all(|i| i == first) => format!("  probes every {first:.0} ms"),
+        _ => String::new(),
+    }
+}
+
 fn nonzero(drops: &BTreeMap<String, u64>) -> String {
     let parts: Vec<String> = drops
         .iter()
