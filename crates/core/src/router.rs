@@ -135,6 +135,10 @@ impl Router {
     pub fn drop_tx_batch(&mut self, id: PathId, packets: u64, bytes: u64, reason: DropReason) {
         self.paths.drop_tx_batch(id, packets, bytes, reason);
     }
+    /// `n` packets dropped before a path was chosen (e.g. oversized at the TUN read).
+    pub fn drop_unrouted(&mut self, reason: DropReason, n: u64) {
+        self.bond.drops.add_n(reason, n);
+    }
     pub fn drop_on(&mut self, id: PathId, reason: DropReason, n: u64) {
         self.paths.drop_on(id, reason, n);
     }

@@ -1,24 +1,26 @@
-//! The client (site) side: one QUIC connection per WAN path, each on its own socket bound to its
-//! interface, all feeding one `Tunnel`. A path whose connection dies, or that stays unusable
-//! (black-holed, server restarted), is reconnected in the background while the others carry on.
+//! The client (site) side: one transport per WAN path (a QUIC connection, each on its own socket
+//! bound to its interface: `transport::quic::QuicDialer`), all feeding one `Tunnel`. A path whose
+//! connection dies, or that stays unusable (black-holed, server restarted), is reconnected in the
+//! background while the others carry on.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use mpquic_core::{reconnect, sessions, HealthMode, PathId, PathSpec};
+use mpquic_core::{reconnect, sessions, DropReason, HealthMode, PathId, PathSpec};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::config::{parse_cidr, ClientConfig, Config};
-use crate::hello::{self, Hello, HelloAck};
+use crate::hello::Hello;
 use crate::platform::Platform;
 use crate::status::StatusReport;
-use crate::transport::NewLink;
+use crate::transport::quic::QuicDialer;
+use crate::transport::{Dialer, PathTransport};
 use crate::tun::Tun;
-use crate::tunnel::{close, Tunnel};
-use crate::{quic, runtime, tls};
+use crate::tunnel::{close, Routed, Tunnel};
+use crate::{quic, runtime};
 
 /// Bound on socket setup + handshake + hello for one attempt.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -31,13 +33,12 @@ struct Client {
     tunnel: Arc<Tunnel>,
     /// The tunnel's id of each configured path, in config order.
     path_ids: Vec<PathId>,
-    quic_client: quinn::ClientConfig,
+    dialer: Box<dyn Dialer>,
     /// The address the server gave us (set on the TUN device).
     addr: Mutex<Option<(Ipv4Addr, u8)>>,
     /// A refusal from the server that retrying cannot fix (e.g. address not allowed).
     fatal: mpsc::Sender<String>,
     mtu: u32,
-    platform: Platform,
 }
 
 pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<()> {
@@ -77,16 +78,7 @@ pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<
                 .ok_or_else(|| anyhow!("too many paths"))
         })
         .collect::<Result<Vec<_>>>()?;
-    let cert_key = match (&cfg.cert_file, &cfg.key_file) {
-        (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
-        _ => None,
-    };
-    let crypto = tls::client_crypto(ccfg.ca_file.as_deref(), ccfg.insecure_skip_verify, cert_key)?;
-    let mut quic_client = quinn::ClientConfig::new(Arc::new(
-        quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
-            .context("TLS config unusable for QUIC")?,
-    ));
-    quic_client.transport_config(quic::transport(cfg.congestion, link_mtu));
+    let dialer = Box::new(QuicDialer::new(&cfg, &ccfg, link_mtu, platform.clone())?);
     // The first refusal ends the process; later ones (other paths) are dropped.
     let (fatal_tx, mut fatal_rx) = mpsc::channel(1);
     let client = Arc::new(Client {
@@ -94,11 +86,10 @@ pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<
         tun: tun.clone(),
         tunnel: tunnel.clone(),
         path_ids,
-        quic_client,
+        dialer,
         addr: Mutex::new(None),
         fatal: fatal_tx,
         mtu,
-        platform,
         cfg,
         ccfg,
     });
@@ -125,7 +116,7 @@ pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<
     tokio::spawn(async move { c.tun_reader().await });
 
     let result = tokio::select! {
-        _ = client.platform.stopped() => Ok(()),
+        _ = platform.stopped() => Ok(()),
         msg = fatal_rx.recv() => Err(anyhow!(msg.unwrap_or_default())),
     };
     // Stop reconnecting first, or the closed paths would be dialled again at once.
@@ -156,10 +147,19 @@ impl Client {
 
     async fn tun_reader(&self) {
         let tunnel = &self.tunnel;
+        let mut routed = Routed::default();
+        let mut all: Vec<usize> = Vec::new();
         self.tun
-            .read_loop(mpquic_core::mtu::tcp_mss(self.mtu), |pkt, info| {
-                tunnel.send_packet(pkt, info.as_ref())
-            })
+            .read_loop(
+                self.mtu,
+                mpquic_core::mtu::tcp_mss(self.mtu),
+                |batch, infos, oversized| {
+                    tunnel.drop_unsent(DropReason::Oversized, oversized);
+                    all.clear();
+                    all.extend(0..batch.len());
+                    tunnel.send_batch(batch, &all, infos, &mut routed);
+                },
+            )
             .await
     }
 
@@ -169,9 +169,9 @@ impl Client {
         let mut backoff = reconnect::Backoff::default();
         loop {
             match self.connect(idx).await {
-                Ok(link) => {
+                Ok(transport) => {
                     backoff.succeeded();
-                    self.supervise(idx, link).await;
+                    self.supervise(idx, transport).await;
                 }
                 Err(e) => {
                     let wait = backoff.failed();
@@ -182,15 +182,15 @@ impl Client {
         }
     }
 
-    /// Watch an installed connection; replace it when it has been unusable for too long.
-    async fn supervise(&self, idx: usize, link: NewLink) {
+    /// Watch an installed transport; replace it when it has been unusable for too long.
+    async fn supervise(&self, idx: usize, transport: Arc<dyn PathTransport>) {
         let name = &self.ccfg.paths[idx].name;
         let id = self.path_ids[idx];
-        let mut conn = link.conn.clone();
-        let mut generation = self.tunnel.install(id, link.into_transport(self.cfg.mode));
+        let mut closed = transport.closed();
+        let mut generation = self.tunnel.install(id, transport);
         loop {
             tokio::select! {
-                reason = conn.closed() => {
+                reason = &mut closed => {
                     self.tunnel.remove(id, generation);
                     info!(path = %name, reason = %reason, "path connection closed");
                     return;
@@ -200,8 +200,8 @@ impl Client {
                         match self.connect(idx).await {
                             Ok(new) => {
                                 info!(path = %name, "path unusable; replaced its connection");
-                                conn = new.conn.clone();
-                                generation = self.tunnel.install(id, new.into_transport(self.cfg.mode));
+                                closed = new.closed();
+                                generation = self.tunnel.install(id, new);
                             }
                             Err(e) => info!(path = %name, error = %format!("{e:#}"), "path still unusable; reconnect failed"),
                         }
@@ -211,31 +211,14 @@ impl Client {
         }
     }
 
-    async fn connect(&self, idx: usize) -> Result<NewLink> {
+    async fn connect(&self, idx: usize) -> Result<Arc<dyn PathTransport>> {
         tokio::time::timeout(CONNECT_TIMEOUT, self.connect_inner(idx))
             .await
             .map_err(|_| anyhow!("no answer from the server within {CONNECT_TIMEOUT:?}"))?
     }
 
-    async fn connect_inner(&self, idx: usize) -> Result<NewLink> {
+    async fn connect_inner(&self, idx: usize) -> Result<Arc<dyn PathTransport>> {
         let p = &self.ccfg.paths[idx];
-        let remote: SocketAddr = tokio::net::lookup_host((p.remote_addr.as_str(), p.remote_port))
-            .await
-            .with_context(|| format!("cannot resolve {}", p.remote_addr))?
-            .next()
-            .ok_or_else(|| anyhow!("{} has no address", p.remote_addr))?;
-        let socket = self.platform.client_socket(&p.bind, remote)?;
-        let endpoint = quinn::Endpoint::new_with_abstract_socket(
-            quinn::EndpointConfig::default(),
-            None,
-            socket,
-            Arc::new(quinn::TokioRuntime),
-        )?;
-        let conn = endpoint
-            .connect_with(self.quic_client.clone(), remote, &self.ccfg.server_name)?
-            .await
-            .with_context(|| format!("handshake with {remote} failed"))?;
-        let (mut send, mut recv) = conn.open_bi().await?;
         let requested = self
             .addr
             .lock()
@@ -250,14 +233,12 @@ impl Client {
             mode: self.cfg.mode,
             addr: requested.map(|(a, l)| format!("{a}/{l}")),
         };
-        hello::write(&mut send, &h).await?;
-        let ack: HelloAck = hello::read(&mut recv)
-            .await
-            .context("no hello answer from the server")?;
+        let (transport, ack) = self.dialer.dial(p, &h).await?;
         if !ack.ok {
             let msg = ack
                 .error
                 .unwrap_or_else(|| "refused without a reason".into());
+            transport.close(close::SHUTDOWN, "refused");
             let _ = self
                 .fatal
                 .try_send(format!("server refused this client: {msg}"));
@@ -269,12 +250,7 @@ impl Client {
             .and_then(parse_cidr)
             .ok_or_else(|| anyhow!("server sent no usable address"))?;
         self.set_address(a, l)?;
-        Ok(NewLink {
-            conn,
-            send,
-            recv,
-            endpoint: Some(endpoint),
-        })
+        Ok(transport)
     }
 
     fn set_address(&self, a: Ipv4Addr, l: u8) -> Result<()> {

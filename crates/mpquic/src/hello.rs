@@ -2,10 +2,12 @@
 //! opens a bidirectional stream and sends a `Hello`; the server answers with a `HelloAck`. In
 //! reliable mode the same stream then carries the path's packets.
 //!
-//! Framing: version byte (1), 2-byte big-endian length, JSON body of at most 4096 bytes.
+//! Framing: version byte (1), 2-byte big-endian length, JSON body of at most 4096 bytes. Read
+//! and written on any byte stream (a QUIC stream today).
 
 use anyhow::{bail, Result};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::config::TransportMode;
 
@@ -47,12 +49,12 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-pub async fn write<T: Serialize>(s: &mut quinn::SendStream, msg: &T) -> Result<()> {
+pub async fn write<T: Serialize>(s: &mut (impl AsyncWrite + Unpin), msg: &T) -> Result<()> {
     s.write_all(&encode(msg)?).await?;
     Ok(())
 }
 
-pub async fn read<T: DeserializeOwned>(r: &mut quinn::RecvStream) -> Result<T> {
+pub async fn read<T: DeserializeOwned>(r: &mut (impl AsyncRead + Unpin)) -> Result<T> {
     let mut head = [0u8; 3];
     r.read_exact(&mut head).await?;
     if head[0] != VERSION {

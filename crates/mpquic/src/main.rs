@@ -1,5 +1,6 @@
 //! mpquic: multipath QUIC VPN. See README.md and docs/.
 
+mod batch;
 mod client;
 mod config;
 mod control;

@@ -88,6 +88,7 @@ impl Network {
             name.to_string(),
             MemTun {
                 from_host: tokio::sync::Mutex::new(from_host),
+                ready: Mutex::new(None),
                 to_host,
                 address: address.clone(),
             },
@@ -179,6 +180,8 @@ impl Host {
 /// The instance's side of a memory TUN device.
 pub struct MemTun {
     from_host: tokio::sync::Mutex<mpsc::Receiver<Vec<u8>>>,
+    /// A packet `readable` took off the queue to learn that one was there; read first.
+    ready: Mutex<Option<Vec<u8>>>,
     to_host: mpsc::Sender<Vec<u8>>,
     address: Arc<Mutex<Option<(Ipv4Addr, u8)>>>,
 }
@@ -188,16 +191,35 @@ impl MemTun {
         *lock(&self.address) = Some((addr, prefix));
     }
 
-    pub async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+    /// Resolves when a packet can be read (like a readable TUN fd).
+    pub async fn readable(&self) {
+        if lock(&self.ready).is_some() {
+            return;
+        }
         match self.from_host.lock().await.recv().await {
-            Some(p) => {
-                let n = p.len().min(buf.len());
-                buf[..n].copy_from_slice(&p[..n]);
-                Ok(n)
-            }
+            Some(p) => *lock(&self.ready) = Some(p),
             // The host is gone: nothing will ever arrive.
             None => std::future::pending().await,
         }
+    }
+
+    /// Like a non-blocking TUN read: `Ok(None)` when nothing is queued.
+    pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        let p = match lock(&self.ready).take() {
+            Some(p) => p,
+            None => match self
+                .from_host
+                .try_lock()
+                .ok()
+                .and_then(|mut r| r.try_recv().ok())
+            {
+                Some(p) => p,
+                None => return Ok(None),
+            },
+        };
+        let n = p.len().min(buf.len());
+        buf[..n].copy_from_slice(&p[..n]);
+        Ok(Some(n))
     }
 
     /// Like a TUN write: never waits; a full queue is EAGAIN.

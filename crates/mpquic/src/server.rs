@@ -1,27 +1,30 @@
 //! The server (VPS) side: one UDP port, many clients, one TUN device. A client is the identity
 //! in its certificate; its paths are grouped by that identity and its session id, so NAT
 //! rebinding, new ports and reconnections just work. Inner packets from the TUN device are routed
-//! to the client that owns the destination address.
+//! to the client that owns the destination address. Connections reach it as offers from a
+//! `transport::Listener` (QUIC: `transport::quic::QuicListener`), which has done the handshake,
+//! identity and hello; the server decides (the core's session registry) and answers.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use mpquic_core::sessions::{self, Registry};
 use mpquic_core::{DropReason, Drops, HealthMode, PathId, PathSpec, Policy};
 use tracing::{info, warn};
 
 use crate::config::{Config, ServerConfig};
-use crate::hello::{self, Hello, HelloAck};
+use crate::hello::{Hello, HelloAck};
 use crate::platform::Platform;
 use crate::status::StatusReport;
-use crate::transport::NewLink;
+use crate::transport::quic::QuicListener;
+use crate::transport::{Listener, Offer};
 use crate::tun::Tun;
-use crate::tunnel::{close, Tunnel};
-use crate::{quic, runtime, tls};
+use crate::tunnel::{close, Routed, Tunnel};
+use crate::{quic, runtime};
 
-const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often sessions are checked for expiry (path health runs on each session's own timers).
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
 
@@ -46,25 +49,18 @@ struct Server {
     mtu: u32,
     registry: RwLock<Registry<Arc<Session>>>,
     drops: Mutex<Drops>,
-    /// Connections refused, by reason (status and metrics).
-    refused: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Connections refused, by reason (status and metrics); the listener counts its own.
+    refused: Arc<Mutex<BTreeMap<String, u64>>>,
 }
 
 pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<()> {
-    let cert = cfg.cert_file.clone().context("tls_cert_file is required")?;
-    let key = cfg.key_file.clone().context("tls_key_file is required")?;
-    let crypto = tls::server_crypto(&cert, &key, &scfg.client_ca_file)?;
-    let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(
-        quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(crypto))
-            .context("TLS config unusable for QUIC")?,
-    ));
-    server_config.transport_config(quic::transport(cfg.congestion, quic::DEFAULT_LINK_MTU));
-    let socket = platform.server_socket(scfg.listen)?;
-    let endpoint = quinn::Endpoint::new_with_abstract_socket(
-        quinn::EndpointConfig::default(),
-        Some(server_config),
-        socket,
-        Arc::new(quinn::TokioRuntime),
+    let refused: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
+    let count = refused.clone();
+    let listener = QuicListener::start(
+        &cfg,
+        &scfg,
+        &platform,
+        Arc::new(move |reason| count_refused(&count, reason)),
     )?;
 
     let mtu = runtime::tun_mtu(&cfg, quic::DEFAULT_LINK_MTU);
@@ -81,7 +77,7 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
         mtu,
         registry: RwLock::new(Registry::default()),
         drops: Mutex::new(Drops::default()),
-        refused: Mutex::default(),
+        refused,
     });
     let started = Instant::now();
     let s = server.clone();
@@ -102,12 +98,13 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
     });
     let s = server.clone();
     tokio::spawn(async move { s.tun_reader().await });
-    let ep = endpoint.clone();
+    let listener: Arc<dyn Listener> = Arc::new(listener);
+    let l = listener.clone();
     let s = server.clone();
     tokio::spawn(async move {
-        while let Some(incoming) = ep.accept().await {
+        while let Some(offer) = l.next().await {
             let s = s.clone();
-            tokio::spawn(async move { s.handle(incoming).await });
+            tokio::spawn(async move { s.handle(offer).await });
         }
     });
 
@@ -118,10 +115,20 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
         sess.tunnel
             .close_all(close::SHUTDOWN, "server shutting down");
     }
-    endpoint.close(close::SHUTDOWN.into(), b"server shutting down");
-    let _ = tokio::time::timeout(Duration::from_millis(300), endpoint.wait_idle()).await;
+    listener
+        .close(close::SHUTDOWN, "server shutting down")
+        .await;
     info!("server stopped");
     Ok(())
+}
+
+/// One more connection refused for `reason` (status and metrics).
+fn count_refused(counts: &Mutex<BTreeMap<String, u64>>, reason: &str) {
+    *counts
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(reason.to_string())
+        .or_default() += 1;
 }
 
 impl Server {
@@ -168,12 +175,7 @@ impl Server {
     }
 
     fn refuse(&self, reason: &str) {
-        *self
-            .refused
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(reason.to_string())
-            .or_default() += 1;
+        count_refused(&self.refused, reason);
     }
 
     fn drop_packet(&self, r: DropReason) {
@@ -190,62 +192,65 @@ impl Server {
         }
     }
 
+    /// Inner packets from the TUN device, a batch per wake-up, to the sessions that own their
+    /// destinations (each session's share of the batch routed in one call).
     async fn tun_reader(&self) {
+        let mut routed = Routed::default();
+        // The batch's packets grouped by session; the vectors are reused from batch to batch.
+        let mut by_session: Vec<(Arc<Session>, Vec<usize>)> = Vec::new();
         self.tun
-            .read_loop(mpquic_core::mtu::tcp_mss(self.mtu), |pkt, info| {
-                let Some(info) = info else {
-                    return self.drop_packet(DropReason::Malformed);
-                };
-                let IpAddr::V4(dst) = info.dst else {
-                    return self.drop_packet(DropReason::NoRoute);
-                };
-                let session = self.read().by_addr(dst).cloned();
-                match session {
-                    Some(s) => s.tunnel.send_packet(pkt, Some(&info)),
-                    None => self.drop_packet(DropReason::NoRoute),
-                }
-            })
+            .read_loop(
+                self.mtu,
+                mpquic_core::mtu::tcp_mss(self.mtu),
+                |batch, infos, oversized| {
+                    for _ in 0..oversized {
+                        self.drop_packet(DropReason::Oversized);
+                    }
+                    for (_, picks) in &mut by_session {
+                        picks.clear();
+                    }
+                    {
+                        let registry = self.read();
+                        for (i, info) in infos.iter().enumerate() {
+                            let Some(info) = info else {
+                                self.drop_packet(DropReason::Malformed);
+                                continue;
+                            };
+                            let IpAddr::V4(dst) = info.dst else {
+                                self.drop_packet(DropReason::NoRoute);
+                                continue;
+                            };
+                            let Some(s) = registry.by_addr(dst) else {
+                                self.drop_packet(DropReason::NoRoute);
+                                continue;
+                            };
+                            match by_session.iter_mut().find(|(x, _)| Arc::ptr_eq(x, s)) {
+                                Some((_, picks)) => picks.push(i),
+                                None => by_session.push((s.clone(), vec![i])),
+                            }
+                        }
+                    }
+                    for (s, picks) in &by_session {
+                        if !picks.is_empty() {
+                            s.tunnel.send_batch(batch, picks, infos, &mut routed);
+                        }
+                    }
+                    // Forget sessions that took nothing this time (ended ones go with them).
+                    by_session.retain(|(_, picks)| !picks.is_empty());
+                },
+            )
             .await
     }
 
-    /// One incoming connection: handshake, identity, hello, then it becomes a path.
-    async fn handle(&self, incoming: quinn::Incoming) {
-        let remote = incoming.remote_address();
-        let conn = match incoming.await {
-            Ok(c) => c,
-            Err(e) => {
-                warn!(%remote, error = %e, "handshake failed; client refused");
-                self.refuse("handshake_failed");
-                return;
-            }
-        };
-        let Some(name) = tls::peer_common_name(&conn) else {
-            warn!(%remote, "client certificate has no common name; refused");
-            self.refuse("no_common_name");
-            conn.close(close::REFUSED.into(), b"certificate has no common name");
-            return;
-        };
-        let hello = tokio::time::timeout(HELLO_TIMEOUT, async {
-            let (send, mut recv) = conn.accept_bi().await?;
-            let h: Hello = hello::read(&mut recv).await?;
-            anyhow::Ok((send, recv, h))
-        })
-        .await;
-        let (mut send, recv, h) = match hello {
-            Ok(Ok(v)) => v,
-            Ok(Err(e)) => {
-                warn!(client = %name, %remote, error = %e, "bad hello; connection closed");
-                self.refuse("bad_hello");
-                conn.close(close::PROTOCOL.into(), b"bad hello");
-                return;
-            }
-            Err(_) => {
-                warn!(client = %name, %remote, "no hello within {HELLO_TIMEOUT:?}; connection closed");
-                self.refuse("hello_timeout");
-                conn.close(close::PROTOCOL.into(), b"no hello");
-                return;
-            }
-        };
+    /// A path offered by an authenticated client: join its session (or refuse), answer, and
+    /// put the path's transport into the session's tunnel.
+    async fn handle(&self, offer: Offer) {
+        let Offer {
+            identity: name,
+            remote,
+            hello: h,
+            reply,
+        } = offer;
         match self.join(&name, &h) {
             Ok((session, addr, path)) => {
                 let ack = HelloAck {
@@ -255,31 +260,25 @@ impl Server {
                     mtu: Some(self.mtu),
                     ..Default::default()
                 };
-                if let Err(e) = hello::write(&mut send, &ack).await {
-                    warn!(client = %name, error = %e, "cannot answer hello");
-                    return;
+                match reply.accept(ack).await {
+                    Ok(transport) => {
+                        session.tunnel.install(path, transport);
+                    }
+                    Err(e) => {
+                        warn!(client = %name, %remote, error = %format!("{e:#}"), "path not set up")
+                    }
                 }
-                let link = NewLink {
-                    conn,
-                    send,
-                    recv,
-                    endpoint: None,
-                };
-                session.tunnel.install(path, link.into_transport(h.mode));
             }
             Err(msg) => {
                 warn!(client = %name, %remote, reason = %msg, "client refused");
                 self.refuse("refused");
-                let ack = HelloAck {
-                    ok: false,
-                    error: Some(msg.clone()),
-                    ..Default::default()
-                };
-                let _ = hello::write(&mut send, &ack).await;
-                let _ = send.finish();
-                // Let the refusal reach the client before the close frame.
-                let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
-                conn.close(close::REFUSED.into(), msg.as_bytes());
+                reply
+                    .refuse(HelloAck {
+                        ok: false,
+                        error: Some(msg),
+                        ..Default::default()
+                    })
+                    .await;
             }
         }
     }

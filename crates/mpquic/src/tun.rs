@@ -7,6 +7,8 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use mpquic_core::PacketInfo;
+
+use crate::batch::PacketBatch;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -197,38 +199,77 @@ impl Tun {
         ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &mut r)
     }
 
-    /// Read one packet.
-    pub async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+    /// One read(2) without waiting: `Ok(None)` when nothing is queued.
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
         // Outside tests the match has one arm; it keeps one code path for both builds.
         #[allow(clippy::infallible_destructuring_match)]
         let fd = match &self.backend {
             Backend::Kernel(fd) => fd,
             #[cfg(test)]
-            Backend::Memory(m) => return m.recv(buf).await,
+            Backend::Memory(m) => return m.try_recv(buf),
         };
+        // SAFETY: buf is valid for buf.len() bytes.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            return Ok(Some(n as usize));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::WouldBlock {
+            Ok(None)
+        } else {
+            Err(e)
+        }
+    }
+
+    /// Fill `batch` with what the device has queued: waits for the first packet, then reads
+    /// until the queue is empty or the batch is full (one wake-up, many packets). Packets of
+    /// `mtu` bytes at most; a longer one (the MTU was lowered under us) is dropped and returned
+    /// in the count of oversized packets, for the caller to count.
+    pub async fn read_batch(&self, batch: &mut PacketBatch, mtu: usize) -> io::Result<u64> {
+        let mut oversized = 0;
         loop {
-            let mut guard = fd.readable().await?;
-            match guard.try_io(|fd| {
-                // SAFETY: buf is valid for buf.len() bytes.
-                let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-                if n < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(n as usize)
+            let mut guard = match &self.backend {
+                Backend::Kernel(fd) => Some(fd.readable().await?),
+                #[cfg(test)]
+                Backend::Memory(m) => {
+                    m.readable().await;
+                    None
                 }
-            }) {
-                Ok(r) => return r,
-                Err(_would_block) => continue,
+            };
+            while !batch.is_full() {
+                // One byte more than the MTU: a read that fills it was longer than allowed.
+                match self.try_read(batch.slot(mtu + 1))? {
+                    Some(n) if n > mtu => oversized += 1,
+                    Some(n) => batch.commit(n),
+                    None => {
+                        // Drained: the next wait is for new packets.
+                        if let Some(g) = guard.as_mut() {
+                            g.clear_ready();
+                        }
+                        break;
+                    }
+                }
+            }
+            if !batch.is_empty() || oversized > 0 {
+                return Ok(oversized);
             }
         }
     }
 
-    /// Read packets forever, clamp the MSS of TCP SYNs to `mss`, and hand each packet with its
-    /// parsed header to `f`. The one TUN read loop of client and server.
-    pub async fn read_loop(&self, mss: u16, mut f: impl FnMut(&[u8], Option<PacketInfo>)) {
-        let mut buf = vec![0u8; 65_536];
+    /// Read packets forever, a batch per wake-up; clamp the MSS of TCP SYNs to `mss`, and hand
+    /// each batch with its packets' parsed headers to `f`. The one TUN read loop of client and
+    /// server.
+    pub async fn read_loop(
+        &self,
+        mtu: u32,
+        mss: u16,
+        mut f: impl FnMut(&mut PacketBatch, &[Option<PacketInfo>], u64),
+    ) {
+        let mut batch = PacketBatch::new();
+        let mut infos: Vec<Option<PacketInfo>> = Vec::with_capacity(crate::batch::BATCH_PACKETS);
         loop {
-            let n = match self.recv(&mut buf).await {
+            batch.clear();
+            let oversized = match self.read_batch(&mut batch, mtu as usize).await {
                 Ok(n) => n,
                 Err(e) => {
                     tracing::error!(tun = %self.name, error = %e, "TUN read failed");
@@ -236,13 +277,17 @@ impl Tun {
                     continue;
                 }
             };
-            let pkt = &mut buf[..n];
-            let info = PacketInfo::parse(pkt);
-            if let Some(i) = &info {
-                // Only the MSS option and the TCP checksum change: `info` stays valid.
-                i.clamp_mss(pkt, mss);
+            infos.clear();
+            for i in 0..batch.len() {
+                let pkt = batch.packet_mut(i).expect("nothing taken yet");
+                let info = PacketInfo::parse(pkt);
+                if let Some(info) = &info {
+                    // Only the MSS option and the TCP checksum change: `info` stays valid.
+                    info.clamp_mss(pkt, mss);
+                }
+                infos.push(info);
             }
-            f(pkt, info);
+            f(&mut batch, &infos, oversized);
         }
     }
 

@@ -17,6 +17,7 @@ use mpquic_core::{
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
+use crate::batch::PacketBatch;
 use crate::config::TransportMode;
 use crate::status::{PathStatus, TunnelStatus};
 use crate::transport::{PathTransport, Sink};
@@ -187,27 +188,62 @@ impl Tunnel {
         }
     }
 
-    /// Send one inner packet (already MSS-clamped) on the path the policy picks. The lock only
-    /// covers the decision; the send itself runs outside it so the receive side never waits.
-    pub fn send_packet(&self, pkt: &[u8], info: Option<&PacketInfo>) {
+    /// Send the packets `which` of `batch` (already MSS-clamped, `infos` their parsed headers,
+    /// indexed like the batch), each on the path the policy picks. One lock covers the decisions
+    /// for the whole batch; the sends run outside it (grouped per path), so the receive side
+    /// never waits behind them. `scratch` is the caller's, kept from batch to batch so routing
+    /// allocates nothing in the steady state.
+    pub fn send_batch(
+        &self,
+        batch: &mut PacketBatch,
+        which: &[usize],
+        infos: &[Option<PacketInfo>],
+        scratch: &mut Routed,
+    ) {
         let now = Instant::now();
-        let (path, transport) = {
+        scratch.clear();
+        {
             let mut s = self.lock();
-            let routed = s.router.route(info, pkt.len(), now);
-            self.wake_timers_if(s.router.take_woken());
-            let Some(path) = routed else {
-                return; // counted as no_path by the bond
-            };
-            match s.link(path) {
-                Some(link) => (path, link.transport.clone()),
-                None => {
-                    s.router.drop_tx(path, pkt.len(), DropReason::NoPath);
-                    return;
+            for &i in which {
+                let len = batch.packet(i).len();
+                let Some(path) = s.router.route(infos[i].as_ref(), len, now) else {
+                    continue; // counted as no_path by the bond
+                };
+                match s.link(path) {
+                    Some(link) => scratch.add(path, &link.transport, i),
+                    None => s.router.drop_tx(path, len, DropReason::NoPath),
                 }
             }
-        };
-        if let Err(reason) = transport.send_packet(pkt) {
-            self.lock().router.drop_tx(path, pkt.len(), reason);
+            self.wake_timers_if(s.router.take_woken());
+        }
+        let Routed {
+            per_path, refused, ..
+        } = scratch;
+        // Every transport writes its headers before any takes packets (then they are shared).
+        for share in per_path.iter() {
+            if let Some((_, t)) = &share.to {
+                t.prepare(batch, &share.picks);
+            }
+        }
+        for share in per_path.iter() {
+            if let Some((path, t)) = &share.to {
+                t.send_batch(batch, &share.picks, &mut |i, reason| {
+                    refused.push((*path, i, reason))
+                });
+            }
+        }
+        if !refused.is_empty() {
+            let mut s = self.lock();
+            for &(path, i, reason) in refused.iter() {
+                s.router.drop_tx(path, batch.packet(i).len(), reason);
+            }
+        }
+    }
+
+    /// `n` packets dropped before routing (counted on the tunnel, not on a path).
+    pub fn drop_unsent(&self, reason: DropReason, n: u64) {
+        if n > 0 {
+            self.lock().router.drop_unrouted(reason, n);
         }
     }
 
@@ -410,6 +446,43 @@ impl Tunnel {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// A batch's routing, per path: the transport and the packets it got. Owned by a TUN reader and
+/// reused for every batch (`Tunnel::send_batch`).
+#[derive(Default)]
+pub struct Routed {
+    /// By `PathId::index()`: the path's share of this batch.
+    per_path: Vec<PathShare>,
+    /// Packets a transport refused: (path, packet, reason).
+    refused: Vec<(PathId, usize, DropReason)>,
+}
+
+/// The packets of a batch that go on one path, and that path's transport (`None`: none).
+#[derive(Default)]
+struct PathShare {
+    to: Option<(PathId, Arc<dyn PathTransport>)>,
+    picks: Vec<usize>,
+}
+
+impl Routed {
+    fn clear(&mut self) {
+        for share in &mut self.per_path {
+            share.to = None;
+            share.picks.clear();
+        }
+        self.refused.clear();
+    }
+
+    fn add(&mut self, path: PathId, transport: &Arc<dyn PathTransport>, packet: usize) {
+        if self.per_path.len() <= path.index() {
+            self.per_path
+                .resize_with(path.index() + 1, Default::default);
+        }
+        let share = &mut self.per_path[path.index()];
+        share.to.get_or_insert_with(|| (path, transport.clone()));
+        share.picks.push(packet);
+    }
 }
 
 /// What the transport of one path (one connection generation) delivers to its tunnel.

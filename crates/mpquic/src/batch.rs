@@ -1,0 +1,242 @@
+//! Inner packets in batches: what one wake-up of a TUN reader takes in, routed under one lock and
+//! handed to each path's transport together. The packets sit in one buffer that is reused from
+//! batch to batch, each with `HEADROOM` free bytes before it, so a transport can put its own
+//! header in front of a packet where it lies instead of copying it. A transport that needs an
+//! owned, reference-counted view (QUIC's datagram and stream queues take `Bytes`) gets a slice of
+//! the frozen buffer: no copy and no allocation per packet; the buffer's memory is reused once
+//! the transport has let go of the last packet of a batch.
+
+use std::ops::Range;
+
+use bytes::{Bytes, BytesMut};
+
+/// Free bytes before every packet, for a transport's header (a sequence number for a resequencer,
+/// a stripe or FEC header, an AEAD nonce).
+pub const HEADROOM: usize = 32;
+/// Packets one batch holds: one TUN wake-up reads at most this many.
+pub const BATCH_PACKETS: usize = 64;
+/// Below this many packets, `bytes` copies rather than shares: a shared view keeps the whole
+/// buffer alive while the transport queues it, so a batch of one or two packets would pin tens
+/// of KiB per queued packet (QUIC's datagram queue holds hundreds). From this size on, the
+/// buffer held per queued packet stays below 1/SHARE_MIN of a full batch, and the copy it saves
+/// is what costs at high rates (where batches are large).
+const SHARE_MIN: usize = 8;
+
+pub struct PacketBatch {
+    buf: BytesMut,
+    /// Where each packet lies in `buf` (after its headroom), and how many bytes of its
+    /// headroom a transport has written its header into (`with_header_mut`).
+    packets: Vec<(Range<usize>, usize)>,
+    /// Set once a transport took `Bytes` views: the same memory as `buf` had, now shared.
+    frozen: Option<Bytes>,
+    /// Start of the slot handed out by `slot` and not yet committed.
+    pending: Option<usize>,
+}
+
+impl Default for PacketBatch {
+    fn default() -> Self {
+        PacketBatch::new()
+    }
+}
+
+impl PacketBatch {
+    pub fn new() -> PacketBatch {
+        PacketBatch {
+            buf: BytesMut::new(),
+            packets: Vec::with_capacity(BATCH_PACKETS),
+            frozen: None,
+            pending: None,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.packets.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.packets.is_empty()
+    }
+    pub fn is_full(&self) -> bool {
+        self.packets.len() >= BATCH_PACKETS
+    }
+
+    /// Empty the batch for reuse. Memory still referenced by a transport stays with it; the rest
+    /// (and all of it, once the transport is done) is reused.
+    pub fn clear(&mut self) {
+        self.packets.clear();
+        self.frozen = None;
+        self.pending = None;
+        self.buf.clear();
+    }
+
+    /// Room for one more packet of at most `cap` bytes, after its headroom: fill it (a TUN read)
+    /// and `commit` the length, or leave it (the next `slot` or `clear` takes it back).
+    pub fn slot(&mut self, cap: usize) -> &mut [u8] {
+        debug_assert!(
+            self.frozen.is_none(),
+            "slot() after a transport took packets"
+        );
+        let start = self.pending.unwrap_or(self.buf.len());
+        self.buf.truncate(start);
+        self.buf.resize(start + HEADROOM + cap, 0);
+        self.pending = Some(start);
+        &mut self.buf[start + HEADROOM..]
+    }
+
+    /// The slot from `slot` holds a packet of `len` bytes.
+    pub fn commit(&mut self, len: usize) {
+        let Some(start) = self.pending.take() else {
+            return;
+        };
+        let at = start + HEADROOM;
+        let len = len.min(self.buf.len() - at);
+        self.buf.truncate(at + len);
+        self.packets.push((at..at + len, 0));
+    }
+
+    /// Packet `i` (without any header).
+    pub fn packet(&self, i: usize) -> &[u8] {
+        let r = self.packets[i].0.clone();
+        match &self.frozen {
+            Some(b) => &b[r],
+            None => &self.buf[r],
+        }
+    }
+
+    /// Packet `i`, writable (MSS clamping), while no transport has taken packets yet.
+    pub fn packet_mut(&mut self, i: usize) -> Option<&mut [u8]> {
+        if self.frozen.is_some() {
+            return None;
+        }
+        let r = self.packets[i].0.clone();
+        Some(&mut self.buf[r])
+    }
+
+    /// Packet `i` with `header` bytes of its headroom in front, writable: the transport writes
+    /// its header into the first `header` bytes, and from then on `framed` includes them.
+    /// `None` when `header` exceeds `HEADROOM` or a transport has already taken packets of
+    /// this batch (they are shared, so immutable): transports write headers first
+    /// (`PathTransport::prepare`), then take packets.
+    pub fn with_header_mut(&mut self, i: usize, header: usize) -> Option<&mut [u8]> {
+        if header > HEADROOM || self.frozen.is_some() {
+            return None;
+        }
+        let (r, h) = &mut self.packets[i];
+        *h = header;
+        Some(&mut self.buf[r.start - header..r.end])
+    }
+
+    /// The header length written in front of packet `i` (0: none).
+    pub fn header_len(&self, i: usize) -> usize {
+        self.packets[i].1
+    }
+
+    /// Packet `i` with the header written in front of it, as an owned, reference-counted view
+    /// of the batch's memory (no copy), or a copy for a small batch (`SHARE_MIN`).
+    pub fn framed(&mut self, i: usize) -> Bytes {
+        let (r, h) = self.packets[i].clone();
+        let r = r.start - h..r.end;
+        if self.packets.len() < SHARE_MIN && self.frozen.is_none() {
+            return Bytes::copy_from_slice(&self.buf[r]);
+        }
+        let buf = &mut self.buf;
+        self.frozen
+            .get_or_insert_with(|| buf.split().freeze())
+            .slice(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fill(b: &mut PacketBatch, data: &[u8]) {
+        let s = b.slot(1500);
+        s[..data.len()].copy_from_slice(data);
+        b.commit(data.len());
+    }
+
+    #[test]
+    fn packets_keep_their_headroom_and_bytes_share_the_buffer() {
+        let mut b = PacketBatch::new();
+        fill(&mut b, b"first");
+        fill(&mut b, b"second packet");
+        let _abandoned = b.slot(1500); // a read that failed: not a packet
+        fill(&mut b, b"third");
+        for _ in 3..SHARE_MIN {
+            fill(&mut b, b"more");
+        }
+        assert_eq!(b.len(), SHARE_MIN);
+        assert_eq!(b.packet(1), b"second packet");
+        // A header goes in front of the packet where it lies.
+        let w = b.with_header_mut(0, 4).unwrap();
+        w[..4].copy_from_slice(b"HDR:");
+        assert_eq!(&w[..], b"HDR:first");
+        assert_eq!(b.header_len(0), 4);
+        assert_eq!(b.packet(0), b"first");
+        assert!(b.with_header_mut(0, HEADROOM + 1).is_none());
+        b.packet_mut(2).unwrap()[0] = b'T';
+        // Owned views: the same memory, no copy.
+        let one = b.framed(1);
+        let two = b.framed(2);
+        assert_eq!(&one[..], b"second packet");
+        assert_eq!(&two[..], b"Third");
+        assert_eq!(
+            one.as_ptr() as usize + one.len() + HEADROOM,
+            two.as_ptr() as usize
+        );
+        assert!(b.packet_mut(0).is_none(), "shared now");
+        assert!(
+            b.with_header_mut(1, 2).is_none(),
+            "headers first, then sharing"
+        );
+        assert_eq!(&b.framed(0)[..], b"HDR:first");
+        assert_eq!(b.packet(0), b"first");
+        b.clear();
+        assert!(b.is_empty());
+        fill(&mut b, b"next batch");
+        assert_eq!(b.packet(0), b"next batch");
+        assert_eq!(
+            &one[..],
+            b"second packet",
+            "a transport's view outlives the batch"
+        );
+    }
+
+    #[test]
+    fn a_small_batch_is_copied_not_pinned() {
+        let mut b = PacketBatch::new();
+        fill(&mut b, b"lonely");
+        let one = b.framed(0);
+        assert_eq!(&one[..], b"lonely");
+        assert!(
+            b.packet_mut(0).is_some(),
+            "not frozen: nothing shares the buffer"
+        );
+        assert_ne!(one.as_ptr(), b.packet(0).as_ptr());
+    }
+
+    #[test]
+    fn a_batch_never_overwrites_what_a_transport_holds_and_reuses_what_it_let_go() {
+        let mut b = PacketBatch::new();
+        let full = |b: &mut PacketBatch, x: u8| {
+            b.clear();
+            for _ in 0..BATCH_PACKETS {
+                fill(b, &[x; 1400]);
+            }
+        };
+        full(&mut b, 7);
+        assert!(b.is_full());
+        let held = b.framed(0);
+        full(&mut b, 8);
+        assert!(
+            held.iter().all(|&x| x == 7),
+            "still queued in a transport: intact"
+        );
+        let second = b.framed(0).as_ptr();
+        assert_ne!(second, held.as_ptr());
+        // Nothing holds the second batch's packets: its memory is used again, not reallocated.
+        full(&mut b, 9);
+        assert_eq!(b.framed(0).as_ptr(), second);
+        assert!(held.iter().all(|&x| x == 7));
+    }
+}

@@ -1,0 +1,112 @@
+//! A path's transport: how inner packets and control messages (probes) cross one path, and how a
+//! path is set up (the client dials, the server accepts; identity and hello). The tunnel (and the
+//! core's bonds behind it) only see `PathTransport`; the client and server shells only see
+//! `Dialer` and `Listener`. QUIC is the first implementation (`quic.rs`: DATAGRAM frames, or in
+//! reliable mode one stream per path), so a stripe or a MASQUE transport is one more module here,
+//! not an edit of the tunnel, the client or the server.
+//!
+//! Sending takes batches (`PacketBatch`: packets in one reusable buffer, each with headroom for a
+//! transport's own header). Receiving is pushed: a transport delivers what arrives to the `Sink`
+//! it was started with (the tunnel's, for one path and one connection generation), a datagram at
+//! a time, as the QUIC engine yields them (its own socket receive is batched underneath).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use mpquic_core::DropReason;
+
+use crate::batch::PacketBatch;
+use crate::hello::{Hello, HelloAck};
+
+pub mod quic;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The transport's own view of the path, for status and metrics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TransportStats {
+    pub rtt: Option<Duration>,
+    pub cwnd: Option<u64>,
+    pub sent_packets: u64,
+    pub lost_packets: u64,
+}
+
+/// Where a transport delivers what it receives, and reports what it lost after accepting it.
+pub trait Sink: Send + Sync + 'static {
+    /// A datagram: an inner packet or a control message (`wire::decode` tells them apart).
+    fn on_datagram(&self, d: &[u8]);
+    /// An inner packet from an ordered byte stream (reliable mode); `None` for a malformed frame.
+    fn on_stream_packet(&self, pkt: Option<&[u8]>);
+    /// Packets accepted by `send_packet` that were lost with a failed stream (counted).
+    fn on_send_lost(&self, packets: u64, bytes: u64);
+    /// The transport has ended (connection closed); nothing more arrives.
+    fn on_closed(&self);
+}
+
+pub trait PathTransport: Send + Sync + 'static {
+    /// Write this transport's header into the headroom of the packets `which` of `batch`
+    /// (`PacketBatch::with_header_mut`). Called for every path of a batch before any
+    /// `send_batch`, because once a transport takes packets the batch is shared and immutable.
+    fn prepare(&self, _batch: &mut PacketBatch, _which: &[usize]) {}
+    /// Send the packets `which` of `batch` (already MSS-clamped). Each packet it cannot take is
+    /// reported to `refused` with the reason (the caller counts it); the rest are on their way.
+    /// A transport may write its header into a packet's headroom, or take it without a copy.
+    fn send_batch(
+        &self,
+        batch: &mut PacketBatch,
+        which: &[usize],
+        refused: &mut dyn FnMut(usize, DropReason),
+    );
+    /// Send a control message (probe, reply): never queued behind data, never evicting it.
+    fn send_control(&self, msg: &[u8]) -> Result<(), DropReason>;
+    fn remote(&self) -> SocketAddr;
+    fn stats(&self) -> TransportStats;
+    fn close(&self, code: u32, reason: &str);
+    /// Resolves with the reason when the transport has ended (closed by either side, timed out).
+    fn closed(&self) -> BoxFuture<'static, String>;
+    /// Start the receive side (and, for streams, the writer), delivering to `sink`.
+    fn start(self: Arc<Self>, sink: Arc<dyn Sink>);
+}
+
+/// Client side of session setup: open a path to the server and exchange the hello.
+pub trait Dialer: Send + Sync + 'static {
+    /// Dial the server over `path` (bound as its config says) and send `hello`. Returns the
+    /// path's transport, not yet started, and the server's answer, which may be a refusal (the
+    /// caller then closes the transport).
+    fn dial<'a>(
+        &'a self,
+        path: &'a crate::config::PathConfig,
+        hello: &'a Hello,
+    ) -> BoxFuture<'a, Result<(Arc<dyn PathTransport>, HelloAck)>>;
+}
+
+/// Server side of session setup: paths offered by authenticated clients. Connections that fail
+/// before that (handshake, identity, hello) are refused and counted by the listener itself.
+pub trait Listener: Send + Sync + 'static {
+    /// The next offer; `None` once the listener is closed.
+    fn next(&self) -> BoxFuture<'_, Option<Offer>>;
+    /// Stop accepting and close every connection; resolves once they are closed (bounded).
+    fn close(&self, code: u32, reason: &str) -> BoxFuture<'_, ()>;
+}
+
+/// A path offered by an authenticated client: who it is, where from, and its hello. The server
+/// decides (session registry) and answers through `reply`.
+pub struct Offer {
+    /// The identity its certificate proves (the CN).
+    pub identity: String,
+    pub remote: SocketAddr,
+    pub hello: Hello,
+    pub reply: Box<dyn OfferReply>,
+}
+
+pub trait OfferReply: Send + 'static {
+    /// Send the (positive) answer; the path's transport, not yet started.
+    fn accept(self: Box<Self>, ack: HelloAck)
+        -> BoxFuture<'static, Result<Arc<dyn PathTransport>>>;
+    /// Send the refusal and close the connection once it has reached the client (bounded).
+    fn refuse(self: Box<Self>, ack: HelloAck) -> BoxFuture<'static, ()>;
+}

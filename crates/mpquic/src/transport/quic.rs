@@ -1,0 +1,506 @@
+//! QUIC as a path transport: one connection per path. Session setup is a TLS 1.3 handshake with
+//! client certificates (the identity is the certificate's CN) and the hello on the first
+//! bidirectional stream (`hello.rs`); then inner packets travel as DATAGRAM frames, or in
+//! reliable mode length-prefixed on that same stream. Probes are always datagrams.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use bytes::{Bytes, BytesMut};
+use mpquic_core::DropReason;
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use super::{BoxFuture, Dialer, Listener, Offer, OfferReply, PathTransport, Sink, TransportStats};
+use crate::batch::PacketBatch;
+use crate::config::{Config, PathConfig, TransportMode};
+use crate::hello::{self, Hello, HelloAck};
+use crate::platform::Platform;
+use crate::tunnel::close;
+use crate::{quic, tls};
+
+/// Packets a reliable-mode path may queue before new ones are dropped (counted `queue_full`).
+const STREAM_QUEUE: usize = 2048;
+/// Bytes written to a stream in one call (batching amortises the per-write cost).
+const STREAM_BATCH: usize = 64 * 1024;
+/// Reliable mode's frame header: the packet's length, u16 big-endian.
+const STREAM_HEADER: usize = 2;
+/// Bound on the server's wait for a client's hello after the handshake.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Offers waiting for the server to take them; beyond this, new connections wait in the accept
+/// loop (backpressure, not loss).
+const OFFER_QUEUE: usize = 64;
+
+/// A path over one QUIC connection.
+pub struct QuicTransport {
+    conn: quinn::Connection,
+    /// Reliable mode: the queue into the stream writer task.
+    stream_tx: Option<mpsc::Sender<Bytes>>,
+    /// Taken by `start`: the hello stream (reliable mode carries the packets on it), and the
+    /// stream writer's queue.
+    start: std::sync::Mutex<Option<StartParts>>,
+    /// Kept so the client's per-path socket lives as long as the connection.
+    _endpoint: Option<quinn::Endpoint>,
+}
+
+struct StartParts {
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
+    stream_rx: Option<mpsc::Receiver<Bytes>>,
+}
+
+impl QuicTransport {
+    /// A connection whose hello exchange is done on (`send`, `recv`).
+    fn new(
+        conn: quinn::Connection,
+        send: quinn::SendStream,
+        recv: quinn::RecvStream,
+        endpoint: Option<quinn::Endpoint>,
+        mode: TransportMode,
+    ) -> Arc<QuicTransport> {
+        let (stream_tx, stream_rx) = match mode {
+            TransportMode::Reliable => {
+                let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+                (Some(tx), Some(rx))
+            }
+            TransportMode::Datagram => (None, None),
+        };
+        Arc::new(QuicTransport {
+            conn,
+            stream_tx,
+            start: std::sync::Mutex::new(Some(StartParts {
+                send,
+                recv,
+                stream_rx,
+            })),
+            _endpoint: endpoint,
+        })
+    }
+}
+
+impl PathTransport for QuicTransport {
+    /// Reliable mode frames each packet with its length (docs/PROTOCOL.md) in its headroom, so
+    /// the stream takes the packet where it lies.
+    fn prepare(&self, batch: &mut PacketBatch, which: &[usize]) {
+        if self.stream_tx.is_none() {
+            return;
+        }
+        for &i in which {
+            let len = batch.packet(i).len() as u16;
+            if let Some(w) = batch.with_header_mut(i, STREAM_HEADER) {
+                w[..STREAM_HEADER].copy_from_slice(&len.to_be_bytes());
+            }
+        }
+    }
+
+    fn send_batch(
+        &self,
+        batch: &mut PacketBatch,
+        which: &[usize],
+        refused: &mut dyn FnMut(usize, DropReason),
+    ) {
+        for &i in which {
+            let sent = match &self.stream_tx {
+                Some(tx) => tx.try_send(stream_frame(batch, i)).map_err(|e| match e {
+                    mpsc::error::TrySendError::Full(_) => DropReason::QueueFull,
+                    mpsc::error::TrySendError::Closed(_) => DropReason::SendFailed,
+                }),
+                // A view of the batch's buffer: no copy, no allocation per packet.
+                None => send_datagram(&self.conn, batch.framed(i)),
+            };
+            if let Err(reason) = sent {
+                refused(i, reason);
+            }
+        }
+    }
+
+    fn send_control(&self, msg: &[u8]) -> Result<(), DropReason> {
+        send_datagram(&self.conn, Bytes::copy_from_slice(msg))
+    }
+
+    fn remote(&self) -> SocketAddr {
+        self.conn.remote_address()
+    }
+
+    fn stats(&self) -> TransportStats {
+        let st = self.conn.stats();
+        TransportStats {
+            rtt: Some(st.path.rtt),
+            cwnd: Some(st.path.cwnd),
+            sent_packets: st.path.sent_packets,
+            lost_packets: st.path.lost_packets,
+        }
+    }
+
+    fn close(&self, code: u32, reason: &str) {
+        self.conn.close(code.into(), reason.as_bytes());
+    }
+
+    fn closed(&self) -> BoxFuture<'static, String> {
+        let conn = self.conn.clone();
+        Box::pin(async move { conn.closed().await.to_string() })
+    }
+
+    fn start(self: Arc<Self>, sink: Arc<dyn Sink>) {
+        let Some(parts) = self.start.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return; // started already
+        };
+        // Datagrams: probes always, inner packets in datagram mode.
+        let c = self.conn.clone();
+        let s = sink.clone();
+        tokio::spawn(async move {
+            while let Ok(d) = c.read_datagram().await {
+                s.on_datagram(&d);
+            }
+            s.on_closed();
+        });
+        let StartParts {
+            send,
+            recv,
+            stream_rx,
+        } = parts;
+        match stream_rx {
+            Some(rx) => {
+                let s = sink.clone();
+                tokio::spawn(async move { stream_reader(s, recv).await });
+                tokio::spawn(async move { stream_writer(sink, send, rx).await });
+            }
+            None => {
+                // Keep the control stream open for the connection's life.
+                let conn = self.conn.clone();
+                tokio::spawn(async move {
+                    let _keep = (send, recv);
+                    conn.closed().await;
+                });
+            }
+        }
+    }
+}
+
+/// The client's QUIC session setup: a socket per path (bound as the path says), the handshake
+/// with the client certificate, then the hello.
+pub struct QuicDialer {
+    client: quinn::ClientConfig,
+    server_name: String,
+    platform: Platform,
+}
+
+impl QuicDialer {
+    /// TLS from the instance's files; QUIC settings for links of `link_mtu`.
+    pub fn new(
+        cfg: &Config,
+        ccfg: &crate::config::ClientConfig,
+        link_mtu: u32,
+        platform: Platform,
+    ) -> Result<QuicDialer> {
+        let cert_key = match (&cfg.cert_file, &cfg.key_file) {
+            (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+            _ => None,
+        };
+        let crypto =
+            tls::client_crypto(ccfg.ca_file.as_deref(), ccfg.insecure_skip_verify, cert_key)?;
+        let mut client = quinn::ClientConfig::new(Arc::new(
+            quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
+                .context("TLS config unusable for QUIC")?,
+        ));
+        client.transport_config(quic::transport(cfg.congestion, link_mtu));
+        Ok(QuicDialer {
+            client,
+            server_name: ccfg.server_name.clone(),
+            platform,
+        })
+    }
+
+    async fn dial_inner(
+        &self,
+        p: &PathConfig,
+        h: &Hello,
+    ) -> Result<(Arc<dyn PathTransport>, HelloAck)> {
+        let remote: SocketAddr = tokio::net::lookup_host((p.remote_addr.as_str(), p.remote_port))
+            .await
+            .with_context(|| format!("cannot resolve {}", p.remote_addr))?
+            .next()
+            .ok_or_else(|| anyhow!("{} has no address", p.remote_addr))?;
+        let socket = self.platform.client_socket(&p.bind, remote)?;
+        let endpoint = quinn::Endpoint::new_with_abstract_socket(
+            quinn::EndpointConfig::default(),
+            None,
+            socket,
+            Arc::new(quinn::TokioRuntime),
+        )?;
+        let conn = endpoint
+            .connect_with(self.client.clone(), remote, &self.server_name)?
+            .await
+            .with_context(|| format!("handshake with {remote} failed"))?;
+        let (mut send, mut recv) = conn.open_bi().await?;
+        hello::write(&mut send, h).await?;
+        let ack: HelloAck = hello::read(&mut recv)
+            .await
+            .context("no hello answer from the server")?;
+        let transport = QuicTransport::new(conn, send, recv, Some(endpoint), h.mode);
+        Ok((transport, ack))
+    }
+}
+
+impl Dialer for QuicDialer {
+    fn dial<'a>(
+        &'a self,
+        path: &'a PathConfig,
+        hello: &'a Hello,
+    ) -> BoxFuture<'a, Result<(Arc<dyn PathTransport>, HelloAck)>> {
+        Box::pin(self.dial_inner(path, hello))
+    }
+}
+
+/// The server's QUIC session setup: one endpoint on the listening socket; each connection is
+/// handshaken (client certificate required), named by its certificate's CN and asked for its
+/// hello, each in its own task, and offered to the server. Failures before the offer are
+/// logged and counted through `refused` (by reason).
+pub struct QuicListener {
+    endpoint: quinn::Endpoint,
+    offers: tokio::sync::Mutex<mpsc::Receiver<Offer>>,
+}
+
+/// Counts a refused connection by reason (the server's status and metrics).
+pub type Refused = Arc<dyn Fn(&'static str) + Send + Sync>;
+
+impl QuicListener {
+    pub fn start(
+        cfg: &Config,
+        scfg: &crate::config::ServerConfig,
+        platform: &Platform,
+        refused: Refused,
+    ) -> Result<QuicListener> {
+        let cert = cfg.cert_file.clone().context("tls_cert_file is required")?;
+        let key = cfg.key_file.clone().context("tls_key_file is required")?;
+        let crypto = tls::server_crypto(&cert, &key, &scfg.client_ca_file)?;
+        let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(
+            quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(crypto))
+                .context("TLS config unusable for QUIC")?,
+        ));
+        server_config.transport_config(quic::transport(cfg.congestion, quic::DEFAULT_LINK_MTU));
+        let endpoint = quinn::Endpoint::new_with_abstract_socket(
+            quinn::EndpointConfig::default(),
+            Some(server_config),
+            platform.server_socket(scfg.listen)?,
+            Arc::new(quinn::TokioRuntime),
+        )?;
+        let (tx, rx) = mpsc::channel(OFFER_QUEUE);
+        let ep = endpoint.clone();
+        tokio::spawn(async move {
+            while let Some(incoming) = ep.accept().await {
+                let (tx, refused) = (tx.clone(), refused.clone());
+                tokio::spawn(async move {
+                    if let Some(offer) = offer(incoming, &refused).await {
+                        // The server is gone when the queue is closed; nothing to answer.
+                        let _ = tx.send(offer).await;
+                    }
+                });
+            }
+        });
+        Ok(QuicListener {
+            endpoint,
+            offers: tokio::sync::Mutex::new(rx),
+        })
+    }
+}
+
+impl Listener for QuicListener {
+    fn next(&self) -> BoxFuture<'_, Option<Offer>> {
+        Box::pin(async move { self.offers.lock().await.recv().await })
+    }
+
+    fn close(&self, code: u32, reason: &str) -> BoxFuture<'_, ()> {
+        self.endpoint.close(code.into(), reason.as_bytes());
+        Box::pin(async move {
+            let _ =
+                tokio::time::timeout(Duration::from_millis(300), self.endpoint.wait_idle()).await;
+        })
+    }
+}
+
+/// One incoming connection up to its offer: handshake, identity, hello.
+async fn offer(incoming: quinn::Incoming, refused: &Refused) -> Option<Offer> {
+    let remote = incoming.remote_address();
+    let conn = match incoming.await {
+        Ok(c) => c,
+        Err(e) => {
+            warn!(%remote, error = %e, "handshake failed; client refused");
+            refused("handshake_failed");
+            return None;
+        }
+    };
+    let Some(identity) = tls::peer_common_name(&conn) else {
+        warn!(%remote, "client certificate has no common name; refused");
+        refused("no_common_name");
+        conn.close(close::REFUSED.into(), b"certificate has no common name");
+        return None;
+    };
+    let hello = tokio::time::timeout(HELLO_TIMEOUT, async {
+        let (send, mut recv) = conn.accept_bi().await?;
+        let h: Hello = hello::read(&mut recv).await?;
+        anyhow::Ok((send, recv, h))
+    })
+    .await;
+    let (send, recv, hello) = match hello {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            warn!(client = %identity, %remote, error = %e, "bad hello; connection closed");
+            refused("bad_hello");
+            conn.close(close::PROTOCOL.into(), b"bad hello");
+            return None;
+        }
+        Err(_) => {
+            warn!(client = %identity, %remote, "no hello within {HELLO_TIMEOUT:?}; connection closed");
+            refused("hello_timeout");
+            conn.close(close::PROTOCOL.into(), b"no hello");
+            return None;
+        }
+    };
+    Some(Offer {
+        identity,
+        remote,
+        reply: Box::new(QuicOffer {
+            conn,
+            send,
+            recv,
+            mode: hello.mode,
+        }),
+        hello,
+    })
+}
+
+/// The connection behind an offer, waiting for the server's answer.
+struct QuicOffer {
+    conn: quinn::Connection,
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
+    mode: TransportMode,
+}
+
+impl OfferReply for QuicOffer {
+    fn accept(
+        self: Box<Self>,
+        ack: HelloAck,
+    ) -> BoxFuture<'static, Result<Arc<dyn PathTransport>>> {
+        Box::pin(async move {
+            let QuicOffer {
+                conn,
+                mut send,
+                recv,
+                mode,
+            } = *self;
+            hello::write(&mut send, &ack)
+                .await
+                .context("cannot answer the hello")?;
+            let t: Arc<dyn PathTransport> = QuicTransport::new(conn, send, recv, None, mode);
+            Ok(t)
+        })
+    }
+
+    fn refuse(self: Box<Self>, ack: HelloAck) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            let QuicOffer { conn, mut send, .. } = *self;
+            let _ = hello::write(&mut send, &ack).await;
+            let _ = send.finish();
+            // Let the refusal reach the client before the close frame.
+            let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
+            let reason = ack.error.unwrap_or_default();
+            conn.close(close::REFUSED.into(), reason.as_bytes());
+        })
+    }
+}
+
+/// Reliable mode, receive side: 2-byte big-endian length, then the packet.
+async fn stream_reader(sink: Arc<dyn Sink>, mut recv: quinn::RecvStream) {
+    let mut buf = vec![0u8; 65_536];
+    loop {
+        let mut len = [0u8; 2];
+        if recv.read_exact(&mut len).await.is_err() {
+            return;
+        }
+        let n = usize::from(u16::from_be_bytes(len));
+        if recv.read_exact(&mut buf[..n]).await.is_err() {
+            return;
+        }
+        sink.on_stream_packet((n > 0).then(|| &buf[..n]));
+    }
+}
+
+/// A packet with its length in front, as the stream carries it: framed in the batch's headroom
+/// by `prepare` (no copy), or copied when it was not.
+fn stream_frame(batch: &mut PacketBatch, i: usize) -> Bytes {
+    if batch.header_len(i) == STREAM_HEADER {
+        return batch.framed(i);
+    }
+    let p = batch.packet(i);
+    let mut b = BytesMut::with_capacity(STREAM_HEADER + p.len());
+    b.extend_from_slice(&(p.len() as u16).to_be_bytes());
+    b.extend_from_slice(p);
+    b.freeze()
+}
+
+/// Reliable mode, send side: writes queued frames to the stream, up to `STREAM_BATCH` bytes per
+/// call, handing the frames over as they are (no copy into a write buffer).
+async fn stream_writer(
+    sink: Arc<dyn Sink>,
+    mut send: quinn::SendStream,
+    mut rx: mpsc::Receiver<Bytes>,
+) {
+    let mut chunks: Vec<Bytes> = Vec::new();
+    while let Some(first) = rx.recv().await {
+        let mut size = first.len();
+        chunks.clear();
+        chunks.push(first);
+        while size < STREAM_BATCH {
+            match rx.try_recv() {
+                Ok(p) => {
+                    size += p.len();
+                    chunks.push(p);
+                }
+                Err(_) => break,
+            }
+        }
+        // Counted before the write, which consumes the chunks.
+        let (mut packets, mut bytes) = frames_in(&chunks);
+        if send.write_all_chunks(&mut chunks).await.is_err() {
+            // Everything in this batch and everything still queued is lost with the stream;
+            // closing the queue makes later packets fail (and count) in `send_batch`.
+            rx.close();
+            while let Ok(p) = rx.try_recv() {
+                packets += 1;
+                bytes += (p.len() - STREAM_HEADER) as u64;
+            }
+            sink.on_send_lost(packets, bytes);
+            return;
+        }
+    }
+}
+
+/// Send one datagram, refusing (and reporting) rather than letting the QUIC engine silently
+/// drop older queued datagrams when its buffer is full. `send_datagram_wait` checks for space
+/// and queues under one lock and never evicts; polled once, "would wait" means the buffer is
+/// full. (`send_datagram` would make room by discarding queued datagrams uncounted, and a
+/// separate space check before it races with the other threads that send.)
+fn send_datagram(conn: &quinn::Connection, pkt: Bytes) -> Result<(), DropReason> {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let fut = std::pin::pin!(conn.send_datagram_wait(pkt));
+    match fut.poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(Ok(())) => Ok(()),
+        Poll::Ready(Err(quinn::SendDatagramError::TooLarge)) => Err(DropReason::Oversized),
+        Poll::Ready(Err(_)) => Err(DropReason::SendFailed),
+        Poll::Pending => Err(DropReason::QueueFull),
+    }
+}
+
+/// Packets and payload bytes in a list of length-prefixed frames (reliable mode).
+fn frames_in(frames: &[Bytes]) -> (u64, u64) {
+    let bytes = frames
+        .iter()
+        .map(|f| (f.len() - STREAM_HEADER) as u64)
+        .sum();
+    (frames.len() as u64, bytes)
+}
