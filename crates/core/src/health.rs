@@ -505,16 +505,24 @@ mod tests {
         assert_eq!(h.probes_answered, 0);
     }
 
-    #[test]
-    fn a_follower_sends_nothing_adopts_the_view_and_goes_down_on_silence() {
-        let t0 = Instant::now();
+    /// A follower, and a prober that has probed a 20 ms path for `dur`; `cfg` is the follower's.
+    fn follower_and_prober(
+        t0: Instant,
+        dur: Duration,
+    ) -> (PathHealth, PathHealth, HealthConfig, Instant) {
         let cfg = HealthConfig {
             mode: HealthMode::Follow,
             ..Default::default()
         };
-        let mut f = PathHealth::new(cfg, t0);
         let mut prober = PathHealth::new(HealthConfig::default(), t0);
-        let t = run(&mut prober, t0, ms(1000), ms(20), true);
+        let t = run(&mut prober, t0, dur, ms(20), true);
+        (PathHealth::new(cfg, t0), prober, cfg, t)
+    }
+
+    #[test]
+    fn a_follower_sends_nothing_adopts_the_view_and_goes_down_on_silence() {
+        let t0 = Instant::now();
+        let (mut f, mut prober, _, t) = follower_and_prober(t0, ms(1000));
         assert_eq!(f.poll(t0), None, "a follower never probes");
         let view = prober.view();
         f.on_peer_probe(0, Some(&view), t0 + ms(10));
@@ -604,13 +612,7 @@ mod tests {
     #[test]
     fn a_follower_scales_its_silence_bound_with_the_probers_interval() {
         let t0 = Instant::now();
-        let cfg = HealthConfig {
-            mode: HealthMode::Follow,
-            ..Default::default()
-        };
-        let mut f = PathHealth::new(cfg, t0);
-        let mut prober = PathHealth::new(HealthConfig::default(), t0);
-        run(&mut prober, t0, ms(500), ms(20), true);
+        let (mut f, mut prober, cfg, _) = follower_and_prober(t0, ms(500));
         prober.set_quiet(true, t0 + ms(500));
         prober.poll(t0 + ms(600));
         let quiet = prober.view();

@@ -263,6 +263,17 @@ fn delay(ms: u64) -> String {
     format!("delay={ms}ms")
 }
 
+/// Two paths (primary wan1, backup wan2) with these one-way delays, on the failover policy.
+fn failover_sim(delays: (u64, u64), seed: u64) -> Sim {
+    let specs = [spec("wan1", 1, 1), spec("wan2", 2, 1)];
+    Sim::new(
+        Policy::Failover,
+        &specs,
+        &[delay(delays.0), delay(delays.1)],
+        seed,
+    )
+}
+
 /// Ping-like traffic every 10 ms from both sides on the failover policy; returns, for each side,
 /// the time after `fail_at` at which it last sent on path 0, and the time it returned after `repair_at`.
 fn failover_case(
@@ -272,13 +283,7 @@ fn failover_case(
     repair_at: Duration,
     seed: u64,
 ) -> (Sim, [Option<Duration>; 2], [Option<Duration>; 2]) {
-    let specs = [spec("wan1", 1, 1), spec("wan2", 2, 1)];
-    let mut sim = Sim::new(
-        Policy::Failover,
-        &specs,
-        &[delay(delays.0), delay(delays.1)],
-        seed,
-    );
+    let mut sim = failover_sim(delays, seed);
     let mut last_on_primary = [None, None];
     let mut back_on_primary = [None, None];
     let end = repair_at + Duration::from_secs(8);
@@ -325,6 +330,25 @@ proptest! {
             let b = back[side].expect("returned to the primary");
             prop_assert!(b < Duration::from_secs(5), "side {side} took {b:?} to return");
         }
+    }
+
+    /// A quiet tunnel probes slowly, but the first packet wakes it: whatever direction of the
+    /// primary died during the quiet spell, and however long before the traffic starts,
+    /// nothing either side sends from 1 s after the start on is lost.
+    #[test]
+    fn a_quiet_tunnel_woken_onto_a_dead_path_recovers_within_a_second(
+        d0 in 2u64..60, d1 in 2u64..120,
+        dir in 0usize..3,
+        fail_ms in 3_000u64..6_000,
+        wait_ms in 0u64..3_000,
+        seed in any::<u64>(),
+    ) {
+        let block = [(true, true), (true, false), (false, true)][dir];
+        let fail_at = Duration::from_millis(fail_ms);
+        let start = fail_at + Duration::from_millis(wait_ms);
+        let lost = quiet_failover_case((d0, d1), block, fail_at, start, Duration::from_secs(1), seed);
+        prop_assert!(lost[0].is_empty(), "client packets lost after 1 s: {:?}", lost[0]);
+        prop_assert!(lost[1].is_empty(), "server packets lost after 1 s: {:?}", lost[1]);
     }
 
     /// New flows are placed in proportion to weight: each path's flow count stays within one flow
@@ -414,13 +438,7 @@ fn quiet_failover_case(
     settle: Duration,
     seed: u64,
 ) -> [Vec<u32>; 2] {
-    let specs = [spec("wan1", 1, 1), spec("wan2", 2, 1)];
-    let mut sim = Sim::new(
-        Policy::Failover,
-        &specs,
-        &[delay(delays.0), delay(delays.1)],
-        seed,
-    );
+    let mut sim = failover_sim(delays, seed);
     sim.run_until(fail_at);
     assert!(
         sim.client.paths().iter().all(|(_, p)| {
@@ -466,29 +484,6 @@ fn quiet_failover_case(
             .filter(|s| !at_client.contains(s))
             .collect(),
     ]
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(32))]
-
-    /// A quiet tunnel probes slowly, but the first packet wakes it: whatever direction of the
-    /// primary died during the quiet spell, and however long before the traffic starts,
-    /// nothing either side sends from 1 s after the start on is lost.
-    #[test]
-    fn a_quiet_tunnel_woken_onto_a_dead_path_recovers_within_a_second(
-        d0 in 2u64..60, d1 in 2u64..120,
-        dir in 0usize..3,
-        fail_ms in 3_000u64..6_000,
-        wait_ms in 0u64..3_000,
-        seed in any::<u64>(),
-    ) {
-        let block = [(true, true), (true, false), (false, true)][dir];
-        let fail_at = Duration::from_millis(fail_ms);
-        let start = fail_at + Duration::from_millis(wait_ms);
-        let lost = quiet_failover_case((d0, d1), block, fail_at, start, Duration::from_secs(1), seed);
-        prop_assert!(lost[0].is_empty(), "client packets lost after 1 s: {:?}", lost[0]);
-        prop_assert!(lost[1].is_empty(), "server packets lost after 1 s: {:?}", lost[1]);
-    }
 }
 
 /// A concrete scenario printed for the reader: the seed's test 4 (14 ms primary, 35 ms secondary).

@@ -13,8 +13,9 @@ use bytes::{Bytes, BytesMut};
 /// Free bytes before every packet, for a transport's header (a sequence number for a resequencer,
 /// a stripe or FEC header, an AEAD nonce).
 pub const HEADROOM: usize = 32;
-/// Packets one batch holds: one TUN wake-up reads at most this many.
-pub const BATCH_PACKETS: usize = 64;
+/// Packets one batch holds: one TUN wake-up reads at most this many before they are sent (the
+/// first waits for the last, so a batch is kept short).
+pub const BATCH_PACKETS: usize = 16;
 /// Below this many packets, `bytes` copies rather than shares: a shared view keeps the whole
 /// buffer alive while the transport queues it, so a batch of one or two packets would pin tens
 /// of KiB per queued packet (QUIC's datagram queue holds hundreds). From this size on, the

@@ -238,7 +238,14 @@ impl Tun {
             };
             while !batch.is_full() {
                 // One byte more than the MTU: a read that fills it was longer than allowed.
-                match self.try_read(batch.slot(mtu + 1))? {
+                let read = match self.try_read(batch.slot(mtu + 1)) {
+                    Ok(r) => r,
+                    // What was read before the error goes out first; the error comes back on
+                    // the next read.
+                    Err(_) if !batch.is_empty() || oversized > 0 => break,
+                    Err(e) => return Err(e),
+                };
+                match read {
                     Some(n) if n > mtu => oversized += 1,
                     Some(n) => batch.commit(n),
                     None => {

@@ -443,32 +443,34 @@ fn stream_frame(batch: &mut PacketBatch, i: usize) -> Bytes {
 }
 
 /// Reliable mode, send side: writes queued frames to the stream, up to `STREAM_BATCH` bytes per
-/// call, handing the frames over as they are (no copy into a write buffer).
+/// call. The frames are copied into one contiguous buffer: handing quinn the frames as separate
+/// chunks (`write_all_chunks`, no copy) measured 8% slower here (its send buffer then carries a
+/// chunk per packet into framing), and pinned more memory.
 async fn stream_writer(
     sink: Arc<dyn Sink>,
     mut send: quinn::SendStream,
     mut rx: mpsc::Receiver<Bytes>,
 ) {
-    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut batch = BytesMut::with_capacity(STREAM_BATCH + 65_538);
     while let Some(first) = rx.recv().await {
-        let mut size = first.len();
-        chunks.clear();
-        chunks.push(first);
-        while size < STREAM_BATCH {
+        batch.clear();
+        let mut packets = 1;
+        batch.extend_from_slice(&first);
+        while batch.len() < STREAM_BATCH {
             match rx.try_recv() {
                 Ok(p) => {
-                    size += p.len();
-                    chunks.push(p);
+                    packets += 1;
+                    batch.extend_from_slice(&p);
                 }
                 Err(_) => break,
             }
         }
-        // Counted before the write, which consumes the chunks.
-        let (mut packets, mut bytes) = frames_in(&chunks);
-        if send.write_all_chunks(&mut chunks).await.is_err() {
+        if send.write_all(&batch).await.is_err() {
             // Everything in this batch and everything still queued is lost with the stream;
             // closing the queue makes later packets fail (and count) in `send_batch`.
             rx.close();
+            let mut bytes = (batch.len() - packets * STREAM_HEADER) as u64;
+            let mut packets = packets as u64;
             while let Ok(p) = rx.try_recv() {
                 packets += 1;
                 bytes += (p.len() - STREAM_HEADER) as u64;
@@ -494,13 +496,4 @@ fn send_datagram(conn: &quinn::Connection, pkt: Bytes) -> Result<(), DropReason>
         Poll::Ready(Err(_)) => Err(DropReason::SendFailed),
         Poll::Pending => Err(DropReason::QueueFull),
     }
-}
-
-/// Packets and payload bytes in a list of length-prefixed frames (reliable mode).
-fn frames_in(frames: &[Bytes]) -> (u64, u64) {
-    let bytes = frames
-        .iter()
-        .map(|f| (f.len() - STREAM_HEADER) as u64)
-        .sum();
-    (frames.len() as u64, bytes)
 }
