@@ -4,6 +4,7 @@
 
 pub mod addressing;
 pub mod bond;
+pub mod cc;
 pub mod drops;
 pub mod flow;
 pub mod health;

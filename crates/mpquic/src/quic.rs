@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use mpquic_core::cc;
 use quinn::congestion::{BbrConfig, CubicConfig, NewRenoConfig};
 use quinn::{MtuDiscoveryConfig, TransportConfig};
 use socket2::{Domain, Protocol, Socket, Type};
@@ -30,6 +31,14 @@ pub fn transport(cc: Congestion, link_mtu: u32) -> Arc<TransportConfig> {
     t.max_idle_timeout(Some(IDLE_TIMEOUT.try_into().expect("valid idle timeout")));
     let payload = mpquic_core::mtu::udp_payload(link_mtu);
     t.initial_mtu(payload);
+    // The link's known payload is also the floor: quinn's black-hole detector reads bursts of
+    // lost full-size packets as an MTU black hole and drops to `min_mtu` for a minute, and a
+    // tunnel's packets are nearly all full size, so ordinary congestion or radio loss set it
+    // off and every full-size inner packet was then refused as `oversized` (issue 9: scenarios
+    // 02, 05, 06). A burst with a packet no larger than `min_mtu` is never suspicious. The
+    // client also announces this size (`max_udp_payload_size`, `client_endpoint`), which caps
+    // what the server sends it.
+    t.min_mtu(payload);
     let mut mtud = MtuDiscoveryConfig::default();
     mtud.upper_bound(payload);
     t.mtu_discovery_config(Some(mtud));
@@ -45,8 +54,114 @@ pub fn transport(cc: Congestion, link_mtu: u32) -> Arc<TransportConfig> {
         Congestion::Cubic => t.congestion_controller_factory(Arc::new(CubicConfig::default())),
         Congestion::Newreno => t.congestion_controller_factory(Arc::new(NewRenoConfig::default())),
         Congestion::Bbr => t.congestion_controller_factory(Arc::new(BbrConfig::default())),
+        Congestion::BbrModel => t.congestion_controller_factory(Arc::new(CoreController(|mtu| {
+            Box::new(mpquic_core::cc::Bbr::new(mtu)) as Box<dyn cc::Controller>
+        }))),
     };
     Arc::new(t)
+}
+
+/// One of the core's controllers (`mpquic_core::cc`) in the QUIC engine: the factory builds one
+/// per connection from `make(mtu)`, and `Adapter` forwards the engine's events to it.
+struct CoreController<F>(F);
+
+impl<F> quinn::congestion::ControllerFactory for CoreController<F>
+where
+    F: Fn(u16) -> Box<dyn cc::Controller> + Send + Sync + 'static,
+{
+    fn build(
+        self: Arc<Self>,
+        _now: std::time::Instant,
+        current_mtu: u16,
+    ) -> Box<dyn quinn::congestion::Controller> {
+        Box::new(Adapter {
+            inner: (self.0)(current_mtu),
+            initial_window: u64::from(current_mtu) * 10,
+        })
+    }
+}
+
+struct Adapter {
+    inner: Box<dyn cc::Controller>,
+    initial_window: u64,
+}
+
+impl quinn::congestion::Controller for Adapter {
+    fn on_sent(&mut self, now: std::time::Instant, bytes: u64, _last_packet_number: u64) {
+        self.inner.on_sent(now, bytes);
+    }
+
+    fn on_ack(
+        &mut self,
+        now: std::time::Instant,
+        sent: std::time::Instant,
+        bytes: u64,
+        app_limited: bool,
+        _rtt: &quinn_proto::RttEstimator,
+    ) {
+        self.inner.on_ack(now, sent, bytes, app_limited);
+    }
+
+    fn on_end_acks(
+        &mut self,
+        now: std::time::Instant,
+        in_flight: u64,
+        _app_limited: bool,
+        _largest_packet_num_acked: Option<u64>,
+    ) {
+        self.inner.on_end_acks(now, in_flight);
+    }
+
+    fn on_congestion_event(
+        &mut self,
+        now: std::time::Instant,
+        sent: std::time::Instant,
+        is_persistent_congestion: bool,
+        lost_bytes: u64,
+    ) {
+        self.inner
+            .on_loss(now, sent, is_persistent_congestion, lost_bytes);
+    }
+
+    fn on_mtu_update(&mut self, new_mtu: u16) {
+        self.inner.on_mtu(new_mtu);
+    }
+
+    fn window(&self) -> u64 {
+        self.inner.window()
+    }
+
+    fn metrics(&self) -> quinn::congestion::ControllerMetrics {
+        let mut m = quinn::congestion::ControllerMetrics::default();
+        m.congestion_window = self.inner.window();
+        m.pacing_rate = self.inner.pacing_rate().map(|r| r * 8);
+        m
+    }
+
+    fn clone_box(&self) -> Box<dyn quinn::congestion::Controller> {
+        // quinn clones a controller only to try a new path's MTU; a fresh model is right there.
+        Box::new(Adapter {
+            inner: Box::new(mpquic_core::cc::Bbr::new(1200)),
+            initial_window: self.initial_window,
+        })
+    }
+
+    fn initial_window(&self) -> u64 {
+        self.initial_window
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
+    }
+}
+
+/// The client's per-path QUIC endpoint settings: it announces the largest UDP payload its links
+/// carry, so the server (whose own link MTU says nothing about the client's) never sends more.
+pub fn client_endpoint(link_mtu: u32) -> quinn::EndpointConfig {
+    let mut c = quinn::EndpointConfig::default();
+    c.max_udp_payload_size(mpquic_core::mtu::udp_payload(link_mtu))
+        .expect("udp_payload is within QUIC's bounds (1200..=65527)");
+    c
 }
 
 /// Larger kernel socket buffers absorb bursts at Gbit/s rates; as root the sysctl cap is bypassed.

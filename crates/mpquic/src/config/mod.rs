@@ -27,9 +27,14 @@ pub enum Role {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Congestion {
+    /// The QUIC engine's (quinn) implementations: loss-based.
     Cubic,
     Newreno,
+    /// quinn's BBRv1 port (enters recovery on any loss).
     Bbr,
+    /// Ours (`mpquic_core::cc::Bbr`): model-based, random loss does not slow it down.
+    #[serde(rename = "bbr-model")]
+    BbrModel,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -359,6 +364,12 @@ multipath_paths:
         assert_eq!(cl.policy, Policy::Balanced);
         assert_eq!(c.mode, TransportMode::Reliable);
         assert_eq!(c.congestion, Congestion::Bbr);
+        let ours = parse(&SEED_CLIENT.replace(
+            "congestion_algorithm: bbr",
+            "congestion_algorithm: bbr-model",
+        ))
+        .unwrap();
+        assert_eq!(ours.congestion, Congestion::BbrModel);
     }
 
     #[test]

@@ -183,6 +183,8 @@ impl PathTransport for QuicTransport {
 /// with the client certificate, then the hello.
 pub struct QuicDialer {
     client: quinn::ClientConfig,
+    /// The smallest MTU of the client's links (the QUIC packet size follows it).
+    link_mtu: u32,
     server_name: String,
     platform: Platform,
 }
@@ -208,6 +210,7 @@ impl QuicDialer {
         client.transport_config(quic::transport(cfg.congestion, link_mtu));
         Ok(QuicDialer {
             client,
+            link_mtu,
             server_name: ccfg.server_name.clone(),
             platform,
         })
@@ -225,7 +228,7 @@ impl QuicDialer {
             .ok_or_else(|| anyhow!("{} has no address", p.remote_addr))?;
         let socket = self.platform.client_socket(&p.bind, remote)?;
         let endpoint = quinn::Endpoint::new_with_abstract_socket(
-            quinn::EndpointConfig::default(),
+            quic::client_endpoint(self.link_mtu),
             None,
             socket,
             Arc::new(quinn::TokioRuntime),

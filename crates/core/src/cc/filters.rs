@@ -1,0 +1,115 @@
+//! The two estimates a model-based controller keeps: the path's bottleneck bandwidth (the largest
+//! delivery rate seen over the last few round trips) and its propagation delay (the smallest RTT
+//! seen over the last few seconds).
+
+use std::time::{Duration, Instant};
+
+/// The maximum of per-round samples over the last `ROUNDS` rounds.
+#[derive(Debug, Clone)]
+pub struct MaxBwFilter {
+    /// (round, best sample in that round), newest last; at most `ROUNDS` entries.
+    rounds: Vec<(u64, u64)>,
+}
+
+/// BBR's bandwidth window: long enough to ride out a probing cycle's low phases.
+const ROUNDS: u64 = 10;
+
+impl Default for MaxBwFilter {
+    fn default() -> Self {
+        MaxBwFilter {
+            rounds: Vec::with_capacity(ROUNDS as usize + 1),
+        }
+    }
+}
+
+impl MaxBwFilter {
+    pub fn update(&mut self, round: u64, sample: u64) {
+        match self.rounds.last_mut() {
+            Some((r, best)) if *r == round => *best = (*best).max(sample),
+            _ => self.rounds.push((round, sample)),
+        }
+        self.rounds.retain(|(r, _)| r + ROUNDS > round);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.rounds.iter().map(|(_, b)| *b).max().unwrap_or(0)
+    }
+}
+
+/// The minimum RTT sample, expiring after `MIN_RTT_WINDOW` without a new minimum (then the
+/// controller probes for it: `ProbeRtt`).
+#[derive(Debug, Clone, Default)]
+pub struct MinRttFilter {
+    min: Option<(Duration, Instant)>,
+}
+
+pub const MIN_RTT_WINDOW: Duration = Duration::from_secs(10);
+
+impl MinRttFilter {
+    /// Take a sample; returns whether it set a new minimum.
+    pub fn update(&mut self, now: Instant, sample: Duration) -> bool {
+        let take = match self.min {
+            None => true,
+            Some((m, at)) => sample <= m || now.saturating_duration_since(at) > MIN_RTT_WINDOW,
+        };
+        if take {
+            self.min = Some((sample, now));
+        }
+        take
+    }
+
+    pub fn get(&self) -> Option<Duration> {
+        self.min.map(|(m, _)| m)
+    }
+
+    /// The estimate is older than the window: time to measure it again.
+    pub fn expired(&self, now: Instant) -> bool {
+        self.min
+            .is_some_and(|(_, at)| now.saturating_duration_since(at) > MIN_RTT_WINDOW)
+    }
+
+    /// Count the estimate as fresh from `now` (after a ProbeRtt that found nothing lower).
+    pub fn refresh(&mut self, now: Instant) {
+        if let Some((_, at)) = &mut self.min {
+            *at = now;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bandwidth_is_the_max_of_the_last_ten_rounds() {
+        let mut f = MaxBwFilter::default();
+        f.update(0, 100);
+        f.update(0, 50);
+        f.update(3, 80);
+        assert_eq!(f.get(), 100);
+        f.update(9, 10);
+        assert_eq!(
+            f.get(),
+            100,
+            "round 0 is still within ten rounds of round 9"
+        );
+        f.update(10, 10);
+        assert_eq!(f.get(), 80, "round 0 aged out");
+        f.update(20, 5);
+        assert_eq!(f.get(), 5);
+    }
+
+    #[test]
+    fn min_rtt_expires_and_takes_a_larger_sample_then() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut f = MinRttFilter::default();
+        assert!(f.update(t0, ms(30)));
+        assert!(!f.update(t0 + ms(100), ms(40)));
+        assert_eq!(f.get(), Some(ms(30)));
+        assert!(!f.expired(t0 + MIN_RTT_WINDOW));
+        assert!(f.expired(t0 + MIN_RTT_WINDOW + ms(1)));
+        assert!(f.update(t0 + MIN_RTT_WINDOW + ms(1), ms(40)));
+        assert_eq!(f.get(), Some(ms(40)));
+    }
+}

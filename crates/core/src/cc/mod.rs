@@ -1,0 +1,38 @@
+//! Congestion controllers of our own: pure state machines driven by the QUIC engine's events
+//! (packets sent, acknowledged, declared lost) and an injected clock, tested in virtual time
+//! (`tests/cc.rs`) against modelled bottlenecks with random loss. The shell plugs them into the
+//! engine through a thin adapter (the `mpquic` crate's `quic.rs`).
+//!
+//! Why our own: quinn's controllers read any loss as congestion (cubic, newreno, and its BBRv1
+//! port, which enters recovery on loss). On the links this product is for, loss is mostly random
+//! (radio), and a tunnel that halves its rate on every loss is slower than no tunnel (issue 9,
+//! scenario 02). RFC 9298 section 7: the outer controller must stay, but should judge congestion
+//! by queueing, not by random loss.
+
+pub mod bbr;
+mod filters;
+
+use std::fmt::Debug;
+use std::time::Instant;
+
+pub use bbr::Bbr;
+
+/// What a controller needs to hear from the engine, and what it decides.
+pub trait Controller: Debug + Send + Sync {
+    /// `bytes` of ack-eliciting data left at `now`.
+    fn on_sent(&mut self, now: Instant, bytes: u64);
+    /// A packet of `bytes` sent at `sent` was acknowledged at `now`. `app_limited`: the sender
+    /// had nothing more to send before this acknowledgement (the rate it shows is not the path's).
+    fn on_ack(&mut self, now: Instant, sent: Instant, bytes: u64, app_limited: bool);
+    /// The acknowledgements of one ACK frame are all in; `in_flight` is what remains unacked.
+    fn on_end_acks(&mut self, now: Instant, in_flight: u64);
+    /// Packets were declared lost (`lost_bytes`; the latest sent at `sent`). `persistent`: every
+    /// packet over a persistent-congestion period was lost (the path stopped carrying anything).
+    fn on_loss(&mut self, now: Instant, sent: Instant, persistent: bool, lost_bytes: u64);
+    /// The path's datagram size changed.
+    fn on_mtu(&mut self, mtu: u16);
+    /// Bytes that may be in flight.
+    fn window(&self) -> u64;
+    /// The rate the controller wants to send at (bytes/s), once it has one.
+    fn pacing_rate(&self) -> Option<u64>;
+}
