@@ -186,6 +186,9 @@ impl Controller for NewReno {
     fn window(&self) -> u64 {
         self.window
     }
+    fn initial_window(&self) -> u64 {
+        10 * MSS
+    }
     fn pacing_rate(&self) -> Option<u64> {
         None
     }

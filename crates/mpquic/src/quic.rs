@@ -54,21 +54,23 @@ pub fn transport(cc: Congestion, link_mtu: u32) -> Arc<TransportConfig> {
         Congestion::Cubic => t.congestion_controller_factory(Arc::new(CubicConfig::default())),
         Congestion::Newreno => t.congestion_controller_factory(Arc::new(NewRenoConfig::default())),
         Congestion::Bbr => t.congestion_controller_factory(Arc::new(BbrConfig::default())),
-        Congestion::BbrModel => t.congestion_controller_factory(Arc::new(CoreController(|mtu| {
-            Box::new(mpquic_core::cc::Bbr::new(mtu)) as Box<dyn cc::Controller>
-        }))),
+        Congestion::BbrModel => {
+            t.congestion_controller_factory(Arc::new(CoreController(Arc::new(|mtu| {
+                Box::new(cc::Bbr::new(mtu)) as Box<dyn cc::Controller>
+            }))))
+        }
     };
     Arc::new(t)
 }
 
-/// One of the core's controllers (`mpquic_core::cc`) in the QUIC engine: the factory builds one
-/// per connection from `make(mtu)`, and `Adapter` forwards the engine's events to it.
-struct CoreController<F>(F);
+/// Builds one of the core's controllers for a datagram size.
+type MakeController = Arc<dyn Fn(u16) -> Box<dyn cc::Controller> + Send + Sync>;
 
-impl<F> quinn::congestion::ControllerFactory for CoreController<F>
-where
-    F: Fn(u16) -> Box<dyn cc::Controller> + Send + Sync + 'static,
-{
+/// One of the core's controllers (`mpquic_core::cc`) in the QUIC engine: the factory builds one
+/// per connection, and `Adapter` forwards the engine's events to it.
+struct CoreController(MakeController);
+
+impl quinn::congestion::ControllerFactory for CoreController {
     fn build(
         self: Arc<Self>,
         _now: std::time::Instant,
@@ -76,14 +78,16 @@ where
     ) -> Box<dyn quinn::congestion::Controller> {
         Box::new(Adapter {
             inner: (self.0)(current_mtu),
-            initial_window: u64::from(current_mtu) * 10,
+            make: self.0.clone(),
+            mtu: current_mtu,
         })
     }
 }
 
 struct Adapter {
     inner: Box<dyn cc::Controller>,
-    initial_window: u64,
+    make: MakeController,
+    mtu: u16,
 }
 
 impl quinn::congestion::Controller for Adapter {
@@ -124,6 +128,7 @@ impl quinn::congestion::Controller for Adapter {
     }
 
     fn on_mtu_update(&mut self, new_mtu: u16) {
+        self.mtu = new_mtu;
         self.inner.on_mtu(new_mtu);
     }
 
@@ -139,15 +144,17 @@ impl quinn::congestion::Controller for Adapter {
     }
 
     fn clone_box(&self) -> Box<dyn quinn::congestion::Controller> {
-        // quinn clones a controller only to try a new path's MTU; a fresh model is right there.
+        // quinn clones a controller for a new network path (migration): a fresh model, since
+        // what this one measured belongs to the old path.
         Box::new(Adapter {
-            inner: Box::new(mpquic_core::cc::Bbr::new(1200)),
-            initial_window: self.initial_window,
+            inner: (self.make)(self.mtu),
+            make: self.make.clone(),
+            mtu: self.mtu,
         })
     }
 
     fn initial_window(&self) -> u64 {
-        self.initial_window
+        self.inner.initial_window()
     }
 
     fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {

@@ -323,6 +323,10 @@ impl Controller for Bbr {
         self.window
     }
 
+    fn initial_window(&self) -> u64 {
+        INITIAL_WINDOW_PACKETS * self.mss
+    }
+
     fn pacing_rate(&self) -> Option<u64> {
         let bw = self.bw.get();
         let gain = match self.state {

@@ -33,6 +33,8 @@ pub trait Controller: Debug + Send + Sync {
     fn on_mtu(&mut self, mtu: u16);
     /// Bytes that may be in flight.
     fn window(&self) -> u64;
+    /// The window a fresh connection starts with.
+    fn initial_window(&self) -> u64;
     /// The rate the controller wants to send at (bytes/s), once it has one.
     fn pacing_rate(&self) -> Option<u64>;
 }
