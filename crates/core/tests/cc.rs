@@ -192,6 +192,9 @@ impl Controller for NewReno {
     fn pacing_rate(&self) -> Option<u64> {
         None
     }
+    fn clone_box(&self) -> Box<dyn Controller> {
+        Box::new(NewReno { ..*self })
+    }
 }
 
 fn newreno() -> NewReno {

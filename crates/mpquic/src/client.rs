@@ -135,6 +135,7 @@ impl Client {
         let addr = *self.addr.lock().unwrap_or_else(|e| e.into_inner());
         StatusReport {
             role: "client".into(),
+            congestion: self.cfg.congestion.as_str().into(),
             tun_name: self.cfg.tun_name.clone(),
             tun_mtu: self.mtu,
             version: env!("CARGO_PKG_VERSION").into(),

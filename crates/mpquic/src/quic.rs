@@ -78,16 +78,12 @@ impl quinn::congestion::ControllerFactory for CoreController {
     ) -> Box<dyn quinn::congestion::Controller> {
         Box::new(Adapter {
             inner: (self.0)(current_mtu),
-            make: self.0.clone(),
-            mtu: current_mtu,
         })
     }
 }
 
 struct Adapter {
     inner: Box<dyn cc::Controller>,
-    make: MakeController,
-    mtu: u16,
 }
 
 impl quinn::congestion::Controller for Adapter {
@@ -128,7 +124,6 @@ impl quinn::congestion::Controller for Adapter {
     }
 
     fn on_mtu_update(&mut self, new_mtu: u16) {
-        self.mtu = new_mtu;
         self.inner.on_mtu(new_mtu);
     }
 
@@ -144,12 +139,10 @@ impl quinn::congestion::Controller for Adapter {
     }
 
     fn clone_box(&self) -> Box<dyn quinn::congestion::Controller> {
-        // quinn clones a controller for a new network path (migration): a fresh model, since
-        // what this one measured belongs to the old path.
+        // quinn clones a controller for status (`Connection::congestion_state`) and for a
+        // migrated path: the state as it is.
         Box::new(Adapter {
-            inner: (self.make)(self.mtu),
-            make: self.make.clone(),
-            mtu: self.mtu,
+            inner: self.inner.clone_box(),
         })
     }
 

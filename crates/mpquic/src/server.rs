@@ -148,6 +148,7 @@ impl Server {
             .collect();
         StatusReport {
             role: "server".into(),
+            congestion: self.cfg.congestion.as_str().into(),
             tun_name: self.cfg.tun_name.clone(),
             tun_mtu: self.mtu,
             version: env!("CARGO_PKG_VERSION").into(),

@@ -418,6 +418,7 @@ impl Tunnel {
                     ps.remote = l.transport.remote().to_string();
                     ps.quic_rtt_ms = st.rtt.map(ms);
                     ps.cwnd_bytes = st.cwnd;
+                    ps.pacing_mbit = st.pacing_rate.map(|r| r as f64 / 1e6);
                     ps.quic_sent_packets = st.sent_packets;
                     ps.quic_lost_packets = st.lost_packets;
                     if st.sent_packets > 0 {

@@ -32,6 +32,9 @@ pub struct PathStatus {
     /// The QUIC engine's view of the path.
     pub quic_rtt_ms: Option<f64>,
     pub cwnd_bytes: Option<u64>,
+    /// The congestion controller's pacing rate (Mbit/s), for controllers that have one.
+    #[serde(default)]
+    pub pacing_mbit: Option<f64>,
     pub quic_sent_packets: u64,
     pub quic_lost_packets: u64,
     /// lost / sent packets over the connection's life (%).
@@ -59,6 +62,9 @@ pub struct TunnelStatus {
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct StatusReport {
     pub role: String,
+    /// The congestion controller of this instance's sending side (`congestion_algorithm`).
+    #[serde(default)]
+    pub congestion: String,
     pub tun_name: String,
     pub tun_mtu: u32,
     pub version: String,

@@ -101,6 +101,11 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Gauge(|p| p.cwnd_bytes.map(|c| c as f64)),
     ),
     (
+        "mpquic_path_pacing_mbit",
+        "The congestion controller's pacing rate (Mbit/s), for controllers that have one",
+        PathValue::Gauge(|p| p.pacing_mbit),
+    ),
+    (
         "mpquic_path_quic_loss_pct",
         "QUIC packets lost / sent over the connection's life (%)",
         PathValue::Gauge(|p| Some(p.quic_loss_pct)),

@@ -11,8 +11,8 @@ impl StatusReport {
         let mut o = String::new();
         let _ = writeln!(
             o,
-            "mpquic {} {}  tun {} mtu {}  up {:.0}s",
-            self.role, self.version, self.tun_name, self.tun_mtu, self.uptime_s
+            "mpquic {} {}  tun {} mtu {}  cc {}  up {:.0}s",
+            self.role, self.version, self.tun_name, self.tun_mtu, self.congestion, self.uptime_s
         );
         for t in &self.tunnels {
             let _ = writeln!(

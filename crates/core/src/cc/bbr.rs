@@ -327,6 +327,15 @@ impl Controller for Bbr {
         INITIAL_WINDOW_PACKETS * self.mss
     }
 
+    fn clone_box(&self) -> Box<dyn Controller> {
+        // The model, without the send records (up to 16k): a copy is for reading the state,
+        // and acknowledgements of packets sent before it give no rate sample, as after a gap.
+        Box::new(Bbr {
+            records: VecDeque::new(),
+            ..self.clone()
+        })
+    }
+
     fn pacing_rate(&self) -> Option<u64> {
         let bw = self.bw.get();
         let gain = match self.state {

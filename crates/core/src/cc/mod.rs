@@ -37,4 +37,7 @@ pub trait Controller: Debug + Send + Sync {
     fn initial_window(&self) -> u64;
     /// The rate the controller wants to send at (bytes/s), once it has one.
     fn pacing_rate(&self) -> Option<u64>;
+    /// A copy of the controller's state (the engine asks for one for status, or for a migrated
+    /// path).
+    fn clone_box(&self) -> Box<dyn Controller>;
 }

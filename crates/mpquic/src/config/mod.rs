@@ -46,6 +46,18 @@ pub enum TransportMode {
     Reliable,
 }
 
+impl Congestion {
+    /// The name as `congestion_algorithm` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Congestion::Cubic => "cubic",
+            Congestion::Newreno => "newreno",
+            Congestion::Bbr => "bbr",
+            Congestion::BbrModel => "bbr-model",
+        }
+    }
+}
+
 impl TransportMode {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -370,6 +382,17 @@ multipath_paths:
         ))
         .unwrap();
         assert_eq!(ours.congestion, Congestion::BbrModel);
+        // Status prints the name the config spells.
+        for c in [
+            Congestion::Cubic,
+            Congestion::Newreno,
+            Congestion::Bbr,
+            Congestion::BbrModel,
+        ] {
+            let text = format!("congestion_algorithm: {}", c.as_str());
+            let parsed = parse(&SEED_CLIENT.replace("congestion_algorithm: bbr", &text)).unwrap();
+            assert_eq!(parsed.congestion, c);
+        }
     }
 
     #[test]

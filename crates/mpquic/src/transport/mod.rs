@@ -31,6 +31,8 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub struct TransportStats {
     pub rtt: Option<Duration>,
     pub cwnd: Option<u64>,
+    /// The rate the congestion controller paces at (bits/s), when it says (model-based ones).
+    pub pacing_rate: Option<u64>,
     pub sent_packets: u64,
     pub lost_packets: u64,
 }

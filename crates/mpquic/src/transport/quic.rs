@@ -129,6 +129,7 @@ impl PathTransport for QuicTransport {
         TransportStats {
             rtt: Some(st.path.rtt),
             cwnd: Some(st.path.cwnd),
+            pacing_rate: self.conn.congestion_state().metrics().pacing_rate,
             sent_packets: st.path.sent_packets,
             lost_packets: st.path.lost_packets,
         }
