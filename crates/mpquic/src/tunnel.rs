@@ -216,9 +216,7 @@ impl Tunnel {
             }
             self.wake_timers_if(s.router.take_woken());
         }
-        let Routed {
-            per_path, refused, ..
-        } = scratch;
+        let Routed { per_path, refused } = scratch;
         // Every transport writes its headers before any takes packets (then they are shared).
         for share in per_path.iter() {
             if let Some((_, t)) = &share.to {

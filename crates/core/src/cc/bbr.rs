@@ -58,6 +58,18 @@ struct SendRecord {
     first_sent_time: Instant,
 }
 
+/// The send records behind delivery-rate samples. A copy of the controller (quinn takes one for
+/// every status read) starts without them: they are up to 16k entries, and acknowledgements of
+/// packets sent before the copy then give no rate sample, as after a gap in sending.
+#[derive(Debug, Default)]
+struct SendRecords(VecDeque<SendRecord>);
+
+impl Clone for SendRecords {
+    fn clone(&self) -> Self {
+        SendRecords::default()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Bbr {
     mss: u64,
@@ -70,7 +82,7 @@ pub struct Bbr {
     delivered: u64,
     delivered_time: Option<Instant>,
     first_sent_time: Option<Instant>,
-    records: VecDeque<SendRecord>,
+    records: SendRecords,
     // Round trips, counted by delivered data.
     round: u64,
     next_round_delivered: u64,
@@ -101,7 +113,7 @@ impl Bbr {
             delivered: 0,
             delivered_time: None,
             first_sent_time: None,
-            records: VecDeque::new(),
+            records: SendRecords::default(),
             round: 0,
             next_round_delivered: 0,
             round_start: false,
@@ -142,10 +154,10 @@ impl Bbr {
     /// The rate sample of an acknowledged packet sent at `sent` (draft-cheng-iccrg-delivery-rate-
     /// estimation): data delivered since it left, over the longer of its send and ack intervals.
     fn rate_sample(&mut self, now: Instant, sent: Instant) -> Option<(SendRecord, u64)> {
-        let at = self.records.partition_point(|r| r.sent < sent);
-        let rec = *self.records.get(at).filter(|r| r.sent == sent)?;
+        let at = self.records.0.partition_point(|r| r.sent < sent);
+        let rec = *self.records.0.get(at).filter(|r| r.sent == sent)?;
         // Records before this one belong to packets acknowledged or lost by now.
-        self.records.drain(..at);
+        self.records.0.drain(..at);
         self.first_sent_time = Some(rec.sent);
         let send_elapsed = rec.sent.saturating_duration_since(rec.first_sent_time);
         let ack_elapsed = now.saturating_duration_since(rec.delivered_time);
@@ -255,11 +267,11 @@ impl Controller for Bbr {
             self.first_sent_time = Some(now);
             self.delivered_time = Some(now);
         }
-        if self.records.back().is_none_or(|r| r.sent != now) {
-            if self.records.len() == MAX_RECORDS {
-                self.records.pop_front();
+        if self.records.0.back().is_none_or(|r| r.sent != now) {
+            if self.records.0.len() == MAX_RECORDS {
+                self.records.0.pop_front();
             }
-            self.records.push_back(SendRecord {
+            self.records.0.push_back(SendRecord {
                 sent: now,
                 delivered: self.delivered,
                 delivered_time: self.delivered_time.unwrap_or(now),
@@ -328,12 +340,8 @@ impl Controller for Bbr {
     }
 
     fn clone_box(&self) -> Box<dyn Controller> {
-        // The model, without the send records (up to 16k): a copy is for reading the state,
-        // and acknowledgements of packets sent before it give no rate sample, as after a gap.
-        Box::new(Bbr {
-            records: VecDeque::new(),
-            ..self.clone()
-        })
+        // The model without its send records (`SendRecords` clones empty).
+        Box::new(self.clone())
     }
 
     fn pacing_rate(&self) -> Option<u64> {
