@@ -173,6 +173,10 @@ class Lab:
         """Rate of path p of client c in both directions (None: unlimited)."""
         lab_cmd("set", self.name, p + 1, f"rate={mbit}mbit" if mbit else "rate=none", "--client", c + 1)
 
+    def set_link(self, p, spec, c=0):
+        """Change path p of client c in both directions (an emulator spec, e.g. "loss=5%")."""
+        lab_cmd("set", self.name, p + 1, spec, "--client", c + 1)
+
     # -- faults -----------------------------------------------------------------------------
     def link_down(self, p, c=0):
         lab_cmd("link", self.name, p + 1, "down", "--client", c + 1)

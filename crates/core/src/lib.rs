@@ -6,6 +6,7 @@ pub mod addressing;
 pub mod bond;
 pub mod cc;
 pub mod drops;
+pub mod fec;
 pub mod flow;
 pub mod health;
 pub mod mtu;

@@ -8,6 +8,13 @@ use crate::health::{PathState, PeerView};
 
 pub const PROBE: u8 = 0x01;
 pub const PROBE_REPLY: u8 = 0x02;
+/// An inner packet protected by FEC: type, group (u16), index in the group (u8), the packet.
+pub const FEC_DATA: u8 = 0x03;
+/// A repair packet of an FEC group: type, group (u16), repair index (u8), the group's data
+/// count k (u8) and repair count m (u8), then the Reed-Solomon shard (docs/PROTOCOL.md).
+pub const FEC_REPAIR: u8 = 0x04;
+pub const FEC_DATA_HEADER: usize = 4;
+pub const FEC_REPAIR_HEADER: usize = 6;
 /// Type and sequence number: a probe reply, or a probe without the sender's view.
 pub const PROBE_LEN: usize = 5;
 /// A probe with the prober's view: state (1), srtt, rttvar, min RTT (4 each, microseconds,
@@ -19,8 +26,29 @@ const PROBE_VIEW_LEN_V0: usize = PROBE_LEN + 15;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Datagram<'a> {
     Packet(&'a [u8]),
-    Probe { seq: u32, view: Option<PeerView> },
+    Probe {
+        seq: u32,
+        view: Option<PeerView>,
+    },
     ProbeReply(u32),
+    FecData {
+        group: u16,
+        index: u8,
+        packet: &'a [u8],
+    },
+    FecRepair(Repair<'a>),
+}
+
+/// A repair packet of an FEC group (`FEC_REPAIR`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Repair<'a> {
+    pub group: u16,
+    /// Which of the group's `m` repairs this is.
+    pub index: u8,
+    /// The group's data and repair counts.
+    pub k: u8,
+    pub m: u8,
+    pub shard: &'a [u8],
 }
 
 /// Classify a received datagram. `None` for anything malformed (counted by the caller).
@@ -30,6 +58,11 @@ pub fn decode(buf: &[u8]) -> Option<Datagram<'_>> {
         4 | 6 => return Some(Datagram::Packet(buf)),
         0 => {}
         _ => return None,
+    }
+    match first {
+        FEC_DATA => return decode_fec_data(buf),
+        FEC_REPAIR => return decode_fec_repair(buf),
+        _ => {}
     }
     if buf.len() < PROBE_LEN {
         return None;
@@ -44,6 +77,49 @@ pub fn decode(buf: &[u8]) -> Option<Datagram<'_>> {
         (PROBE_REPLY, PROBE_LEN) => Some(Datagram::ProbeReply(seq)),
         _ => None,
     }
+}
+
+fn decode_fec_data(buf: &[u8]) -> Option<Datagram<'_>> {
+    let packet = buf.get(FEC_DATA_HEADER..).filter(|p| !p.is_empty())?;
+    let index = buf[3];
+    if usize::from(index) >= crate::fec::MAX_DATA {
+        return None;
+    }
+    Some(Datagram::FecData {
+        group: u16::from_be_bytes([buf[1], buf[2]]),
+        index,
+        packet,
+    })
+}
+
+fn decode_fec_repair(buf: &[u8]) -> Option<Datagram<'_>> {
+    // A shard holds at least a packet's 2-byte length.
+    let shard = buf.get(FEC_REPAIR_HEADER..).filter(|s| s.len() > 2)?;
+    let (index, k, m) = (buf[3], buf[4], buf[5]);
+    let valid = k >= 1
+        && m >= 1
+        && index < m
+        && usize::from(k) <= crate::fec::MAX_DATA
+        && usize::from(m) <= crate::fec::MAX_REPAIR;
+    valid.then_some(Datagram::FecRepair(Repair {
+        group: u16::from_be_bytes([buf[1], buf[2]]),
+        index,
+        k,
+        m,
+        shard,
+    }))
+}
+
+/// The header in front of an FEC-protected inner packet.
+pub fn encode_fec_data(group: u16, index: u8) -> [u8; FEC_DATA_HEADER] {
+    let g = group.to_be_bytes();
+    [FEC_DATA, g[0], g[1], index]
+}
+
+/// The header in front of a repair shard.
+pub fn encode_fec_repair(group: u16, index: u8, k: u8, m: u8) -> [u8; FEC_REPAIR_HEADER] {
+    let g = group.to_be_bytes();
+    [FEC_REPAIR, g[0], g[1], index, k, m]
 }
 
 const NOT_MEASURED: u32 = u32::MAX;
@@ -169,8 +245,48 @@ mod tests {
         assert_eq!(decode(&[0x60]), Some(Datagram::Packet(&[0x60])));
         assert_eq!(decode(&[]), None);
         assert_eq!(decode(&[0x01, 0, 0]), None);
-        assert_eq!(decode(&[0x03, 0, 0, 0, 0]), None);
+        assert_eq!(decode(&[0x05, 0, 0, 0, 0]), None);
         assert_eq!(decode(&[0x20, 0, 0, 0, 0]), None);
+    }
+}
+
+#[cfg(test)]
+mod fec_tests {
+    use super::*;
+
+    #[test]
+    fn fec_vectors() {
+        assert_eq!(encode_fec_data(0x0102, 3), [0x03, 0x01, 0x02, 0x03]);
+        assert_eq!(
+            decode(&[0x03, 0x01, 0x02, 0x03, 0x45, 0x00]),
+            Some(Datagram::FecData {
+                group: 0x0102,
+                index: 3,
+                packet: &[0x45, 0x00]
+            })
+        );
+        assert_eq!(
+            encode_fec_repair(0xfffe, 1, 10, 2),
+            [0x04, 0xff, 0xfe, 1, 10, 2]
+        );
+        assert_eq!(
+            decode(&[0x04, 0xff, 0xfe, 1, 10, 2, 0, 1, 0xaa]),
+            Some(Datagram::FecRepair(Repair {
+                group: 0xfffe,
+                index: 1,
+                k: 10,
+                m: 2,
+                shard: &[0, 1, 0xaa]
+            }))
+        );
+        // No packet, no shard, a repair index beyond m, k or m zero or above the bounds.
+        assert_eq!(decode(&[0x03, 0, 0, 0]), None);
+        assert_eq!(decode(&[0x03, 0, 0, 200, 0x45]), None);
+        assert_eq!(decode(&[0x04, 0, 0, 2, 10, 2, 0, 1, 0]), None);
+        assert_eq!(decode(&[0x04, 0, 0, 0, 0, 2, 0, 1, 0]), None);
+        assert_eq!(decode(&[0x04, 0, 0, 0, 10, 0, 0, 1, 0]), None);
+        assert_eq!(decode(&[0x04, 0, 0, 0, 200, 2, 0, 1, 0]), None);
+        assert_eq!(decode(&[0x04, 0, 0, 0, 10, 2, 0, 1]), None);
     }
 }
 

@@ -179,6 +179,7 @@ fn main() -> ExitCode {
                     extra_yaml + "\n"
                 },
                 requires: Vec::new(),
+                fec: None,
             },
         ),
         Cmd::Route {

@@ -139,7 +139,8 @@ fn client_yaml(lab: &LabState, c: usize, m: &MpquicOpts, pki: &str, me: &Instanc
          tun_cidr: {tun}\nlog_level: info\n\
          tls_ca_file: {pki}/ca.crt\ntls_cert_file: {pki}/{site}.crt\ntls_key_file: {pki}/{site}.key\n\
          tls_server_name: {SERVER_NAME}\ncongestion_algorithm: {cc}\ntransport_mode: {mode}\n\
-         control_socket: {s}\n{extra}multipath_paths:\n",
+         control_socket: {s}\n{fec}{extra}multipath_paths:\n",
+        fec = m.fec.as_ref().map(|f| format!("fec: {f}\n")).unwrap_or_default(),
         pol = m.policy,
         tun = me.tun_addr,
         site = me.name,

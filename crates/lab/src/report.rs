@@ -178,6 +178,48 @@ fn mpquic_drops(o: &mut String, status: &Value) {
     );
 }
 
+/// FEC at the end of the run, per side and path that had it: what the sender added and what
+/// the receiver rebuilt or could not (the residual loss FEC left).
+fn mpquic_fec(o: &mut String, status: &Value) {
+    if !status.is_object() {
+        return;
+    }
+    let mut lines = Vec::new();
+    for who in ["client", "server"] {
+        let Ok(st) = serde_json::from_value::<mpquic_status::StatusReport>(status[who].clone())
+        else {
+            continue;
+        };
+        for t in &st.tunnels {
+            for p in t.paths.iter().filter(|p| p.fec_parity.is_some()) {
+                lines.push(format!(
+                    "{who} {} ({}): sent {} data + {} repair (overhead {:.1}%, {} refused), \
+                     measured loss {:.1}%, repair now {}; received {} repair, rebuilt {}, \
+                     unrecoverable {} groups ({} packets)",
+                    p.name,
+                    t.fec,
+                    p.fec_protected_packets,
+                    p.fec_repair_sent,
+                    p.fec_overhead_pct.unwrap_or(0.0),
+                    p.fec_repair_refused,
+                    p.fec_loss_pct.unwrap_or(0.0),
+                    p.fec_parity.unwrap_or(0.0),
+                    p.fec_repair_received,
+                    p.fec_recovered,
+                    p.fec_unrecoverable_groups,
+                    p.fec_unrecovered_packets,
+                ));
+            }
+        }
+    }
+    if !lines.is_empty() {
+        let _ = writeln!(o, "\nFEC at the end:\n");
+        for l in lines {
+            let _ = writeln!(o, "- {l}");
+        }
+    }
+}
+
 /// Mbit/s with the digits that matter: a ping-only run moves a few kbit/s.
 fn mbit(x: f64) -> String {
     if x < 10.0 {
@@ -280,6 +322,7 @@ fn markdown(r: &Value, plots: &crate::plot::Plots) -> String {
         process_table(&mut o, samples);
         tunnel_drops(&mut o, samples);
         mpquic_drops(&mut o, &s["mpquic_status"]);
+        mpquic_fec(&mut o, &s["mpquic_status"]);
         emulator_health(&mut o, &s["emulator"]);
         let _ = writeln!(o);
         for p in plots

@@ -13,15 +13,7 @@ use crate::emu::LinkSpec;
 
 /// Features mpquic does not have yet; a scenario that requires one reports "unsupported" for
 /// mpquic and still runs its other systems.
-pub const NOT_YET: &[&str] = &[
-    "stripe",
-    "pipes",
-    "fec",
-    "classes",
-    "wlb",
-    "minrtt",
-    "redundant",
-];
+pub const NOT_YET: &[&str] = &["stripe", "pipes", "classes", "wlb", "minrtt", "redundant"];
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -85,6 +77,9 @@ pub struct MpquicOpts {
     /// (e.g. `"worker_threads: 2\n"`).
     #[serde(default)]
     pub extra_yaml: String,
+    /// The clients' `fec` (off, auto, K/M); absent: not written (mpquic's default).
+    #[serde(default)]
+    pub fec: Option<String>,
 }
 
 impl Default for MpquicOpts {
@@ -97,6 +92,7 @@ impl Default for MpquicOpts {
             weights: None,
             requires: Vec::new(),
             extra_yaml: String::new(),
+            fec: None,
         }
     }
 }
@@ -117,6 +113,7 @@ pub struct Variant {
     pub policy: Option<String>,
     pub mode: Option<String>,
     pub congestion: Option<String>,
+    pub fec: Option<String>,
     #[serde(default)]
     pub requires: Vec<String>,
 }
@@ -419,6 +416,7 @@ impl Scenario {
                         o.policy = v.policy.clone().unwrap_or(o.policy);
                         o.mode = v.mode.clone().unwrap_or(o.mode);
                         o.congestion = v.congestion.clone().unwrap_or(o.congestion);
+                        o.fec = v.fec.clone().or(o.fec);
                         o.requires.extend(v.requires.iter().cloned());
                         out.push((format!("mpquic-{}", v.label), System::Mpquic(o)));
                     }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use mpquic_core::fec::FecMode;
 use mpquic_core::{reconnect, sessions, DropReason, HealthMode, PathId, PathSpec};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -60,6 +61,7 @@ pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<
         None,
         // The client probes every path; the server follows its view (core health.rs).
         HealthMode::Probe,
+        ccfg.fec,
     );
     let path_ids = ccfg
         .paths
@@ -233,6 +235,7 @@ impl Client {
             policy: self.ccfg.policy.as_str().into(),
             mode: self.cfg.mode,
             addr: requested.map(|(a, l)| format!("{a}/{l}")),
+            fec: (self.ccfg.fec != FecMode::Off).then(|| self.ccfg.fec.to_string()),
         };
         let (transport, ack) = self.dialer.dial(p, &h).await?;
         if !ack.ok {

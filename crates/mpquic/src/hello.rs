@@ -25,6 +25,9 @@ pub struct Hello {
     pub mode: TransportMode,
     /// The tunnel address the client asks for, "a.b.c.d/len"; the server decides.
     pub addr: Option<String>,
+    /// FEC for the tunnel, both directions (`off`, `auto`, `K/M`); absent: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fec: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]

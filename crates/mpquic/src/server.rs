@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use mpquic_core::fec::FecMode;
 use mpquic_core::sessions::{self, Registry};
 use mpquic_core::{DropReason, Drops, HealthMode, PathId, PathSpec, Policy};
 use tracing::{info, warn};
@@ -293,6 +294,10 @@ impl Server {
     ) -> Result<(Arc<Session>, std::net::Ipv4Addr, PathId), String> {
         let policy =
             Policy::parse(&h.policy).ok_or_else(|| format!("unknown policy `{}`", h.policy))?;
+        let fec = match h.fec.as_deref() {
+            Some(f) => FecMode::parse(f)?,
+            None => FecMode::Off,
+        };
         let plan = self.scfg.address_plan();
         let joined = self.write().join(
             &plan,
@@ -308,6 +313,7 @@ impl Server {
                     policy,
                     Some(addr),
                     HealthMode::Follow,
+                    fec,
                 );
                 let t = tunnel.clone();
                 let timers = tokio::spawn(async move { t.run_timers().await }).abort_handle();

@@ -9,6 +9,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use mpquic_core::fec::{self, FecMode};
 use mpquic_core::wire::{self, Datagram};
 use mpquic_core::{
     DropReason, HealthConfig, HealthMode, PacketInfo, PathId, PathSpec, PathState, Policy,
@@ -43,7 +44,19 @@ struct State {
     router: Router,
     /// The live connection of each path, by `PathId::index()`.
     links: Vec<Option<Link>>,
+    /// Each path's FEC state, by `PathId::index()` (kept across reconnections: its counters
+    /// are the path's, and group numbers simply continue).
+    fec: Vec<PathFec>,
     next_generation: u64,
+}
+
+/// Repair packets of FEC groups closed by their timer, for one path's transport.
+type DueRepairs = (PathId, Arc<dyn PathTransport>, Vec<Vec<u8>>);
+
+/// FEC on one path: what we send (encoder) and what we receive (decoder).
+struct PathFec {
+    enc: fec::Encoder,
+    dec: fec::Decoder,
 }
 
 impl State {
@@ -57,6 +70,8 @@ pub struct Tunnel {
     pub peer: String,
     tun: Arc<Tun>,
     mode: TransportMode,
+    /// FEC on what this side sends (the client's choice, for both directions).
+    fec: FecMode,
     /// Server side: inner packets from the peer must carry this source address.
     expect_src: Option<Ipv4Addr>,
     state: Mutex<State>,
@@ -76,11 +91,13 @@ impl Tunnel {
         policy: Policy,
         expect_src: Option<Ipv4Addr>,
         health: HealthMode,
+        fec: FecMode,
     ) -> Arc<Tunnel> {
         Arc::new(Tunnel {
             peer,
             tun,
             mode,
+            fec,
             expect_src,
             state: Mutex::new(State {
                 router: Router::new(
@@ -91,6 +108,7 @@ impl Tunnel {
                     },
                 ),
                 links: Vec::new(),
+                fec: Vec::new(),
                 next_generation: 1,
             }),
             timers_changed: Notify::new(),
@@ -109,6 +127,13 @@ impl Tunnel {
         let id = s.router.path_within(spec, limit)?;
         if s.links.len() <= id.index() {
             s.links.resize_with(id.index() + 1, || None);
+        }
+        let fec = self.fec;
+        if s.fec.len() <= id.index() {
+            s.fec.resize_with(id.index() + 1, || PathFec {
+                enc: fec::Encoder::new(fec),
+                dec: fec::Decoder::new(),
+            });
         }
         Some(id)
     }
@@ -204,17 +229,29 @@ impl Tunnel {
         scratch.clear();
         {
             let mut s = self.lock();
+            let mut group_opened = false;
             for &i in which {
                 let len = batch.packet(i).len();
                 let Some(path) = s.router.route(infos[i].as_ref(), len, now) else {
                     continue; // counted as no_path by the bond
                 };
-                match s.link(path) {
-                    Some(link) => scratch.add(path, &link.transport, i),
-                    None => s.router.drop_tx(path, len, DropReason::NoPath),
+                let Some(link) = s.link(path) else {
+                    s.router.drop_tx(path, len, DropReason::NoPath);
+                    continue;
+                };
+                let share = scratch.add(path, &link.transport, i);
+                if self.fec != FecMode::Off {
+                    let enc = &mut s.fec[path.index()].enc;
+                    let idle = enc.deadline().is_none();
+                    if let Some(h) = enc.on_data(now, batch.packet(i), &mut share.repairs) {
+                        group_opened |= idle;
+                        if let Some(w) = batch.with_header_mut(i, h.len()) {
+                            w[..h.len()].copy_from_slice(&h);
+                        }
+                    }
                 }
             }
-            self.wake_timers_if(s.router.take_woken());
+            self.wake_timers_if(s.router.take_woken() || group_opened);
         }
         let Routed { per_path, refused } = scratch;
         // Every transport writes its headers before any takes packets (then they are shared).
@@ -223,17 +260,25 @@ impl Tunnel {
                 t.prepare(batch, &share.picks);
             }
         }
-        for share in per_path.iter() {
+        let mut repairs_refused = false;
+        for share in per_path.iter_mut() {
             if let Some((path, t)) = &share.to {
                 t.send_batch(batch, &share.picks, &mut |i, reason| {
                     refused.push((*path, i, reason))
                 });
+                share.repairs_refused = send_repairs(&**t, share.repairs.drain(..));
+                repairs_refused |= share.repairs_refused > 0;
             }
         }
-        if !refused.is_empty() {
+        if !refused.is_empty() || repairs_refused {
             let mut s = self.lock();
             for &(path, i, reason) in refused.iter() {
                 s.router.drop_tx(path, batch.packet(i).len(), reason);
+            }
+            for share in per_path.iter() {
+                if let (Some((path, _)), n @ 1..) = (&share.to, share.repairs_refused) {
+                    s.fec[path.index()].enc.refused(n);
+                }
             }
         }
     }
@@ -309,6 +354,35 @@ impl Tunnel {
                     self.timers_changed.notify_one();
                 }
             }
+            Some(Datagram::FecData {
+                group,
+                index,
+                packet,
+            }) => {
+                let mut recovered = Vec::new();
+                let fresh = self.lock().fec[path.index()].dec.on_data(
+                    Instant::now(),
+                    group,
+                    index,
+                    packet,
+                    &mut recovered,
+                );
+                if fresh {
+                    self.deliver(path, packet);
+                }
+                for p in recovered {
+                    self.deliver(path, &p);
+                }
+            }
+            Some(Datagram::FecRepair(r)) => {
+                let mut recovered = Vec::new();
+                self.lock().fec[path.index()]
+                    .dec
+                    .on_repair(Instant::now(), &r, &mut recovered);
+                for p in recovered {
+                    self.deliver(path, &p);
+                }
+            }
             None => self.lock().router.drop_on(path, DropReason::Malformed, 1),
         }
     }
@@ -319,6 +393,7 @@ impl Tunnel {
         let now = Instant::now();
         let mut probes: Vec<ProbeDue> = Vec::new();
         let mut changes: Vec<Transition> = Vec::new();
+        let mut repairs: Vec<DueRepairs> = Vec::new();
         let (due, next): (Vec<(ProbeDue, Arc<dyn PathTransport>)>, _) = {
             let mut s = self.lock();
             s.router.poll(now, &mut probes, &mut changes);
@@ -326,8 +401,20 @@ impl Tunnel {
                 .iter()
                 .filter_map(|p| s.link(p.path).map(|l| (*p, l.transport.clone())))
                 .collect();
-            (due, s.router.next_deadline())
+            let mut next = s.router.next_deadline();
+            if self.fec != FecMode::Off {
+                self.poll_fec(&mut s, now, &mut repairs);
+                let fec_next = s.fec.iter().filter_map(|f| f.enc.deadline()).min();
+                next = next.into_iter().chain(fec_next).min();
+            }
+            (due, next)
         };
+        for (path, transport, r) in repairs {
+            let n = send_repairs(&*transport, r.into_iter());
+            if n > 0 {
+                self.lock().fec[path.index()].enc.refused(n);
+            }
+        }
         for (p, transport) in due {
             let path = p.path;
             // A probe that finds the datagram buffer full is not sent (it would evict data);
@@ -343,6 +430,30 @@ impl Tunnel {
             self.log_transition(t);
         }
         next
+    }
+
+    /// FEC's timers: close groups that waited long enough (their repairs into `repairs`), feed
+    /// each encoder its path's loss counters, let decoders forget old groups.
+    fn poll_fec(&self, s: &mut State, now: Instant, repairs: &mut Vec<DueRepairs>) {
+        let State {
+            links, fec, router, ..
+        } = s;
+        for id in router.paths().ids() {
+            let (Some(f), link) = (fec.get_mut(id.index()), links.get(id.index())) else {
+                continue;
+            };
+            f.dec.expire(now);
+            let Some(link) = link.and_then(Option::as_ref) else {
+                continue;
+            };
+            let st = link.transport.stats();
+            f.enc.on_counters(now, st.sent_packets, st.lost_packets);
+            let mut out = Vec::new();
+            f.enc.poll(now, &mut out);
+            if !out.is_empty() {
+                repairs.push((id, link.transport.clone(), out));
+            }
+        }
     }
 
     /// Serve the core's timers for the tunnel's life: sleep until its next deadline, or until a
@@ -411,6 +522,9 @@ impl Tunnel {
                     ps.probe_loss_pct = h.loss() * 100.0;
                     ps.probe_interval_ms = Some(ms(h.probe_interval()));
                 }
+                if let (Some(f), true) = (s.fec.get(id.index()), self.fec != FecMode::Off) {
+                    fec_status(&mut ps, f);
+                }
                 if let Some(l) = link {
                     let st = l.transport.stats();
                     ps.remote = l.transport.remote().to_string();
@@ -431,6 +545,7 @@ impl Tunnel {
             address,
             policy: s.router.bond().policy().as_str().into(),
             mode: self.mode.as_str().into(),
+            fec: self.fec.to_string(),
             paths,
             drops: s
                 .router
@@ -441,6 +556,23 @@ impl Tunnel {
                 .collect(),
         }
     }
+}
+
+/// A path's FEC figures (encoder: what we send; decoder: what we receive).
+fn fec_status(ps: &mut PathStatus, f: &PathFec) {
+    let (e, d) = (&f.enc.counters, &f.dec.counters);
+    ps.fec_parity = Some(f.enc.parity() as f64);
+    ps.fec_loss_pct = Some(f.enc.loss() * 100.0);
+    ps.fec_overhead_pct = Some(e.overhead() * 100.0);
+    ps.fec_protected_packets = e.protected_packets;
+    ps.fec_repair_sent = e.repair_sent;
+    ps.fec_repair_refused = e.repair_refused;
+    ps.fec_repair_received = d.repair_received;
+    ps.fec_recovered = d.recovered;
+    ps.fec_unrecoverable_groups = d.unrecoverable_groups;
+    ps.fec_unrecovered_packets = d.unrecovered_packets;
+    ps.fec_duplicates = f.dec.duplicates;
+    ps.fec_inconsistent = d.inconsistent;
 }
 
 fn ms(d: Duration) -> f64 {
@@ -462,6 +594,16 @@ pub struct Routed {
 struct PathShare {
     to: Option<(PathId, Arc<dyn PathTransport>)>,
     picks: Vec<usize>,
+    /// FEC repair packets of groups this batch closed on the path, and how many the transport
+    /// refused.
+    repairs: Vec<Vec<u8>>,
+    repairs_refused: u64,
+}
+
+/// Send FEC repair packets as datagrams; returns how many the transport refused (a full
+/// buffer: repair never evicts data).
+fn send_repairs(t: &dyn PathTransport, repairs: impl Iterator<Item = Vec<u8>>) -> u64 {
+    repairs.filter(|r| t.send_control(r).is_err()).count() as u64
 }
 
 impl Routed {
@@ -469,11 +611,18 @@ impl Routed {
         for share in &mut self.per_path {
             share.to = None;
             share.picks.clear();
+            share.repairs.clear();
+            share.repairs_refused = 0;
         }
         self.refused.clear();
     }
 
-    fn add(&mut self, path: PathId, transport: &Arc<dyn PathTransport>, packet: usize) {
+    fn add(
+        &mut self,
+        path: PathId,
+        transport: &Arc<dyn PathTransport>,
+        packet: usize,
+    ) -> &mut PathShare {
         if self.per_path.len() <= path.index() {
             self.per_path
                 .resize_with(path.index() + 1, Default::default);
@@ -481,6 +630,7 @@ impl Routed {
         let share = &mut self.per_path[path.index()];
         share.to.get_or_insert_with(|| (path, transport.clone()));
         share.picks.push(packet);
+        share
     }
 }
 

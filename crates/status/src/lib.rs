@@ -46,6 +46,38 @@ pub struct PathStatus {
     pub flows: u64,
     pub connects: u64,
     pub drops: BTreeMap<String, u64>,
+    /// FEC (when the tunnel has it): repair packets a full group gets now, and the loss the
+    /// encoder measures on the path (%), which `auto` follows.
+    #[serde(default)]
+    pub fec_parity: Option<f64>,
+    #[serde(default)]
+    pub fec_loss_pct: Option<f64>,
+    /// Repair bytes per protected data byte sent (%).
+    #[serde(default)]
+    pub fec_overhead_pct: Option<f64>,
+    #[serde(default)]
+    pub fec_protected_packets: u64,
+    #[serde(default)]
+    pub fec_repair_sent: u64,
+    /// Repair packets the transport refused (buffer full): not sent, counted.
+    #[serde(default)]
+    pub fec_repair_refused: u64,
+    #[serde(default)]
+    pub fec_repair_received: u64,
+    /// Lost packets rebuilt from repair packets.
+    #[serde(default)]
+    pub fec_recovered: u64,
+    /// Groups that lost more than their repairs could rebuild, and the packets lost in them.
+    #[serde(default)]
+    pub fec_unrecoverable_groups: u64,
+    #[serde(default)]
+    pub fec_unrecovered_packets: u64,
+    /// FEC packets that arrived twice (or after their rebuild): not delivered again.
+    #[serde(default)]
+    pub fec_duplicates: u64,
+    /// FEC packets that contradict their group: dropped.
+    #[serde(default)]
+    pub fec_inconsistent: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
@@ -55,6 +87,9 @@ pub struct TunnelStatus {
     pub address: Option<String>,
     pub policy: String,
     pub mode: String,
+    /// FEC mode: off, auto, or K/M.
+    #[serde(default)]
+    pub fec: String,
     pub paths: Vec<PathStatus>,
     pub drops: BTreeMap<String, u64>,
 }

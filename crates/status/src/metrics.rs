@@ -150,6 +150,66 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         "Connections (re)established on the path",
         PathValue::Counter(|p| p.connects),
     ),
+    (
+        "mpquic_path_fec_parity",
+        "FEC repair packets a full group gets now (auto follows the measured loss)",
+        PathValue::Gauge(|p| p.fec_parity),
+    ),
+    (
+        "mpquic_path_fec_loss_pct",
+        "Loss the FEC encoder measures on the path (%)",
+        PathValue::Gauge(|p| p.fec_loss_pct),
+    ),
+    (
+        "mpquic_path_fec_overhead_pct",
+        "FEC repair bytes per protected data byte sent (%)",
+        PathValue::Gauge(|p| p.fec_overhead_pct),
+    ),
+    (
+        "mpquic_path_fec_protected_packets",
+        "Data packets sent under FEC",
+        PathValue::Counter(|p| p.fec_protected_packets),
+    ),
+    (
+        "mpquic_path_fec_repair_sent",
+        "FEC repair packets sent",
+        PathValue::Counter(|p| p.fec_repair_sent),
+    ),
+    (
+        "mpquic_path_fec_repair_refused",
+        "FEC repair packets not sent (transport buffer full)",
+        PathValue::Counter(|p| p.fec_repair_refused),
+    ),
+    (
+        "mpquic_path_fec_repair_received",
+        "FEC repair packets received",
+        PathValue::Counter(|p| p.fec_repair_received),
+    ),
+    (
+        "mpquic_path_fec_recovered",
+        "Lost packets rebuilt from FEC repair packets",
+        PathValue::Counter(|p| p.fec_recovered),
+    ),
+    (
+        "mpquic_path_fec_unrecoverable_groups",
+        "FEC groups that lost more than their repairs could rebuild",
+        PathValue::Counter(|p| p.fec_unrecoverable_groups),
+    ),
+    (
+        "mpquic_path_fec_unrecovered_packets",
+        "Packets lost in unrecoverable FEC groups",
+        PathValue::Counter(|p| p.fec_unrecovered_packets),
+    ),
+    (
+        "mpquic_path_fec_duplicates",
+        "FEC packets received twice or after their rebuild (not delivered again)",
+        PathValue::Counter(|p| p.fec_duplicates),
+    ),
+    (
+        "mpquic_path_fec_inconsistent",
+        "FEC packets that contradict their group (dropped)",
+        PathValue::Counter(|p| p.fec_inconsistent),
+    ),
 ];
 
 impl StatusReport {
@@ -301,6 +361,11 @@ mod tests {
             min_rtt_ms: Some(1.0),
             quic_rtt_ms: Some(1.0),
             cwnd_bytes: Some(1),
+            pacing_mbit: Some(1.0),
+            probe_interval_ms: Some(1.0),
+            fec_parity: Some(1.0),
+            fec_loss_pct: Some(1.0),
+            fec_overhead_pct: Some(1.0),
             ..Default::default()
         };
         let json = serde_json::to_value(&p).unwrap();

@@ -118,6 +118,8 @@ struct RawConfig {
     stripe_data_shards: Option<u32>,
     stripe_parity_shards: Option<u32>,
     // Keys new in mpquic.
+    /// Client: `off`, `auto` or `K/M` (FEC on every path, both directions).
+    fec: Option<String>,
     control_socket: Option<PathBuf>,
     metrics_listen: Option<SocketAddr>,
     worker_threads: Option<usize>,
@@ -153,6 +155,8 @@ pub struct ClientConfig {
     pub server_name: String,
     pub ca_file: Option<PathBuf>,
     pub insecure_skip_verify: bool,
+    /// FEC on every path, in both directions (the server applies the client's choice).
+    pub fec: mpquic_core::fec::FecMode,
 }
 
 #[derive(Debug, Clone)]

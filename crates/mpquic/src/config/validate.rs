@@ -5,6 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
+use mpquic_core::fec::FecMode;
 use mpquic_core::sessions::MAX_PATHS_PER_SESSION;
 use mpquic_core::Policy;
 
@@ -257,6 +258,13 @@ fn server(raw: &RawConfig, g: &General, c: &mut Checker) -> ServerConfig {
             None,
         );
     }
+    if raw.fec.is_some() {
+        c.at(
+            "fec",
+            "`fec` is a client option".into(),
+            Some("each client chooses FEC for its own tunnel (both directions)".into()),
+        );
+    }
     if !raw.multipath_paths.is_empty() {
         c.at(
             "multipath_paths",
@@ -341,6 +349,7 @@ fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
             .push("tls_insecure_skip_verify: the server's certificate is NOT verified".into());
     }
     let paths = client_paths(raw, c);
+    let fec = client_fec(raw, c);
     let server_name = raw
         .tls_server_name
         .clone()
@@ -353,7 +362,34 @@ fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
         server_name,
         ca_file: raw.tls_ca_file.clone(),
         insecure_skip_verify: raw.tls_insecure_skip_verify,
+        fec,
     }
+}
+
+/// `fec`: off (the default), auto, or K/M; datagram mode only (reliable mode retransmits).
+fn client_fec(raw: &RawConfig, c: &mut Checker) -> FecMode {
+    let Some(text) = raw.fec.as_deref() else {
+        return FecMode::Off;
+    };
+    let mode = match FecMode::parse(text) {
+        Ok(m) => m,
+        Err(e) => {
+            c.at(
+                "fec",
+                format!("`fec`: {e}"),
+                Some("auto adapts the repair packets to each path's measured loss".into()),
+            );
+            return FecMode::Off;
+        }
+    };
+    if mode != FecMode::Off && raw.transport_mode == Some(TransportMode::Reliable) {
+        c.at(
+            "fec",
+            "`fec` needs `transport_mode: datagram`".into(),
+            Some("reliable mode already retransmits what is lost; use fec: off".into()),
+        );
+    }
+    mode
 }
 
 /// The client's paths: `multipath_paths`, or one path from the top-level keys.
