@@ -81,3 +81,37 @@ def test_failover_and_return(make_lab, fault):
     assert back_cli is not None and back_cli < 5.0, (back_cli, lab.log("client0")[-3000:])
     assert back_srv is not None and back_srv < 5.0, (back_srv, lab.log("server")[-3000:])
     assert lost_after == [], (lost_after, t_repair - t_start)
+
+
+def test_reliable_failover_delivers_nothing_late(make_lab):
+    """Reliable mode: a path that goes down hands its recent packets to the live path and is
+    closed, so nothing queued on its stream arrives seconds later when it recovers (scenario 03
+    had 22 of 3000 pings answered more than 1 s late)."""
+    lab = make_lab(paths=2, policy="failover", mode="reliable")
+    lab.pki()
+    lab.start_server()
+    lab.start_client()
+    lab.wait_tunnel()
+    lab.start_ping("ping", interval=INTERVAL)
+    time.sleep(1.5)
+    t_fail = time.monotonic()
+    lab.block(0, "both")
+    to_backup = wait_using(lab, "client0", "wan2", 5, t_fail)
+    time.sleep(max(0.0, 3.0 - (time.monotonic() - t_fail)))
+    t_repair = time.monotonic()
+    lab.unblock(0)
+    back = wait_using(lab, "client0", "wan1", 10, t_repair)
+    time.sleep(1.5)
+    lab.stop("ping", sig=signal.SIGINT)
+    out = lab.log("ping")
+    ping = labctl.parse_ping(out)
+    lost, longest = labctl.gaps(ping["received"], ping["sent"], INTERVAL)
+    late = [r for r in ping["rtts"] if r > 1000]
+    dups = out.count("DUP!")
+    report(f"reliable failover: longest gap {longest * 1000:.0f} ms, {len(lost)} of {ping['sent']} lost, "
+           f"{len(late)} answered > 1 s late (max RTT {max(ping['rtts']):.0f} ms), {dups} duplicates; "
+           f"on wan2 after {fmt(to_backup)}, back on wan1 {fmt(back)} after repair")
+    assert to_backup is not None and to_backup < 1.0, to_backup
+    assert late == [], late
+    assert longest < 1.0, longest
+    assert back is not None and back < 8.0, (back, lab.log("client0")[-3000:])

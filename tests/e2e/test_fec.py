@@ -1,6 +1,8 @@
 """FEC end to end: a path with random loss, UDP through the tunnel both ways, and FEC rebuilding
 what the link lost (the server sends with the FEC the client asked for)."""
 
+import time
+
 from conftest import report
 
 
@@ -18,7 +20,14 @@ def test_fec_auto_rebuilds_random_loss_both_ways(make_lab):
 
     lab.set_link(0, "loss=5%")
     lab.iperf_server()
-    lab.iperf(seconds=2, udp_mbit=10, length=1200)  # auto measures the loss meanwhile
+    # auto needs to have measured the loss (probes, then its own packets) before a test whose
+    # setup hangs on one lost datagram (iperf3's UDP handshake) starts.
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 10:
+        lab.ping(count=20, interval=0.01)
+        if all(lab.path_status(k, "wan1")["fec_parity"] >= 2 for k in ("client0", "server")):
+            break
+    lab.iperf(seconds=2, udp_mbit=10, length=1200)
     for reverse, key in ((False, "client0"), (True, "server")):
         r = lab.iperf(seconds=5, udp_mbit=10, length=1200, reverse=reverse)
         lost = r["end"]["sum"]["lost_percent"]
@@ -27,8 +36,14 @@ def test_fec_auto_rebuilds_random_loss_both_ways(make_lab):
         report(f"FEC auto, 5% loss, UDP 10 Mbit/s {'down' if reverse else 'up'}: {lost:.2f}% lost; "
                f"sender repair {sender['fec_parity']:.0f}/group at {sender['fec_loss_pct']:.1f}% "
                f"measured loss, overhead {sender['fec_overhead_pct']:.0f}%; receiver rebuilt "
-               f"{receiver['fec_recovered']}, unrecoverable {receiver['fec_unrecovered_packets']}")
+               f"{receiver['fec_recovered']}, unrecoverable {receiver['fec_unrecovered_packets']}; "
+               f"sender drops { {k: v for k, v in sender['drops'].items() if v} }, receiver drops "
+               f"{ {k: v for k, v in receiver['drops'].items() if v} }")
         assert sender["fec_parity"] >= 2 and sender["fec_repair_sent"] > 0
         assert receiver["fec_recovered"] > 0
-        # The link loses 5%; FEC leaves a small fraction of that.
-        assert lost < 1.0, lost
+        # The link loses 5%; FEC leaves a small fraction of that (residual ~0.02% in these
+        # runs). What FEC itself could not rebuild is checked tightly; iperf3's own figure
+        # also counts a stalled receiver on this shared machine (once 1.4% with nothing
+        # unrecoverable), so it gets more room.
+        assert receiver["fec_unrecovered_packets"] < 0.005 * sender["fec_protected_packets"]
+        assert lost < 2.0, lost

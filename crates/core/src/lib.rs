@@ -13,6 +13,7 @@ pub mod mtu;
 pub mod packet;
 pub mod paths;
 pub mod reconnect;
+pub mod reliable;
 pub mod router;
 pub mod scheduler;
 pub mod sessions;

@@ -39,6 +39,8 @@ pub struct PathCounters {
     pub tx_bytes: u64,
     pub rx_packets: u64,
     pub rx_bytes: u64,
+    /// Reliable mode: packets this path had sent when it went down, sent again on a live path.
+    pub handed_over: u64,
 }
 
 #[derive(Debug)]
@@ -326,6 +328,21 @@ impl PathSet {
     pub fn unusable_for(&self, id: PathId, now: Instant) -> Option<Duration> {
         let h = self.paths.get(id.index())?.health.as_ref()?;
         (h.state() != PathState::Up).then(|| now.saturating_duration_since(h.since()))
+    }
+
+    /// Reliable mode, `id` just went down: the moment from which what it sent may not have
+    /// arrived, when another path is up to carry it again (`None`: no other path is up, so the
+    /// dead path's stream is the best hope for those packets; see `reliable.rs`).
+    pub fn hand_over_since(&self, id: PathId, now: Instant) -> Option<Instant> {
+        let other_up = self.iter().any(|(p, path)| p != id && path.is_up());
+        let h = self.paths.get(id.index())?.health.as_ref()?;
+        other_up.then(|| crate::reliable::unconfirmed_since(now, h.down_after(), h.srtt()))
+    }
+
+    pub fn handed_over(&mut self, id: PathId, n: u64) {
+        if let Some(p) = self.paths.get_mut(id.index()) {
+            p.counters.handed_over += n;
+        }
     }
 
     /// Paths eligible for traffic: those that are up or, when none is, any connected path

@@ -145,6 +145,18 @@ impl Router {
     pub fn unusable_for(&self, id: PathId, now: Instant) -> Option<Duration> {
         self.paths.unusable_for(id, now)
     }
+
+    /// Reliable mode, `id` just went down: the moment from which what it sent may not have
+    /// arrived, when another path is up to carry it again (`None`: no other path is up, so the
+    /// dead path's stream is the best hope for those packets; see `reliable.rs`).
+    pub fn hand_over_since(&self, id: PathId, now: Instant) -> Option<Instant> {
+        self.paths.hand_over_since(id, now)
+    }
+
+    /// `n` packets of `id` were sent again on the live paths (`hand_over_since`).
+    pub fn handed_over(&mut self, id: PathId, n: u64) {
+        self.paths.handed_over(id, n);
+    }
 }
 
 #[cfg(test)]
@@ -176,6 +188,35 @@ mod tests {
         for p in probes {
             r.on_probe_reply(p.path, p.seq, now);
         }
+    }
+
+    #[test]
+    fn a_dead_path_hands_over_only_when_another_is_up() {
+        let t0 = Instant::now();
+        let (mut r, a, b) = two_up(Policy::Failover, spec("a", 1, 1), spec("b", 2, 1), t0);
+        // a goes silent: polled past its silence bound, it is down and b is up.
+        let later = t0 + Duration::from_secs(2);
+        let mut changes = Vec::new();
+        let mut probes = Vec::new();
+        for ms in (100..=2000).step_by(100) {
+            let now = t0 + Duration::from_millis(ms);
+            r.poll(now, &mut probes, &mut changes);
+            for p in probes.drain(..).filter(|p| p.path == b) {
+                r.on_probe_reply(p.path, p.seq, now);
+            }
+        }
+        assert!(!r.paths().get(a).is_up() && r.paths().get(b).is_up());
+        let since = r.hand_over_since(a, later).expect("b is up");
+        let back = later - since;
+        assert!(
+            back > Duration::from_millis(300) && back < Duration::from_secs(2),
+            "{back:?}"
+        );
+        r.handed_over(a, 7);
+        assert_eq!(r.paths().get(a).counters.handed_over, 7);
+        // b dies too: nobody to hand over to.
+        r.disconnected(b);
+        assert_eq!(r.hand_over_since(a, later), None);
     }
 
     #[test]

@@ -241,7 +241,8 @@ fn bbr_keeps_most_of_a_lossy_link() {
 
 /// On a clean bottleneck with a deep drop-tail queue, it fills the link without filling the
 /// queue: at most about one BDP waits (RTT within 2.6x the path's: two BDPs in flight and the ACK
-/// delay), where a loss-based controller fills the whole queue.
+/// delay, plus the window's 2 ms allowance for ACK aggregation), where a loss-based controller
+/// fills the whole queue.
 #[test]
 fn bbr_fills_a_clean_bottleneck_without_filling_its_queue() {
     for path in [
@@ -258,7 +259,7 @@ fn bbr_fills_a_clean_bottleneck_without_filling_its_queue() {
         );
         assert!(b.goodput_mbit >= 0.9 * rate, "{path}: {b:?}");
         assert!(
-            b.rtt_median_ms <= 2.6 * b.rtt_min_ms,
+            b.rtt_median_ms <= 2.6 * b.rtt_min_ms + 2.0,
             "{path}: queue not bounded: {b:?}"
         );
         assert!(r.rtt_median_ms > b.rtt_median_ms, "{path}: newreno {r:?}");

@@ -128,11 +128,11 @@ fn auto_is_bare_on_a_clean_path_and_protects_a_lossy_one() {
     let t0 = Instant::now();
     let mut enc = Encoder::new(FecMode::Auto);
     let mut repairs = Vec::new();
-    enc.on_counters(t0, 0, 0);
+    enc.on_counters(t0, 0, 0, 0.0);
     assert!(enc.on_data(t0, &packet(1, 100), &mut repairs).is_none());
     // 5% loss measured by the transport.
     for i in 1..=10u64 {
-        enc.on_counters(t0 + Duration::from_millis(100 * i), i * 400, i * 20);
+        enc.on_counters(t0 + Duration::from_millis(100 * i), i * 400, i * 20, 0.0);
     }
     assert!(
         enc.parity() >= 3,
@@ -150,10 +150,10 @@ fn residual_loss_at_five_and_ten_percent() {
     for (p, gate) in [(0.05, 0.001), (0.10, 0.01)] {
         let t0 = Instant::now();
         let mut enc = Encoder::new(FecMode::Auto);
-        enc.on_counters(t0, 0, 0);
+        enc.on_counters(t0, 0, 0, 0.0);
         for i in 1..=30u64 {
             let sent = i * 1000;
-            enc.on_counters(t0, sent, (sent as f64 * p) as u64);
+            enc.on_counters(t0, sent, (sent as f64 * p) as u64, 0.0);
         }
         let packets: Vec<_> = (0..50_000).map(|i| packet(i, 1200)).collect();
         let sent = encode(&mut enc, t0, &packets, Duration::from_micros(50));

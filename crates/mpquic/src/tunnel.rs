@@ -30,6 +30,8 @@ pub mod close {
     pub const REPLACED: u32 = 1;
     pub const REFUSED: u32 = 2;
     pub const PROTOCOL: u32 = 3;
+    /// Reliable mode: the path went down and its recent packets were sent on another path.
+    pub const PATH_DOWN: u32 = 4;
 }
 
 /// How long a replaced connection stays open to drain what is already in flight on it.
@@ -343,13 +345,13 @@ impl Tunnel {
                     .router
                     .on_peer_probe(path, seq, view.as_ref(), Instant::now());
                 if let Some(t) = t {
-                    self.log_transition(&t);
+                    self.on_transition(&t);
                 }
             }
             Some(Datagram::ProbeReply(seq)) => {
                 let t = self.lock().router.on_probe_reply(path, seq, Instant::now());
                 if let Some(t) = t {
-                    self.log_transition(&t);
+                    self.on_transition(&t);
                     // A transition makes a probe due now (it carries the new view to the peer).
                     self.timers_changed.notify_one();
                 }
@@ -427,7 +429,7 @@ impl Tunnel {
             }
         }
         for t in &changes {
-            self.log_transition(t);
+            self.on_transition(t);
         }
         next
     }
@@ -447,7 +449,14 @@ impl Tunnel {
                 continue;
             };
             let st = link.transport.stats();
-            f.enc.on_counters(now, st.sent_packets, st.lost_packets);
+            let probe_loss = router
+                .paths()
+                .get(id)
+                .health
+                .as_ref()
+                .map_or(0.0, |h| h.loss());
+            f.enc
+                .on_counters(now, st.sent_packets, st.lost_packets, probe_loss);
             let mut out = Vec::new();
             f.enc.poll(now, &mut out);
             if !out.is_empty() {
@@ -474,6 +483,50 @@ impl Tunnel {
                 }
                 None => changed.await,
             }
+        }
+    }
+
+    /// A path changed state: log it, and in reliable mode hand a path that went down over to
+    /// the live ones (`reliable.rs`: its recent packets sent again there, its stream closed so
+    /// it delivers nothing late).
+    fn on_transition(&self, t: &Transition) {
+        self.log_transition(t);
+        if t.to != Some(PathState::Down) || self.mode != TransportMode::Reliable {
+            return;
+        }
+        let now = Instant::now();
+        let handover = {
+            let s = self.lock();
+            s.link(t.path).and_then(|l| {
+                let since = s.router.hand_over_since(t.path, now)?;
+                Some((l.transport.clone(), since))
+            })
+        };
+        let Some((transport, since)) = handover else {
+            return;
+        };
+        let packets = transport.abandon(since);
+        self.lock().router.handed_over(t.path, packets.len() as u64);
+        info!(tunnel = %self.peer, path = %self.path_name(t.path), packets = packets.len(),
+              "reliable path down: its recent packets sent again on the live paths");
+        self.resend(&packets);
+    }
+
+    /// Send packets again (a dead path's, `on_transition`), routed like new ones.
+    fn resend(&self, packets: &[bytes::Bytes]) {
+        let mut batch = PacketBatch::new();
+        let mut scratch = Routed::default();
+        let mut infos = Vec::with_capacity(crate::batch::BATCH_PACKETS);
+        for chunk in packets.chunks(crate::batch::BATCH_PACKETS) {
+            batch.clear();
+            infos.clear();
+            for p in chunk {
+                batch.slot(p.len())[..p.len()].copy_from_slice(p);
+                batch.commit(p.len());
+                infos.push(PacketInfo::parse(p));
+            }
+            let which: Vec<usize> = (0..chunk.len()).collect();
+            self.send_batch(&mut batch, &which, &infos, &mut scratch);
         }
     }
 
@@ -506,6 +559,7 @@ impl Tunnel {
                     tx_packets: p.counters.tx_packets,
                     rx_bytes: p.counters.rx_bytes,
                     rx_packets: p.counters.rx_packets,
+                    handed_over_packets: p.counters.handed_over,
                     flows: s.router.bond().flows_on(id) as u64,
                     connects: p.connects,
                     drops: p

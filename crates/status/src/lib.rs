@@ -45,6 +45,10 @@ pub struct PathStatus {
     pub rx_packets: u64,
     pub flows: u64,
     pub connects: u64,
+    /// Reliable mode: packets this path had sent when it went down, sent again on a live path
+    /// (some may reach the peer twice).
+    #[serde(default)]
+    pub handed_over_packets: u64,
     pub drops: BTreeMap<String, u64>,
     /// FEC (when the tunnel has it): repair packets a full group gets now, and the loss the
     /// encoder measures on the path (%), which `auto` follows.

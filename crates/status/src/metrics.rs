@@ -151,6 +151,11 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Counter(|p| p.connects),
     ),
     (
+        "mpquic_path_handed_over_packets",
+        "Reliable mode: packets sent again on a live path when this one went down",
+        PathValue::Counter(|p| p.handed_over_packets),
+    ),
+    (
         "mpquic_path_fec_parity",
         "FEC repair packets a full group gets now (auto follows the measured loss)",
         PathValue::Gauge(|p| p.fec_parity),

@@ -66,8 +66,10 @@ impl Encoder {
         }
     }
 
-    /// The transport's cumulative sent / lost packet counters (`auto` follows them).
-    pub fn on_counters(&mut self, now: Instant, sent: u64, lost: u64) {
+    /// The transport's cumulative sent / lost packet counters (`auto` follows them), and the
+    /// path's probe loss (a prior until the counters have said enough).
+    pub fn on_counters(&mut self, now: Instant, sent: u64, lost: u64, probe_loss: f64) {
+        self.loss.hint(probe_loss);
         self.loss.on_counters(now, sent, lost);
     }
 

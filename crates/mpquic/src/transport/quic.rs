@@ -3,9 +3,10 @@
 //! bidirectional stream (`hello.rs`); then inner packets travel as DATAGRAM frames, or in
 //! reliable mode length-prefixed on that same stream. Probes are always datagrams.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use bytes::{Bytes, BytesMut};
@@ -21,8 +22,15 @@ use crate::platform::Platform;
 use crate::tunnel::close;
 use crate::{quic, tls};
 
-/// Packets a reliable-mode path may queue before new ones are dropped (counted `queue_full`).
-const STREAM_QUEUE: usize = 2048;
+/// Packets a reliable-mode path may queue for its stream writer before new ones are dropped
+/// (counted `queue_full`). Only a hand-over between the TUN reader and the writer: the stream's
+/// own backlog is bounded by its send window (`reliable::stream_window`), and every packet
+/// here is delay too (2048 were 650 ms at 35 Mbit/s).
+const STREAM_QUEUE: usize = 512;
+/// What the stream writer remembers of what it wrote (for `abandon`): at most this much, and
+/// nothing older than `RECENT_AGE`.
+const RECENT_BYTES: usize = 4 << 20;
+const RECENT_AGE: Duration = Duration::from_secs(1);
 /// Bytes written to a stream in one call (batching amortises the per-write cost).
 const STREAM_BATCH: usize = 64 * 1024;
 /// Reliable mode's frame header: the packet's length, u16 big-endian.
@@ -38,6 +46,8 @@ pub struct QuicTransport {
     conn: quinn::Connection,
     /// Reliable mode: the queue into the stream writer task.
     stream_tx: Option<mpsc::Sender<Bytes>>,
+    /// Reliable mode: what the writer wrote lately, as written (length-prefixed frames).
+    recent: Arc<Mutex<Recent>>,
     /// Taken by `start`: the hello stream (reliable mode carries the packets on it), and the
     /// stream writer's queue.
     start: std::sync::Mutex<Option<StartParts>>,
@@ -70,6 +80,7 @@ impl QuicTransport {
         Arc::new(QuicTransport {
             conn,
             stream_tx,
+            recent: Arc::default(),
             start: std::sync::Mutex::new(Some(StartParts {
                 send,
                 recv,
@@ -144,6 +155,24 @@ impl PathTransport for QuicTransport {
         Box::pin(async move { conn.closed().await.to_string() })
     }
 
+    fn abandon(&self, since: Instant) -> Vec<Bytes> {
+        if self.stream_tx.is_none() {
+            return Vec::new();
+        }
+        let packets = self
+            .recent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .packets_since(since);
+        // Closing is what keeps the stream from delivering them (again, and late) when the
+        // path recovers; the client dials the path anew.
+        self.conn.close(
+            close::PATH_DOWN.into(),
+            b"path down: packets sent on another path",
+        );
+        packets
+    }
+
     fn start(self: Arc<Self>, sink: Arc<dyn Sink>) {
         let Some(parts) = self.start.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return; // started already
@@ -166,7 +195,8 @@ impl PathTransport for QuicTransport {
             Some(rx) => {
                 let s = sink.clone();
                 tokio::spawn(async move { stream_reader(s, recv).await });
-                tokio::spawn(async move { stream_writer(sink, send, rx).await });
+                let (conn, recent) = (self.conn.clone(), self.recent.clone());
+                tokio::spawn(async move { stream_writer(sink, conn, send, rx, recent).await });
             }
             None => {
                 // Keep the control stream open for the connection's life.
@@ -446,17 +476,67 @@ fn stream_frame(batch: &mut PacketBatch, i: usize) -> Bytes {
     b.freeze()
 }
 
+/// The chunks a stream writer wrote lately, with when: bounded by `RECENT_BYTES` and
+/// `RECENT_AGE`. A chunk is a run of frames (length, packet) exactly as written.
+#[derive(Default)]
+struct Recent {
+    chunks: VecDeque<(Instant, Bytes)>,
+    bytes: usize,
+}
+
+impl Recent {
+    fn push(&mut self, now: Instant, chunk: Bytes) {
+        self.bytes += chunk.len();
+        self.chunks.push_back((now, chunk));
+        while let Some((at, c)) = self.chunks.front() {
+            if self.bytes <= RECENT_BYTES && now.saturating_duration_since(*at) <= RECENT_AGE {
+                break;
+            }
+            self.bytes -= c.len();
+            self.chunks.pop_front();
+        }
+    }
+
+    /// The packets of the chunks written since `since` (views, no copies), oldest first; the
+    /// memory is let go.
+    fn packets_since(&mut self, since: Instant) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        for (at, chunk) in std::mem::take(&mut self.chunks) {
+            if at < since {
+                continue;
+            }
+            let mut rest = chunk;
+            while rest.len() >= STREAM_HEADER {
+                let n = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
+                if n == 0 || rest.len() < STREAM_HEADER + n {
+                    break;
+                }
+                out.push(rest.slice(STREAM_HEADER..STREAM_HEADER + n));
+                rest = rest.slice(STREAM_HEADER + n..);
+            }
+        }
+        self.bytes = 0;
+        out
+    }
+}
+
 /// Reliable mode, send side: writes queued frames to the stream, up to `STREAM_BATCH` bytes per
-/// call. The frames are copied into one contiguous buffer: handing quinn the frames as separate
+/// call. The frames are copied into one contiguous chunk: handing quinn the frames as separate
 /// chunks (`write_all_chunks`, no copy) measured 8% slower here (its send buffer then carries a
-/// chunk per packet into framing), and pinned more memory.
+/// chunk per packet into framing), and pinned more memory. The chunk is kept (`Recent`) for a
+/// hand-over to another path, and before each write the stream's send window is set from the
+/// path's congestion window, which bounds its backlog in time (`reliable::stream_window`).
 async fn stream_writer(
     sink: Arc<dyn Sink>,
+    conn: quinn::Connection,
     mut send: quinn::SendStream,
     mut rx: mpsc::Receiver<Bytes>,
+    recent: Arc<Mutex<Recent>>,
 ) {
     let mut batch = BytesMut::with_capacity(STREAM_BATCH + 65_538);
     while let Some(first) = rx.recv().await {
+        let path = conn.stats().path;
+        conn.set_send_window(mpquic_core::reliable::stream_window(path.cwnd, path.rtt));
         batch.clear();
         let mut packets = 1;
         batch.extend_from_slice(&first);
@@ -469,11 +549,17 @@ async fn stream_writer(
                 Err(_) => break,
             }
         }
-        if send.write_all(&batch).await.is_err() {
+        let chunk = batch.split().freeze();
+        if send.write_chunk(chunk.clone()).await.is_ok() {
+            recent
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Instant::now(), chunk);
+        } else {
             // Everything in this batch and everything still queued is lost with the stream;
             // closing the queue makes later packets fail (and count) in `send_batch`.
             rx.close();
-            let mut bytes = (batch.len() - packets * STREAM_HEADER) as u64;
+            let mut bytes = (chunk.len() - packets * STREAM_HEADER) as u64;
             let mut packets = packets as u64;
             while let Ok(p) = rx.try_recv() {
                 packets += 1;

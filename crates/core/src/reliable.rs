@@ -1,0 +1,67 @@
+//! Reliable mode's rules (one ordered stream per path). A stream retransmits what the link
+//! loses, so what it holds can only grow when the path is slower than what is offered, and
+//! everything in it is delivered, however late. Two rules keep that from hurting:
+//!
+//! - **The backlog is bounded in time**: a stream may hold its congestion window plus
+//!   `BACKLOG_TIME` of sending at the window's rate. Beyond that the tunnel refuses packets
+//!   (counted `queue_full`), which is the loss signal inner TCP needs; without the bound a
+//!   32 MiB buffer filled under loss (issue 9: client RSS 8.9 -> 26.8 MiB, seconds of delay).
+//! - **A path that goes down hands its recent packets to a live path**: packets sent in the
+//!   last silence bound plus a round trip may never have arrived; they are sent again on
+//!   another path at once, and the dead path's connection is closed so its stream does not
+//!   deliver them seconds later when the path recovers (scenario 03: 22 pings > 1 s late).
+//!   Some of them may have arrived: those reach the peer twice, which inner TCP ignores (and
+//!   ping reports as DUP); a late second copy after a failover is worse than an early one.
+
+use std::time::{Duration, Instant};
+
+/// Queueing a path's stream may add beyond its congestion window.
+pub const BACKLOG_TIME: Duration = Duration::from_millis(100);
+/// Bounds of a stream's send window (bytes written and not yet acknowledged).
+pub const MIN_WINDOW: u64 = 256 * 1024;
+pub const MAX_WINDOW: u64 = 32 << 20;
+
+/// The send window of a path's stream: its congestion window plus `BACKLOG_TIME` at the rate
+/// that window allows per round trip.
+pub fn stream_window(cwnd: u64, rtt: Duration) -> u64 {
+    let rtt = rtt.max(Duration::from_millis(1)).as_secs_f64();
+    let w = cwnd as f64 * (1.0 + BACKLOG_TIME.as_secs_f64() / rtt);
+    (w as u64).clamp(MIN_WINDOW, MAX_WINDOW)
+}
+
+/// Packets sent on a path since this moment may not have reached the peer when the path was
+/// declared down at `now`: the silence that decided it, plus a round trip.
+pub fn unconfirmed_since(now: Instant, down_after: Duration, srtt: Option<Duration>) -> Instant {
+    let back = down_after + srtt.unwrap_or(Duration::from_millis(100));
+    now.checked_sub(back).unwrap_or(now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_is_cwnd_plus_a_bounded_queue() {
+        // 60 Mbit/s x 30 ms: a 225 KB window, plus 100 ms of 60 Mbit/s (750 KB).
+        let w = stream_window(225_000, Duration::from_millis(30));
+        assert!((974_990..=975_000).contains(&w), "{w}");
+        // Tiny windows get the floor; huge ones the cap; a zero RTT does not divide by zero.
+        assert_eq!(stream_window(10_000, Duration::from_millis(30)), MIN_WINDOW);
+        assert_eq!(
+            stream_window(100 << 20, Duration::from_millis(10)),
+            MAX_WINDOW
+        );
+        assert_eq!(stream_window(1_000_000, Duration::ZERO), MAX_WINDOW);
+    }
+
+    #[test]
+    fn unconfirmed_reaches_back_a_silence_and_a_round_trip() {
+        let now = Instant::now() + Duration::from_secs(10);
+        let since = unconfirmed_since(
+            now,
+            Duration::from_millis(350),
+            Some(Duration::from_millis(30)),
+        );
+        assert_eq!(now - since, Duration::from_millis(380));
+    }
+}
