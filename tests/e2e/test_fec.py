@@ -8,7 +8,7 @@ from conftest import report
 
 def test_fec_auto_rebuilds_random_loss_both_ways(make_lab):
     # A loss-tolerant outer controller: with cubic the tunnel itself would collapse at 5% loss.
-    lab = make_lab(paths=1, rates_mbit=[50], congestion="bbr-model")
+    lab = make_lab(paths=1, rates_mbit=[50], congestion="bbr")
     lab.pki()
     lab.start_server()
     lab.start_client(yaml=lab.client_yaml() + "fec: auto\n")

@@ -151,6 +151,30 @@ fn parse_v6(pkt: &[u8]) -> Option<PacketInfo> {
     })
 }
 
+/// A TCP segment that only acknowledges: ACK set, no SYN, FIN or RST, no payload. Reliable mode
+/// sends these as datagrams rather than on the path's stream: ACKs are cumulative, so a lost one
+/// costs nothing and one arriving before an earlier segment is harmless, whereas on the stream
+/// one retransmission holds every later ACK back and stalls the peer's sender (issue 9:
+/// 10% loss both ways, inner BBR 26 Mbit/s through reliable mode).
+pub fn is_pure_tcp_ack(pkt: &[u8]) -> bool {
+    let Some(info) = PacketInfo::parse(pkt) else {
+        return false;
+    };
+    let (Some(t), PROTO_TCP) = (info.transport_offset, info.proto) else {
+        return false;
+    };
+    let Some(hdr) = pkt.get(t..t + 20) else {
+        return false;
+    };
+    let flags = hdr[13];
+    let only_ack = flags & 0x10 != 0 && flags & 0x07 == 0;
+    let end = match info.src {
+        IpAddr::V4(_) => usize::from(u16::from_be_bytes([pkt[2], pkt[3]])),
+        IpAddr::V6(_) => 40 + usize::from(u16::from_be_bytes([pkt[4], pkt[5]])),
+    };
+    only_ack && t + usize::from(hdr[12] >> 4) * 4 == end
+}
+
 /// Lower the MSS option of a TCP SYN to `max_mss` (IPv4 and IPv6). Returns true if the packet was
 /// changed. The TCP checksum is updated incrementally (RFC 1624), so no pseudo-header is needed.
 /// This is what keeps TCP through the tunnel from producing segments that would not fit.
@@ -315,6 +339,36 @@ pub(crate) mod tests {
         pseudo.extend_from_slice(&(tcp.len() as u16).to_be_bytes());
         pseudo.extend_from_slice(tcp);
         csum(0, &pseudo) == 0
+    }
+
+    #[test]
+    fn pure_acks_are_told_from_data_and_control() {
+        let ack = tcp4([10, 0, 0, 1], [10, 0, 0, 2], 1000, 80, None);
+        assert!(is_pure_tcp_ack(&ack));
+        // A SYN, a segment with a payload, FIN and RST are not.
+        assert!(!is_pure_tcp_ack(&tcp4(
+            [10, 0, 0, 1],
+            [10, 0, 0, 2],
+            1000,
+            80,
+            Some(1400)
+        )));
+        let mut data = ack.clone();
+        data.extend_from_slice(b"payload");
+        let total = data.len() as u16;
+        data[2..4].copy_from_slice(&total.to_be_bytes());
+        assert!(!is_pure_tcp_ack(&data));
+        for flag in [0x01, 0x04] {
+            let mut p = ack.clone();
+            p[20 + 13] |= flag;
+            assert!(!is_pure_tcp_ack(&p));
+        }
+        // Not TCP, or not a packet.
+        let mut udp = ack.clone();
+        udp[9] = PROTO_UDP;
+        assert!(!is_pure_tcp_ack(&udp));
+        assert!(!is_pure_tcp_ack(&ack[..30]));
+        assert!(!is_pure_tcp_ack(&[]));
     }
 
     #[test]

@@ -80,10 +80,12 @@ enum Cmd {
         dir: std::path::PathBuf,
         #[arg(long, default_value = "failover")]
         policy: String,
-        #[arg(long, default_value = "datagram")]
-        mode: String,
-        #[arg(long, default_value = "cubic")]
-        congestion: String,
+        /// transport_mode (default: none written, mpquic's default).
+        #[arg(long)]
+        mode: Option<String>,
+        /// congestion_algorithm (default: none written, mpquic's default).
+        #[arg(long)]
+        congestion: Option<String>,
         /// Per path, e.g. 1,1.
         #[arg(long, value_delimiter = ',')]
         priorities: Option<Vec<u32>>,

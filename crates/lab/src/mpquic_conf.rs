@@ -119,15 +119,23 @@ pub fn write(lab: &LabState, opts: &MpquicOpts, dir: &Path) -> Result<Written> {
     })
 }
 
+/// `KEY: VALUE` and a newline, or nothing for a value left to mpquic's default.
+fn key(name: &str, value: &Option<String>) -> String {
+    value
+        .as_ref()
+        .map(|v| format!("{name}: {v}\n"))
+        .unwrap_or_default()
+}
+
 fn server_yaml(m: &MpquicOpts, pki: &str, me: &Instance) -> String {
     format!(
         "role: server\nbind_ip: 0.0.0.0\nremote_port: {PORT}\nmulti_conn_enabled: true\n\
          tun_name: mpq0\ntun_cidr: {tun}\nlog_level: info\n\
          tls_cert_file: {pki}/{SERVER_NAME}.crt\ntls_key_file: {pki}/{SERVER_NAME}.key\n\
-         congestion_algorithm: {cc}\ntransport_mode: {mode}\ncontrol_socket: {s}\n{extra}",
+         {cc}{mode}control_socket: {s}\n{extra}",
         tun = me.tun_addr,
-        cc = m.congestion,
-        mode = m.mode,
+        cc = key("congestion_algorithm", &m.congestion),
+        mode = key("transport_mode", &m.mode),
         s = me.socket.display(),
         extra = m.extra_yaml,
     )
@@ -138,14 +146,14 @@ fn client_yaml(lab: &LabState, c: usize, m: &MpquicOpts, pki: &str, me: &Instanc
         "role: client\nmultipath_enabled: true\nmultipath_policy: {pol}\ntun_name: mpq0\n\
          tun_cidr: {tun}\nlog_level: info\n\
          tls_ca_file: {pki}/ca.crt\ntls_cert_file: {pki}/{site}.crt\ntls_key_file: {pki}/{site}.key\n\
-         tls_server_name: {SERVER_NAME}\ncongestion_algorithm: {cc}\ntransport_mode: {mode}\n\
+         tls_server_name: {SERVER_NAME}\n{cc}{mode}\
          control_socket: {s}\n{fec}{extra}multipath_paths:\n",
         fec = m.fec.as_ref().map(|f| format!("fec: {f}\n")).unwrap_or_default(),
         pol = m.policy,
         tun = me.tun_addr,
         site = me.name,
-        cc = m.congestion,
-        mode = m.mode,
+        cc = key("congestion_algorithm", &m.congestion),
+        mode = key("transport_mode", &m.mode),
         s = me.socket.display(),
         extra = m.extra_yaml,
     );

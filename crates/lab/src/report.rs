@@ -150,9 +150,8 @@ fn mpquic_drops(o: &mut String, status: &Value) {
         return;
     }
     let mut lines = Vec::new();
-    for who in ["client", "server"] {
-        let Ok(st) = serde_json::from_value::<mpquic_status::StatusReport>(status[who].clone())
-        else {
+    for (who, st) in final_statuses(status) {
+        let Some(st) = st else {
             lines.push(format!("{who} status unreadable"));
             continue;
         };
@@ -181,34 +180,13 @@ fn mpquic_drops(o: &mut String, status: &Value) {
 /// FEC at the end of the run, per side and path that had it: what the sender added and what
 /// the receiver rebuilt or could not (the residual loss FEC left).
 fn mpquic_fec(o: &mut String, status: &Value) {
-    if !status.is_object() {
-        return;
-    }
     let mut lines = Vec::new();
-    for who in ["client", "server"] {
-        let Ok(st) = serde_json::from_value::<mpquic_status::StatusReport>(status[who].clone())
-        else {
-            continue;
-        };
-        for t in &st.tunnels {
-            for p in t.paths.iter().filter(|p| p.fec_parity.is_some()) {
-                lines.push(format!(
-                    "{who} {} ({}): sent {} data + {} repair (overhead {:.1}%, {} refused), \
-                     measured loss {:.1}%, repair now {}; received {} repair, rebuilt {}, \
-                     unrecoverable {} groups ({} packets)",
-                    p.name,
-                    t.fec,
-                    p.fec_protected_packets,
-                    p.fec_repair_sent,
-                    p.fec_overhead_pct.unwrap_or(0.0),
-                    p.fec_repair_refused,
-                    p.fec_loss_pct.unwrap_or(0.0),
-                    p.fec_parity.unwrap_or(0.0),
-                    p.fec_repair_received,
-                    p.fec_recovered,
-                    p.fec_unrecoverable_groups,
-                    p.fec_unrecovered_packets,
-                ));
+    for (who, st) in final_statuses(status) {
+        for t in st.iter().flat_map(|s| &s.tunnels) {
+            for p in &t.paths {
+                if let Some(fec) = p.fec_summary() {
+                    lines.push(format!("{who} {} (fec {}): {fec}", p.name, t.fec));
+                }
             }
         }
     }
@@ -218,6 +196,18 @@ fn mpquic_fec(o: &mut String, status: &Value) {
             let _ = writeln!(o, "- {l}");
         }
     }
+}
+
+/// Each side's final status (`None`: unreadable), from a run's `mpquic_status` (no entries when
+/// the run had no mpquic).
+fn final_statuses(status: &Value) -> Vec<(&'static str, Option<mpquic_status::StatusReport>)> {
+    if !status.is_object() {
+        return Vec::new();
+    }
+    ["client", "server"]
+        .into_iter()
+        .map(|who| (who, serde_json::from_value(status[who].clone()).ok()))
+        .collect()
 }
 
 /// Mbit/s with the digits that matter: a ping-only run moves a few kbit/s.

@@ -64,10 +64,9 @@ fn default_seed() -> u64 {
 pub struct MpquicOpts {
     #[serde(default = "d_policy")]
     pub policy: String,
-    #[serde(default = "d_mode")]
-    pub mode: String,
-    #[serde(default = "d_cc")]
-    pub congestion: String,
+    /// `transport_mode` and `congestion_algorithm`; absent: not written, so mpquic's defaults.
+    pub mode: Option<String>,
+    pub congestion: Option<String>,
     pub priorities: Option<Vec<u32>>,
     pub weights: Option<Vec<u32>>,
     /// Features this scenario needs (see `NOT_YET`).
@@ -86,8 +85,8 @@ impl Default for MpquicOpts {
     fn default() -> Self {
         MpquicOpts {
             policy: d_policy(),
-            mode: d_mode(),
-            congestion: d_cc(),
+            mode: None,
+            congestion: None,
             priorities: None,
             weights: None,
             requires: Vec::new(),
@@ -98,12 +97,6 @@ impl Default for MpquicOpts {
 }
 fn d_policy() -> String {
     "failover".into()
-}
-fn d_mode() -> String {
-    "datagram".into()
-}
-fn d_cc() -> String {
-    "cubic".into()
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -414,8 +407,8 @@ impl Scenario {
                     for v in &self.mpquic_variants {
                         let mut o = self.mpquic.clone();
                         o.policy = v.policy.clone().unwrap_or(o.policy);
-                        o.mode = v.mode.clone().unwrap_or(o.mode);
-                        o.congestion = v.congestion.clone().unwrap_or(o.congestion);
+                        o.mode = v.mode.clone().or(o.mode);
+                        o.congestion = v.congestion.clone().or(o.congestion);
                         o.fec = v.fec.clone().or(o.fec);
                         o.requires.extend(v.requires.iter().cloned());
                         out.push((format!("mpquic-{}", v.label), System::Mpquic(o)));

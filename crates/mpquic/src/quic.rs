@@ -53,8 +53,8 @@ pub fn transport(cc: Congestion, link_mtu: u32) -> Arc<TransportConfig> {
     match cc {
         Congestion::Cubic => t.congestion_controller_factory(Arc::new(CubicConfig::default())),
         Congestion::Newreno => t.congestion_controller_factory(Arc::new(NewRenoConfig::default())),
-        Congestion::Bbr => t.congestion_controller_factory(Arc::new(BbrConfig::default())),
-        Congestion::BbrModel => {
+        Congestion::QuinnBbr => t.congestion_controller_factory(Arc::new(BbrConfig::default())),
+        Congestion::Bbr => {
             t.congestion_controller_factory(Arc::new(CoreController(Arc::new(|mtu| {
                 Box::new(cc::Bbr::new(mtu)) as Box<dyn cc::Controller>
             }))))

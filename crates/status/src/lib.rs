@@ -116,6 +116,34 @@ pub struct StatusReport {
     pub refused: BTreeMap<String, u64>,
 }
 
+impl PathStatus {
+    /// One line of what FEC did on this path (`None` without FEC): repair per group now at the
+    /// measured loss, overhead, repair sent / received, rebuilt, and the residual it left.
+    pub fn fec_summary(&self) -> Option<String> {
+        let parity = self.fec_parity?;
+        let refused = if self.fec_repair_refused > 0 {
+            format!(
+                ", {} repair not sent (buffer full)",
+                self.fec_repair_refused
+            )
+        } else {
+            String::new()
+        };
+        Some(format!(
+            "repair {parity} per group at {:.1}% loss, overhead {:.0}%, sent {} data + {} repair, \
+             got {} repair, rebuilt {}, unrecoverable {} groups ({} pkts){refused}",
+            self.fec_loss_pct.unwrap_or(0.0),
+            self.fec_overhead_pct.unwrap_or(0.0),
+            self.fec_protected_packets,
+            self.fec_repair_sent,
+            self.fec_repair_received,
+            self.fec_recovered,
+            self.fec_unrecoverable_groups,
+            self.fec_unrecovered_packets,
+        ))
+    }
+}
+
 impl StatusReport {
     /// Every drop counter, as (tunnel peer or "", path name or "", reason, count): the instance's,
     /// each tunnel's, each path's.

@@ -56,25 +56,10 @@ impl StatusReport {
                     if drops.is_empty() { "-" } else { &drops }
                 );
             }
-            for p in t.paths.iter().filter(|p| p.fec_parity.is_some()) {
-                let _ = writeln!(
-                    o,
-                    "  fec {:<6} repair {} per group at {:.1}% loss, overhead {:.0}%, sent {} repair, got {}, rebuilt {}, unrecoverable {} groups ({} pkts){}",
-                    p.name,
-                    p.fec_parity.unwrap_or(0.0),
-                    p.fec_loss_pct.unwrap_or(0.0),
-                    p.fec_overhead_pct.unwrap_or(0.0),
-                    p.fec_repair_sent,
-                    p.fec_repair_received,
-                    p.fec_recovered,
-                    p.fec_unrecoverable_groups,
-                    p.fec_unrecovered_packets,
-                    if p.fec_repair_refused > 0 {
-                        format!(", {} repair not sent (buffer full)", p.fec_repair_refused)
-                    } else {
-                        String::new()
-                    }
-                );
+            for p in &t.paths {
+                if let Some(fec) = p.fec_summary() {
+                    let _ = writeln!(o, "  fec {:<6} {fec}", p.name);
+                }
             }
             let td = nonzero(&t.drops);
             if !td.is_empty() {

@@ -27,14 +27,16 @@ pub enum Role {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Congestion {
+    /// Ours (`mpquic_core::cc::Bbr`), the default: model-based, random loss does not slow it
+    /// down. `bbr-model` is its earlier name.
+    #[serde(alias = "bbr-model")]
+    Bbr,
     /// The QUIC engine's (quinn) implementations: loss-based.
     Cubic,
     Newreno,
-    /// quinn's BBRv1 port (enters recovery on any loss).
-    Bbr,
-    /// Ours (`mpquic_core::cc::Bbr`): model-based, random loss does not slow it down.
-    #[serde(rename = "bbr-model")]
-    BbrModel,
+    /// quinn's BBRv1 port (enters recovery on any loss), kept for comparison.
+    #[serde(rename = "quinn-bbr")]
+    QuinnBbr,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -50,10 +52,10 @@ impl Congestion {
     /// The name as `congestion_algorithm` spells it.
     pub fn as_str(self) -> &'static str {
         match self {
+            Congestion::Bbr => "bbr",
             Congestion::Cubic => "cubic",
             Congestion::Newreno => "newreno",
-            Congestion::Bbr => "bbr",
-            Congestion::BbrModel => "bbr-model",
+            Congestion::QuinnBbr => "quinn-bbr",
         }
     }
 }
@@ -379,24 +381,71 @@ multipath_paths:
         assert_eq!(cl.paths[1].bind, Bind::Interface("enp7s7".into()));
         assert_eq!(cl.policy, Policy::Balanced);
         assert_eq!(c.mode, TransportMode::Reliable);
+        // The seed's `bbr` is our model-based BBR (the loss-tolerant one); its earlier name
+        // still works.
         assert_eq!(c.congestion, Congestion::Bbr);
         let ours = parse(&SEED_CLIENT.replace(
             "congestion_algorithm: bbr",
             "congestion_algorithm: bbr-model",
         ))
         .unwrap();
-        assert_eq!(ours.congestion, Congestion::BbrModel);
+        assert_eq!(ours.congestion, Congestion::Bbr);
+        // No key at all: the loss-tolerant defaults (issue 9, docs/BENCHMARKS.md).
+        let bare = parse(
+            &SEED_CLIENT
+                .replace("congestion_algorithm: bbr\n", "")
+                .replace("transport_mode: reliable\n", ""),
+        )
+        .unwrap();
+        assert_eq!(bare.congestion, Congestion::Bbr);
+        assert_eq!(bare.mode, TransportMode::Reliable);
         // Status prints the name the config spells.
         for c in [
+            Congestion::Bbr,
             Congestion::Cubic,
             Congestion::Newreno,
-            Congestion::Bbr,
-            Congestion::BbrModel,
+            Congestion::QuinnBbr,
         ] {
             let text = format!("congestion_algorithm: {}", c.as_str());
             let parsed = parse(&SEED_CLIENT.replace("congestion_algorithm: bbr", &text)).unwrap();
             assert_eq!(parsed.congestion, c);
         }
+    }
+
+    #[test]
+    fn fec_modes_and_their_errors() {
+        use mpquic_core::fec::FecMode;
+        let bare = SEED_CLIENT.replace("transport_mode: reliable\n", "");
+        let client = |text: &str| match parse(text).unwrap().role {
+            RoleConfig::Client(c) => c,
+            _ => panic!(),
+        };
+        // Off by default; auto alone also picks datagram mode (FEC is for datagrams).
+        assert_eq!(client(&bare).fec, FecMode::Off);
+        let auto = parse(&(bare.clone() + "fec: auto\n")).unwrap();
+        assert_eq!(auto.mode, TransportMode::Datagram);
+        assert_eq!(client(&(bare.clone() + "fec: auto\n")).fec, FecMode::Auto);
+        assert_eq!(
+            client(&(bare.clone() + "fec: 10/2\n")).fec,
+            FecMode::Fixed { k: 10, m: 2 }
+        );
+        assert_eq!(client(&(bare.clone() + "fec: 10/0\n")).fec, FecMode::Off);
+        // Errors point at the line.
+        let lines = bare.lines().count() + 1;
+        for (bad, says) in [
+            ("fec: sometimes", "off, auto or K/M"),
+            ("fec: 100/2", "data shards"),
+            ("fec: 10/40", "repair shards"),
+        ] {
+            let e = parse(&format!("{bare}{bad}\n")).unwrap_err();
+            assert_eq!(e.problems[0].line, lines, "{e}");
+            assert!(e.to_string().contains(says), "{e}");
+        }
+        let e = parse(&(SEED_CLIENT.to_string() + "fec: auto\n")).unwrap_err();
+        assert!(
+            e.to_string().contains("needs `transport_mode: datagram`"),
+            "{e}"
+        );
     }
 
     #[test]

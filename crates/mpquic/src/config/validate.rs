@@ -103,6 +103,7 @@ pub(super) fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem
         c.problems.sort_by_key(|p| (p.line, p.column));
         return Err(c.problems);
     }
+    let mode = raw.transport_mode.unwrap_or(default_mode(&raw));
     let control_socket = raw
         .control_socket
         .clone()
@@ -113,8 +114,9 @@ pub(super) fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem
         log_level: g.log_level,
         cert_file: raw.tls_cert_file,
         key_file: raw.tls_key_file,
-        congestion: raw.congestion_algorithm.unwrap_or(Congestion::Cubic),
-        mode: raw.transport_mode.unwrap_or(TransportMode::Datagram),
+        // Defaults chosen by measurement for lossy links (docs/BENCHMARKS.md, "The default").
+        congestion: raw.congestion_algorithm.unwrap_or(Congestion::Bbr),
+        mode,
         control_socket,
         metrics_listen: raw.metrics_listen,
         worker_threads: raw.worker_threads.unwrap_or(1),
@@ -363,6 +365,19 @@ fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
         ca_file: raw.tls_ca_file.clone(),
         insecure_skip_verify: raw.tls_insecure_skip_verify,
         fec,
+    }
+}
+
+/// Reliable mode, unless the client asks for FEC (which is for datagram mode).
+fn default_mode(raw: &RawConfig) -> TransportMode {
+    let fec_on = raw
+        .fec
+        .as_deref()
+        .is_some_and(|f| FecMode::parse(f).is_ok_and(|m| m != FecMode::Off));
+    if fec_on {
+        TransportMode::Datagram
+    } else {
+        TransportMode::Reliable
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use bytes::{Bytes, BytesMut};
+use mpquic_core::packet::is_pure_tcp_ack;
 use mpquic_core::DropReason;
 use tokio::sync::mpsc;
 use tracing::warn;
@@ -99,6 +100,9 @@ impl PathTransport for QuicTransport {
             return;
         }
         for &i in which {
+            if is_pure_tcp_ack(batch.packet(i)) {
+                continue; // sent as a datagram (`send_batch`)
+            }
             let len = batch.packet(i).len() as u16;
             if let Some(w) = batch.with_header_mut(i, STREAM_HEADER) {
                 w[..STREAM_HEADER].copy_from_slice(&len.to_be_bytes());
@@ -114,6 +118,10 @@ impl PathTransport for QuicTransport {
     ) {
         for &i in which {
             let sent = match &self.stream_tx {
+                // Reliable mode's pure TCP ACKs go as datagrams (`packet::is_pure_tcp_ack`).
+                Some(_) if is_pure_tcp_ack(batch.packet(i)) => {
+                    send_datagram(&self.conn, Bytes::copy_from_slice(batch.packet(i)))
+                }
                 Some(tx) => tx.try_send(stream_frame(batch, i)).map_err(|e| match e {
                     mpsc::error::TrySendError::Full(_) => DropReason::QueueFull,
                     mpsc::error::TrySendError::Closed(_) => DropReason::SendFailed,
