@@ -9,6 +9,7 @@ pub mod drops;
 pub mod fec;
 pub mod flow;
 pub mod health;
+pub mod loss;
 pub mod mtu;
 pub mod packet;
 pub mod paths;

@@ -35,10 +35,10 @@ fn server_config(dir: &Path) -> Config {
     )
 }
 
-fn client_config(dir: &Path) -> Config {
+fn client_config(dir: &Path, mode: &str) -> Config {
     let d = dir.display();
     let mut y = format!(
-        "role: client\nmultipath_enabled: true\nmultipath_policy: failover\ntun_name: cli0\n\
+        "role: client\ntransport_mode: {mode}\nmultipath_enabled: true\nmultipath_policy: failover\ntun_name: cli0\n\
          tun_cidr: {CLIENT_TUN}/24\ntls_ca_file: {d}/ca.crt\n\
          tls_cert_file: {d}/site1.crt\ntls_key_file: {d}/site1.key\n\
          tls_server_name: mpquic-server\ncontrol_socket: {d}/client.sock\nmultipath_paths:\n"
@@ -100,6 +100,18 @@ fn drain(host: &mut Host, into: &mut Vec<(u32, Instant)>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_and_server_in_process_exchange_and_fail_over() {
+    exchange_and_fail_over("datagram").await;
+}
+
+/// Reliable mode (the default): the same, except that the dead path's recent packets are sent
+/// again on the live one, so some that had arrived before the black hole arrive twice (bounded
+/// by the hand-over window: the silence bound plus a round trip, here ~70 packets at most).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reliable_mode_in_process_exchange_and_fail_over() {
+    exchange_and_fail_over("reliable").await;
+}
+
+async fn exchange_and_fail_over(mode: &str) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     pki::init(d, false).unwrap();
@@ -110,7 +122,7 @@ async fn client_and_server_in_process_exchange_and_fail_over() {
     let mut srv_host = net.host("srv0");
     let mut cli_host = net.host("cli0");
     let scfg = server_config(d);
-    let ccfg = client_config(d);
+    let ccfg = client_config(d, mode);
     let (RoleConfig::Server(s), RoleConfig::Client(c)) = (scfg.role.clone(), ccfg.role.clone())
     else {
         panic!("roles");
@@ -169,7 +181,12 @@ async fn client_and_server_in_process_exchange_and_fail_over() {
 
     for (dir, got) in [("up", &up), ("down", &down)] {
         let seqs: std::collections::HashSet<u32> = got.iter().map(|(s, _)| *s).collect();
-        assert_eq!(seqs.len(), got.len(), "{dir}: a packet was delivered twice");
+        let twice = got.len() - seqs.len();
+        if mode == "reliable" {
+            assert!(twice <= 70, "{dir}: {twice} packets delivered twice");
+        } else {
+            assert_eq!(twice, 0, "{dir}: a packet was delivered twice");
+        }
         // Before the failure: everything. After failover and after the repair: everything.
         for range in [0..300u32, 500..700, 800..1000] {
             let missing: Vec<u32> = range.filter(|s| !seqs.contains(s)).collect();
@@ -187,7 +204,7 @@ async fn client_and_server_in_process_exchange_and_fail_over() {
         // The black hole costs less than a second of packets.
         let lost = (300..700u32).filter(|s| !seqs.contains(s)).count();
         assert!(lost < 200, "{dir}: {lost} packets lost across the failover");
-        println!("[measure] in-process {dir}: {} of 1000 delivered, {lost} lost across the 2 s black hole of the primary path", got.len());
+        println!("[measure] in-process {mode} {dir}: {} of 1000 delivered ({twice} twice), {lost} lost across the 2 s black hole of the primary path", seqs.len());
     }
 
     net.stop();

@@ -713,11 +713,11 @@ impl Sink for LinkSink {
         }
     }
 
-    fn on_send_lost(&self, packets: u64, bytes: u64) {
+    fn on_send_dropped(&self, reason: DropReason, packets: u64, bytes: u64) {
         self.tunnel
             .lock()
             .router
-            .drop_tx_batch(self.path, packets, bytes, DropReason::SendFailed);
+            .drop_tx_batch(self.path, packets, bytes, reason);
     }
 
     fn on_closed(&self) {

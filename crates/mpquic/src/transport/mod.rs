@@ -43,8 +43,9 @@ pub trait Sink: Send + Sync + 'static {
     fn on_datagram(&self, d: &[u8]);
     /// An inner packet from an ordered byte stream (reliable mode); `None` for a malformed frame.
     fn on_stream_packet(&self, pkt: Option<&[u8]>);
-    /// Packets accepted by `send_packet` that were lost with a failed stream (counted).
-    fn on_send_lost(&self, packets: u64, bytes: u64);
+    /// Packets accepted by `send_batch` that the transport dropped after all (counted under
+    /// `reason`): lost with a failed stream, or waited too long in its queue.
+    fn on_send_dropped(&self, reason: DropReason, packets: u64, bytes: u64);
     /// The transport has ended (connection closed); nothing more arrives.
     fn on_closed(&self);
 }

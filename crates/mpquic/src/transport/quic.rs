@@ -46,7 +46,7 @@ const OFFER_QUEUE: usize = 64;
 pub struct QuicTransport {
     conn: quinn::Connection,
     /// Reliable mode: the queue into the stream writer task.
-    stream_tx: Option<mpsc::Sender<Bytes>>,
+    stream_tx: Option<mpsc::Sender<(Instant, Bytes)>>,
     /// Reliable mode: what the writer wrote lately, as written (length-prefixed frames).
     recent: Arc<Mutex<Recent>>,
     /// Taken by `start`: the hello stream (reliable mode carries the packets on it), and the
@@ -59,7 +59,7 @@ pub struct QuicTransport {
 struct StartParts {
     send: quinn::SendStream,
     recv: quinn::RecvStream,
-    stream_rx: Option<mpsc::Receiver<Bytes>>,
+    stream_rx: Option<mpsc::Receiver<(Instant, Bytes)>>,
 }
 
 impl QuicTransport {
@@ -116,16 +116,19 @@ impl PathTransport for QuicTransport {
         which: &[usize],
         refused: &mut dyn FnMut(usize, DropReason),
     ) {
+        let now = Instant::now();
         for &i in which {
             let sent = match &self.stream_tx {
                 // Reliable mode's pure TCP ACKs go as datagrams (`packet::is_pure_tcp_ack`).
                 Some(_) if is_pure_tcp_ack(batch.packet(i)) => {
                     send_datagram(&self.conn, Bytes::copy_from_slice(batch.packet(i)))
                 }
-                Some(tx) => tx.try_send(stream_frame(batch, i)).map_err(|e| match e {
-                    mpsc::error::TrySendError::Full(_) => DropReason::QueueFull,
-                    mpsc::error::TrySendError::Closed(_) => DropReason::SendFailed,
-                }),
+                Some(tx) => tx
+                    .try_send((now, stream_frame(batch, i)))
+                    .map_err(|e| match e {
+                        mpsc::error::TrySendError::Full(_) => DropReason::QueueFull,
+                        mpsc::error::TrySendError::Closed(_) => DropReason::SendFailed,
+                    }),
                 // A view of the batch's buffer: no copy, no allocation per packet.
                 None => send_datagram(&self.conn, batch.framed(i)),
             };
@@ -538,24 +541,40 @@ async fn stream_writer(
     sink: Arc<dyn Sink>,
     conn: quinn::Connection,
     mut send: quinn::SendStream,
-    mut rx: mpsc::Receiver<Bytes>,
+    mut rx: mpsc::Receiver<(Instant, Bytes)>,
     recent: Arc<Mutex<Recent>>,
 ) {
     let mut batch = BytesMut::with_capacity(STREAM_BATCH + 65_538);
+    let mut stale = Dropped::default();
+    let mut loss = mpquic_core::loss::LossEstimate::default();
     while let Some(first) = rx.recv().await {
         let path = conn.stats().path;
-        conn.set_send_window(mpquic_core::reliable::stream_window(path.cwnd, path.rtt));
+        loss.on_counters(Instant::now(), path.sent_packets, path.lost_packets);
+        conn.set_send_window(mpquic_core::reliable::stream_window(
+            path.cwnd,
+            path.rtt,
+            loss.loss(),
+        ));
         batch.clear();
-        let mut packets = 1;
-        batch.extend_from_slice(&first);
-        while batch.len() < STREAM_BATCH {
-            match rx.try_recv() {
-                Ok(p) => {
-                    packets += 1;
-                    batch.extend_from_slice(&p);
-                }
-                Err(_) => break,
+        let now = Instant::now();
+        let mut packets = Dropped::default();
+        let mut next = Some(first);
+        while let Some((queued, frame)) = next.take() {
+            // A frame that waited too long for the stream is dropped here rather than added
+            // to the delay of everything behind it (`reliable::HANDOFF_TIME`).
+            if now.saturating_duration_since(queued) > mpquic_core::reliable::HANDOFF_TIME {
+                stale.add(&frame);
+            } else {
+                packets.add(&frame);
+                batch.extend_from_slice(&frame);
             }
+            if batch.len() < STREAM_BATCH {
+                next = rx.try_recv().ok();
+            }
+        }
+        stale.report(&*sink, DropReason::QueueFull);
+        if batch.is_empty() {
+            continue;
         }
         let chunk = batch.split().freeze();
         if send.write_chunk(chunk.clone()).await.is_ok() {
@@ -567,15 +586,34 @@ async fn stream_writer(
             // Everything in this batch and everything still queued is lost with the stream;
             // closing the queue makes later packets fail (and count) in `send_batch`.
             rx.close();
-            let mut bytes = (chunk.len() - packets * STREAM_HEADER) as u64;
-            let mut packets = packets as u64;
-            while let Ok(p) = rx.try_recv() {
-                packets += 1;
-                bytes += (p.len() - STREAM_HEADER) as u64;
+            while let Ok((_, frame)) = rx.try_recv() {
+                packets.add(&frame);
             }
-            sink.on_send_lost(packets, bytes);
+            packets.report(&*sink, DropReason::SendFailed);
             return;
         }
+    }
+}
+
+/// Frames dropped by the stream writer, counted by packets and inner bytes.
+#[derive(Default)]
+struct Dropped {
+    packets: u64,
+    bytes: u64,
+}
+
+impl Dropped {
+    fn add(&mut self, frame: &Bytes) {
+        self.packets += 1;
+        self.bytes += (frame.len() - STREAM_HEADER) as u64;
+    }
+
+    /// Tell the sink, and start again from zero.
+    fn report(&mut self, sink: &dyn Sink, reason: DropReason) {
+        if self.packets > 0 {
+            sink.on_send_dropped(reason, self.packets, self.bytes);
+        }
+        *self = Dropped::default();
     }
 }
 
