@@ -27,6 +27,15 @@ def wait_using(lab, key, name, timeout, t0):
     return None
 
 
+def stop_ping(lab):
+    """Stop the running ping; its output, parsed form, lost sequence numbers and longest gap."""
+    lab.stop("ping", sig=signal.SIGINT)
+    out = lab.log("ping")
+    ping = labctl.parse_ping(out)
+    lost, longest = labctl.gaps(ping["received"], ping["sent"], INTERVAL)
+    return out, ping, lost, longest
+
+
 def fmt(t):
     return "never" if t is None else f"{t:.2f} s"
 
@@ -62,10 +71,7 @@ def test_failover_and_return(make_lab, fault):
     back_cli = wait_using(lab, "client0", "wan1", 8, t_repair)
     back_srv = wait_using(lab, "server", "wan1", 8, t_repair)
     time.sleep(1.0)
-    lab.stop("ping", sig=signal.SIGINT)
-    out = lab.log("ping")
-    ping = labctl.parse_ping(out)
-    lost, longest = labctl.gaps(ping["received"], ping["sent"], INTERVAL)
+    _, ping, lost, longest = stop_ping(lab)
     # Sequence numbers sent after the failover settled (1 s after the fault) until the end,
     # except the last 0.2 s: pings still in flight when ping was stopped are not losses.
     settled = int((t_fail - t_start + 1.0) / INTERVAL)
@@ -102,10 +108,7 @@ def test_reliable_failover_delivers_nothing_late(make_lab):
     lab.unblock(0)
     back = wait_using(lab, "client0", "wan1", 10, t_repair)
     time.sleep(1.5)
-    lab.stop("ping", sig=signal.SIGINT)
-    out = lab.log("ping")
-    ping = labctl.parse_ping(out)
-    lost, longest = labctl.gaps(ping["received"], ping["sent"], INTERVAL)
+    out, ping, lost, longest = stop_ping(lab)
     late = [r for r in ping["rtts"] if r > 1000]
     dups = out.count("DUP!")
     report(f"reliable failover: longest gap {longest * 1000:.0f} ms, {len(lost)} of {ping['sent']} lost, "

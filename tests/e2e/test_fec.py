@@ -6,6 +6,19 @@ import time
 from conftest import report
 
 
+def udp_iperf(lab, retries, **kw):
+    """iperf3 UDP; a run whose setup failed is tried again (its UDP handshake is one datagram
+    each way and iperf3 gives up on the first loss, which FEC makes rare, not impossible: seen
+    about once in ten runs here). The retries are counted and reported."""
+    for attempt in range(3):
+        try:
+            return lab.iperf(udp_mbit=10, length=1200, **kw)
+        except RuntimeError as e:
+            if "unable to read from stream socket" not in str(e) or attempt == 2:
+                raise
+            retries.append(str(e)[:80])
+
+
 def test_fec_auto_rebuilds_random_loss_both_ways(make_lab):
     # A loss-tolerant outer controller: with cubic the tunnel itself would collapse at 5% loss.
     lab = make_lab(paths=1, rates_mbit=[50], congestion="bbr")
@@ -27,9 +40,10 @@ def test_fec_auto_rebuilds_random_loss_both_ways(make_lab):
         lab.ping(count=20, interval=0.01)
         if all(lab.path_status(k, "wan1")["fec_parity"] >= 2 for k in ("client0", "server")):
             break
-    lab.iperf(seconds=2, udp_mbit=10, length=1200)
+    retries = []
+    udp_iperf(lab, retries, seconds=2)
     for reverse, key in ((False, "client0"), (True, "server")):
-        r = lab.iperf(seconds=5, udp_mbit=10, length=1200, reverse=reverse)
+        r = udp_iperf(lab, retries, seconds=5, reverse=reverse)
         lost = r["end"]["sum"]["lost_percent"]
         sender = lab.path_status(key, "wan1")
         receiver = lab.path_status("server" if key == "client0" else "client0", "wan1")
@@ -47,3 +61,4 @@ def test_fec_auto_rebuilds_random_loss_both_ways(make_lab):
         # unrecoverable), so it gets more room.
         assert receiver["fec_unrecovered_packets"] < 0.005 * sender["fec_protected_packets"]
         assert lost < 2.0, lost
+    report(f"FEC auto: iperf3 setups tried again: {len(retries)}")

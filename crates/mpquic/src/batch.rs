@@ -126,6 +126,12 @@ impl PacketBatch {
         Some(&mut self.buf[r.start - header..r.end])
     }
 
+    /// Whether headers can still be written (`with_header_mut`): no transport has taken packets
+    /// of this batch yet.
+    pub fn headers_writable(&self) -> bool {
+        self.frozen.is_none()
+    }
+
     /// The header length written in front of packet `i` (0: none).
     pub fn header_len(&self, i: usize) -> usize {
         self.packets[i].1

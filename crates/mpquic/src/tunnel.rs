@@ -242,7 +242,11 @@ impl Tunnel {
                     continue;
                 };
                 let share = scratch.add(path, &link.transport, i);
-                if self.fec != FecMode::Off {
+                // A batch shared with another tunnel (the server's TUN reader hands one batch
+                // to each client session in turn) is frozen once the first sent: the FEC header
+                // cannot go in front any more, so later sessions' packets go unprotected rather
+                // than into a group whose data packet would lack its header.
+                if self.fec != FecMode::Off && batch.headers_writable() {
                     let enc = &mut s.fec[path.index()].enc;
                     let idle = enc.deadline().is_none();
                     if let Some(h) = enc.on_data(now, batch.packet(i), &mut share.repairs) {
@@ -362,13 +366,10 @@ impl Tunnel {
                 packet,
             }) => {
                 let mut recovered = Vec::new();
-                let fresh = self.lock().fec[path.index()].dec.on_data(
-                    Instant::now(),
-                    group,
-                    index,
-                    packet,
-                    &mut recovered,
-                );
+                let fresh = self.lock().fec.get_mut(path.index()).is_some_and(|f| {
+                    f.dec
+                        .on_data(Instant::now(), group, index, packet, &mut recovered)
+                });
                 if fresh {
                     self.deliver(path, packet);
                 }
@@ -378,9 +379,9 @@ impl Tunnel {
             }
             Some(Datagram::FecRepair(r)) => {
                 let mut recovered = Vec::new();
-                self.lock().fec[path.index()]
-                    .dec
-                    .on_repair(Instant::now(), &r, &mut recovered);
+                if let Some(f) = self.lock().fec.get_mut(path.index()) {
+                    f.dec.on_repair(Instant::now(), &r, &mut recovered);
+                }
                 for p in recovered {
                     self.deliver(path, &p);
                 }
