@@ -104,7 +104,7 @@ impl Decoder {
         g.data[index] = Some(shard);
         g.have_data += 1;
         self.try_recover(gi, recovered);
-        self.trim(now);
+        self.trim();
         true
     }
 
@@ -151,7 +151,7 @@ impl Decoder {
         g.repair[index] = Some(shard.to_vec());
         g.have_repair += 1;
         self.try_recover(gi, recovered);
-        self.trim(now);
+        self.trim();
     }
 
     /// Forget groups past `MAX_AGE` (counting what they left unrecovered). The shell calls
@@ -191,7 +191,7 @@ impl Decoder {
     }
 
     /// Keep the shard bytes within `MAX_BYTES` (oldest groups first, never the newest).
-    fn trim(&mut self, _now: Instant) {
+    fn trim(&mut self) {
         while self.bytes > MAX_BYTES && self.groups.len() > 1 {
             self.pop_oldest();
         }

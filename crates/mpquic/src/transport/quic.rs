@@ -99,10 +99,9 @@ impl PathTransport for QuicTransport {
         if self.stream_tx.is_none() {
             return;
         }
+        // Pure TCP ACKs get the header too, unused: `send_batch` sends them as datagrams from
+        // the packet alone, and deciding once per packet (there) keeps one parse per packet.
         for &i in which {
-            if is_pure_tcp_ack(batch.packet(i)) {
-                continue; // sent as a datagram (`send_batch`)
-            }
             let len = batch.packet(i).len() as u16;
             if let Some(w) = batch.with_header_mut(i, STREAM_HEADER) {
                 w[..STREAM_HEADER].copy_from_slice(&len.to_be_bytes());
