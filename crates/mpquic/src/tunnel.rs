@@ -487,12 +487,12 @@ impl Tunnel {
         }
     }
 
-    /// A path changed state: log it, and in reliable mode hand a path that went down over to
-    /// the live ones (`reliable.rs`: its recent packets sent again there, its stream closed so
-    /// it delivers nothing late).
+    /// A path changed state: log it, and hand a path that went down over to the live ones
+    /// (`reliable.rs`): its connection closed so it delivers nothing late, and in reliable
+    /// mode its recent packets sent again there.
     fn on_transition(&self, t: &Transition) {
         self.log_transition(t);
-        if t.to != Some(PathState::Down) || self.mode != TransportMode::Reliable {
+        if t.to != Some(PathState::Down) {
             return;
         }
         let now = Instant::now();
@@ -508,8 +508,8 @@ impl Tunnel {
         };
         let packets = transport.abandon(since);
         self.lock().router.handed_over(t.path, packets.len() as u64);
-        info!(tunnel = %self.peer, path = %self.path_name(t.path), packets = packets.len(),
-              "reliable path down: its recent packets sent again on the live paths");
+        info!(tunnel = %self.peer, path = %self.path_name(t.path), resent = packets.len(),
+              "path down: connection closed, its recent packets sent again on the live paths");
         self.resend(&packets);
     }
 

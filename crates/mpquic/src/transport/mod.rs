@@ -73,13 +73,11 @@ pub trait PathTransport: Send + Sync + 'static {
     fn closed(&self) -> BoxFuture<'static, String>;
     /// Start the receive side (and, for streams, the writer), delivering to `sink`.
     fn start(self: Arc<Self>, sink: Arc<dyn Sink>);
-    /// The path went down and another is up: stop using this transport (it closes) and hand
-    /// back the inner packets it sent since `since` that it would otherwise deliver late,
-    /// after the path recovers (an ordered stream does). Transports whose losses stay lost
-    /// (datagrams) return nothing and stay open.
-    fn abandon(&self, _since: std::time::Instant) -> Vec<bytes::Bytes> {
-        Vec::new()
-    }
+    /// The path went down and another is up: stop using this transport (it closes, so
+    /// nothing it still holds is delivered late, after the path recovers) and hand back the
+    /// inner packets it sent since `since` that may not have arrived, to be sent on a live
+    /// path. A transport that keeps no copies returns nothing.
+    fn abandon(&self, since: std::time::Instant) -> Vec<bytes::Bytes>;
 }
 
 /// Client side of session setup: open a path to the server and exchange the hello.
