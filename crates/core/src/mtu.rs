@@ -23,6 +23,12 @@ pub fn udp_payload(link_mtu: u32) -> u16 {
         .clamp(MIN_UDP_PAYLOAD, MAX_UDP_PAYLOAD) as u16
 }
 
+/// The link MTU whose UDP payload is `payload` (the inverse of `udp_payload` within its bounds):
+/// a path whose route carries less than its link (`pmtu.rs`) is set up as if its link were this.
+pub fn link_mtu_for_payload(payload: u16) -> u32 {
+    u32::from(payload) + OUTER_IPV4_UDP
+}
+
 /// TUN MTU for a tunnel whose smallest link MTU is `link_mtu`: every inner packet then fits one
 /// outer datagram.
 pub fn tun_mtu(link_mtu: u32) -> u32 {
@@ -51,6 +57,7 @@ mod tests {
         assert_eq!(udp_payload(100), 1200);
         assert_eq!(tun_mtu(100), MIN_TUN_MTU);
         assert_eq!(udp_payload(u32::MAX), 65_000);
+        assert_eq!(udp_payload(link_mtu_for_payload(1360)), 1360);
         assert_eq!(tcp_mss(u32::MAX), u16::MAX);
     }
 }

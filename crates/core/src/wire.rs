@@ -13,6 +13,10 @@ pub const FEC_DATA: u8 = 0x03;
 /// A repair packet of an FEC group: type, group (u16), repair index (u8), the group's data
 /// count k (u8) and repair count m (u8), then the Reed-Solomon shard (docs/PROTOCOL.md).
 pub const FEC_REPAIR: u8 = 0x04;
+/// A path-MTU probe (`pmtu.rs`): type, sequence number (u32), then padding to the size being
+/// tested. Its reply has the same layout and the same length, so it tests the way back too.
+pub const MTU_PROBE: u8 = 0x05;
+pub const MTU_PROBE_REPLY: u8 = 0x06;
 pub const FEC_DATA_HEADER: usize = 4;
 pub const FEC_REPAIR_HEADER: usize = 6;
 /// Type and sequence number: a probe reply, or a probe without the sender's view.
@@ -37,6 +41,12 @@ pub enum Datagram<'a> {
         packet: &'a [u8],
     },
     FecRepair(Repair<'a>),
+    /// A path-MTU probe of `len` bytes (all of it, padding included).
+    MtuProbe {
+        seq: u32,
+        len: usize,
+    },
+    MtuProbeReply(u32),
 }
 
 /// A repair packet of an FEC group (`FEC_REPAIR`).
@@ -68,6 +78,16 @@ pub fn decode(buf: &[u8]) -> Option<Datagram<'_>> {
         return None;
     }
     let seq = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]);
+    match first {
+        MTU_PROBE => {
+            return Some(Datagram::MtuProbe {
+                seq,
+                len: buf.len(),
+            })
+        }
+        MTU_PROBE_REPLY => return Some(Datagram::MtuProbeReply(seq)),
+        _ => {}
+    }
     match (first, buf.len()) {
         (PROBE, PROBE_LEN) => Some(Datagram::Probe { seq, view: None }),
         (PROBE, PROBE_VIEW_LEN | PROBE_VIEW_LEN_V0) => Some(Datagram::Probe {
@@ -165,6 +185,14 @@ pub fn encode_probe(kind: u8, seq: u32) -> [u8; PROBE_LEN] {
     [kind, s[0], s[1], s[2], s[3]]
 }
 
+/// A path-MTU probe (`MTU_PROBE`) or its reply (`MTU_PROBE_REPLY`), `len` bytes long (at least
+/// `PROBE_LEN`): the header, then zeros.
+pub fn encode_mtu_probe(kind: u8, seq: u32, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len.max(PROBE_LEN)];
+    out[..PROBE_LEN].copy_from_slice(&encode_probe(kind, seq));
+    out
+}
+
 /// A probe carrying the prober's view of the path.
 pub fn encode_probe_view(seq: u32, v: &PeerView) -> [u8; PROBE_VIEW_LEN] {
     let mut out = [0u8; PROBE_VIEW_LEN];
@@ -245,8 +273,27 @@ mod tests {
         assert_eq!(decode(&[0x60]), Some(Datagram::Packet(&[0x60])));
         assert_eq!(decode(&[]), None);
         assert_eq!(decode(&[0x01, 0, 0]), None);
-        assert_eq!(decode(&[0x05, 0, 0, 0, 0]), None);
+        assert_eq!(decode(&[0x07, 0, 0, 0, 0]), None);
         assert_eq!(decode(&[0x20, 0, 0, 0, 0]), None);
+    }
+
+    #[test]
+    fn mtu_probe_vectors() {
+        let p = encode_mtu_probe(MTU_PROBE, 0x0a0b0c0d, 8);
+        assert_eq!(p, [0x05, 0x0a, 0x0b, 0x0c, 0x0d, 0, 0, 0]);
+        assert_eq!(
+            decode(&p),
+            Some(Datagram::MtuProbe {
+                seq: 0x0a0b0c0d,
+                len: 8
+            })
+        );
+        let r = encode_mtu_probe(MTU_PROBE_REPLY, 2, 1300);
+        assert_eq!(r.len(), 1300);
+        assert_eq!(decode(&r), Some(Datagram::MtuProbeReply(2)));
+        // Never shorter than its header; a truncated one is malformed.
+        assert_eq!(encode_mtu_probe(MTU_PROBE, 1, 0).len(), PROBE_LEN);
+        assert_eq!(decode(&[0x05, 0, 0, 1]), None);
     }
 }
 

@@ -247,9 +247,13 @@ impl Sim {
                 self.router(m.to).on_received(m.path, p.len(), now);
                 self.delivered.push((m.to, port, seq));
             }
-            // The simulated tunnels run without FEC (tests/fec.rs covers it).
-            Datagram::FecData { .. } | Datagram::FecRepair(_) => {
-                unreachable!("the sim sends no FEC")
+            // The simulated tunnels run without FEC (tests/fec.rs covers it) and without the
+            // MTU watch (pmtu.rs tests its model; tests/e2e/test_mtu.py the whole).
+            Datagram::FecData { .. }
+            | Datagram::FecRepair(_)
+            | Datagram::MtuProbe { .. }
+            | Datagram::MtuProbeReply(_) => {
+                unreachable!("the sim sends no FEC and no MTU probes")
             }
         }
     }

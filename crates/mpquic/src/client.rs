@@ -4,6 +4,7 @@
 //! background while the others carry on.
 
 use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,13 @@ struct Client {
     /// A refusal from the server that retrying cannot fix (e.g. address not allowed).
     fatal: mpsc::Sender<String>,
     mtu: u32,
+    /// Per path (config order): the UDP payload its connections use when its route carries
+    /// less than its link (`None`: the link's), as the tunnel's MTU watch found.
+    payload: Mutex<Vec<Option<u16>>>,
+    /// Per path: connection attempts failed in a row.
+    connect_failures: Vec<AtomicU32>,
+    /// The UDP payload of the client's links.
+    link_payload: u16,
 }
 
 pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<()> {
@@ -92,6 +100,9 @@ pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<
         addr: Mutex::new(None),
         fatal: fatal_tx,
         mtu,
+        payload: Mutex::new(vec![None; ccfg.paths.len()]),
+        connect_failures: (0..ccfg.paths.len()).map(|_| AtomicU32::new(0)).collect(),
+        link_payload: mpquic_core::mtu::udp_payload(link_mtu),
         cfg,
         ccfg,
     });
@@ -199,6 +210,26 @@ impl Client {
                     return;
                 }
                 _ = tokio::time::sleep(Duration::from_millis(250)) => {
+                    if let Some(r) = self.tunnel.take_resize(id) {
+                        // The route's MTU changed, or a larger size is tried: a new connection
+                        // at that size (the QUIC engine's packet size is fixed per connection);
+                        // the old one drains and closes, or carries on if this one fails.
+                        let before = self.set_payload(idx, Some(r.payload));
+                        match self.dial(idx).await {
+                            Ok(new) => {
+                                info!(path = %name, payload = r.payload, "path reconnected at a new packet size");
+                                closed = new.closed();
+                                generation = self.tunnel.install(id, new);
+                            }
+                            Err(e) => {
+                                self.set_payload(idx, before);
+                                self.tunnel.resize_failed(id, r.payload);
+                                let level = if r.recheck { "larger packets do not pass yet" } else { "failed" };
+                                info!(path = %name, payload = r.payload, error = %format!("{e:#}"), "reconnect at a new packet size: {level}");
+                            }
+                        }
+                        continue;
+                    }
                     if reconnect::should_replace(self.tunnel.unusable_for(id)) {
                         match self.connect(idx).await {
                             Ok(new) => {
@@ -214,7 +245,52 @@ impl Client {
         }
     }
 
+    /// Connect path `idx` (a new connection, or a replacement for one that is unusable). A
+    /// route whose MTU fell drops the server's full-size handshake packets, so after a failure
+    /// every other attempt is made with QUIC's minimum packet size; once connected,
+    /// the MTU watch finds the size that passes (`pmtu.rs`).
     async fn connect(&self, idx: usize) -> Result<Arc<dyn PathTransport>> {
+        let failures = self.connect_failures[idx].load(Ordering::Relaxed);
+        let floor = mpquic_core::pmtu::FLOOR;
+        let current = self.payload(idx);
+        let fall_back = failures % 2 == 1 && current != Some(floor);
+        if fall_back {
+            self.set_payload(idx, Some(floor));
+        }
+        match self.dial(idx).await {
+            Ok(t) => {
+                self.connect_failures[idx].store(0, Ordering::Relaxed);
+                if fall_back {
+                    let tried = current.unwrap_or(self.link_payload);
+                    self.tunnel.resize_failed(self.path_ids[idx], tried);
+                    warn!(path = %self.ccfg.paths[idx].name, tried, payload = floor,
+                          "path connected only with the smallest packets: its route's MTU fell");
+                }
+                Ok(t)
+            }
+            Err(e) => {
+                self.connect_failures[idx].fetch_add(1, Ordering::Relaxed);
+                if fall_back {
+                    self.set_payload(idx, current);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn payload(&self, idx: usize) -> Option<u16> {
+        self.payload.lock().unwrap_or_else(|e| e.into_inner())[idx]
+    }
+
+    /// Set path `idx`'s packet size for its next connections; returns the previous one.
+    fn set_payload(&self, idx: usize, payload: Option<u16>) -> Option<u16> {
+        std::mem::replace(
+            &mut self.payload.lock().unwrap_or_else(|e| e.into_inner())[idx],
+            payload,
+        )
+    }
+
+    async fn dial(&self, idx: usize) -> Result<Arc<dyn PathTransport>> {
         tokio::time::timeout(CONNECT_TIMEOUT, self.connect_inner(idx))
             .await
             .map_err(|_| anyhow!("no answer from the server within {CONNECT_TIMEOUT:?}"))?
@@ -237,7 +313,7 @@ impl Client {
             addr: requested.map(|(a, l)| format!("{a}/{l}")),
             fec: (self.ccfg.fec != FecMode::Off).then(|| self.ccfg.fec.to_string()),
         };
-        let (transport, ack) = self.dialer.dial(p, &h).await?;
+        let (transport, ack) = self.dialer.dial(p, &h, self.payload(idx)).await?;
         if !ack.ok {
             let msg = ack
                 .error

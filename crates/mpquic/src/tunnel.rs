@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use mpquic_core::fec::{self, FecMode};
+use mpquic_core::pmtu::{PathMtu, Resize};
 use mpquic_core::wire::{self, Datagram};
 use mpquic_core::{
     DropReason, HealthConfig, HealthMode, PacketInfo, PathId, PathSpec, PathState, Policy,
@@ -49,7 +50,19 @@ struct State {
     /// Each path's FEC state, by `PathId::index()` (kept across reconnections: its counters
     /// are the path's, and group numbers simply continue).
     fec: Vec<PathFec>,
+    /// Each path's packet size: the MTU watch (prober side) and what was done about packets
+    /// too big for it, by `PathId::index()` (kept across reconnections).
+    sizes: Vec<PathSize>,
     next_generation: u64,
+}
+
+/// A path's packet size (`pmtu.rs`): watched by the side that probes, acted on by its shell
+/// (`take_resize`: reconnect with smaller packets).
+#[derive(Default)]
+struct PathSize {
+    watch: Option<PathMtu>,
+    pending: Option<Resize>,
+    too_big_sent: u64,
 }
 
 /// Repair packets of FEC groups closed by their timer, for one path's transport.
@@ -76,6 +89,8 @@ pub struct Tunnel {
     fec: FecMode,
     /// Server side: inner packets from the peer must carry this source address.
     expect_src: Option<Ipv4Addr>,
+    /// This side probes its paths (the client): it also watches their MTU.
+    watch_mtu: bool,
     state: Mutex<State>,
     /// Wakes the timer task when the core's next deadline may have moved earlier (a path was
     /// connected, a state changed, a packet woke a quiet tunnel), so it can sleep until that
@@ -101,6 +116,7 @@ impl Tunnel {
             mode,
             fec,
             expect_src,
+            watch_mtu: health == HealthMode::Probe,
             state: Mutex::new(State {
                 router: Router::new(
                     policy,
@@ -111,6 +127,7 @@ impl Tunnel {
                 ),
                 links: Vec::new(),
                 fec: Vec::new(),
+                sizes: Vec::new(),
                 next_generation: 1,
             }),
             timers_changed: Notify::new(),
@@ -137,6 +154,9 @@ impl Tunnel {
                 dec: fec::Decoder::new(),
             });
         }
+        if s.sizes.len() <= id.index() {
+            s.sizes.resize_with(id.index() + 1, Default::default);
+        }
         Some(id)
     }
 
@@ -157,6 +177,17 @@ impl Tunnel {
                 generation,
             });
             s.router.connected(path, now);
+            let st = transport.stats();
+            if let (Some(payload), Some(link), true) =
+                (st.udp_payload, st.link_payload, self.watch_mtu)
+            {
+                let size = &mut s.sizes[path.index()];
+                size.pending = None;
+                match &mut size.watch {
+                    Some(w) => w.reset(payload, now),
+                    None => size.watch = Some(PathMtu::new(link, payload, now)),
+                }
+            }
             (generation, old)
         };
         // A new path probes at once.
@@ -277,16 +308,55 @@ impl Tunnel {
             }
         }
         if !refused.is_empty() || repairs_refused {
+            let mut too_big = Vec::new();
             let mut s = self.lock();
             for &(path, i, reason) in refused.iter() {
                 s.router.drop_tx(path, batch.packet(i).len(), reason);
+                if reason == DropReason::Oversized {
+                    let limit = per_path[path.index()]
+                        .to
+                        .as_ref()
+                        .and_then(|(_, t)| t.stats().max_datagram);
+                    if let Some(reply) = limit.and_then(|l| too_big_reply(batch, i, l)) {
+                        s.sizes[path.index()].too_big_sent += 1;
+                        too_big.push(reply);
+                    }
+                }
             }
             for share in per_path.iter() {
                 if let (Some((path, _)), n @ 1..) = (&share.to, share.repairs_refused) {
                     s.fec[path.index()].enc.refused(n);
                 }
             }
+            drop(s);
+            // The TUN write forwards the message to the sender; outside the lock.
+            for reply in too_big {
+                let _ = self.tun.send(&reply);
+            }
         }
+    }
+
+    /// Connecting `path` with packets of `payload` failed (a larger size tried, or any size
+    /// before falling back to the floor): the MTU watch takes it as too big for now.
+    pub fn resize_failed(&self, path: PathId, payload: u16) {
+        if let Some(w) = self
+            .lock()
+            .sizes
+            .get_mut(path.index())
+            .and_then(|s| s.watch.as_mut())
+        {
+            w.on_resize_failed(payload, Instant::now());
+        }
+        self.timers_changed.notify_one();
+    }
+
+    /// A size change the MTU watch decided for `path` (client: reconnect it with packets of
+    /// this UDP payload at most), once.
+    pub fn take_resize(&self, path: PathId) -> Option<Resize> {
+        self.lock()
+            .sizes
+            .get_mut(path.index())
+            .and_then(|s| s.pending.take())
     }
 
     /// `n` packets dropped before routing (counted on the tunnel, not on a path).
@@ -377,6 +447,25 @@ impl Tunnel {
                     self.deliver(path, &p);
                 }
             }
+            Some(Datagram::MtuProbe { seq, len }) => {
+                // Answered at the same size, so the probe tests the way back too; a reply
+                // too big for this side's packets is not sent, as a smaller MTU would do.
+                let _ = transport.send_control(&wire::encode_mtu_probe(
+                    wire::MTU_PROBE_REPLY,
+                    seq,
+                    len,
+                ));
+            }
+            Some(Datagram::MtuProbeReply(seq)) => {
+                if let Some(w) = self
+                    .lock()
+                    .sizes
+                    .get_mut(path.index())
+                    .and_then(|s| s.watch.as_mut())
+                {
+                    w.on_reply(seq);
+                }
+            }
             Some(Datagram::FecRepair(r)) => {
                 let mut recovered = Vec::new();
                 if let Some(f) = self.lock().fec.get_mut(path.index()) {
@@ -397,6 +486,7 @@ impl Tunnel {
         let mut probes: Vec<ProbeDue> = Vec::new();
         let mut changes: Vec<Transition> = Vec::new();
         let mut repairs: Vec<DueRepairs> = Vec::new();
+        let mut mtu_probes: Vec<(Arc<dyn PathTransport>, Vec<u8>)> = Vec::new();
         let (due, next): (Vec<(ProbeDue, Arc<dyn PathTransport>)>, _) = {
             let mut s = self.lock();
             s.router.poll(now, &mut probes, &mut changes);
@@ -410,8 +500,16 @@ impl Tunnel {
                 let fec_next = s.fec.iter().filter_map(|f| f.enc.deadline()).min();
                 next = next.into_iter().chain(fec_next).min();
             }
+            if self.watch_mtu {
+                let mtu_next = self.poll_mtu(&mut s, now, &mut mtu_probes);
+                next = next.into_iter().chain(mtu_next).min();
+            }
             (due, next)
         };
+        for (transport, probe) in mtu_probes {
+            // Refused when the datagram buffer is full: then it is lost, as it should be.
+            let _ = transport.send_control(&probe);
+        }
         for (path, transport, r) in repairs {
             let n = send_repairs(&*transport, r.into_iter());
             if n > 0 {
@@ -464,6 +562,65 @@ impl Tunnel {
                 repairs.push((id, link.transport.clone(), out));
             }
         }
+    }
+
+    /// The MTU watch of every connected path: padded probes due into `probes`, verdicts kept
+    /// for the shell (`take_resize`). Returns the watches' next deadline.
+    fn poll_mtu(
+        &self,
+        s: &mut State,
+        now: Instant,
+        probes: &mut Vec<(Arc<dyn PathTransport>, Vec<u8>)>,
+    ) -> Option<Instant> {
+        let State {
+            links,
+            sizes,
+            router,
+            ..
+        } = s;
+        let mut next: Option<Instant> = None;
+        let mut out = Vec::new();
+        for id in router.paths().ids() {
+            let (Some(size), Some(link)) = (
+                sizes.get_mut(id.index()),
+                links.get(id.index()).and_then(Option::as_ref),
+            ) else {
+                continue;
+            };
+            let Some(watch) = size.watch.as_mut() else {
+                continue;
+            };
+            let path = router.paths().get(id);
+            let srtt = path.health.as_ref().and_then(|h| h.srtt());
+            let up = path.state() == Some(PathState::Up);
+            let st = link.transport.stats();
+            // What a datagram costs on the wire beyond its bytes (QUIC header, frame, tag).
+            let overhead = match (st.udp_payload, st.max_datagram) {
+                (Some(p), Some(m)) => usize::from(p).saturating_sub(m),
+                _ => continue,
+            };
+            out.clear();
+            if let Some(v) = watch.poll(now, up, srtt, &mut out) {
+                let name = &path.spec.name;
+                if v.recheck {
+                    info!(tunnel = %self.peer, path = %name, payload = v.payload,
+                          "path MTU: trying larger packets");
+                } else {
+                    warn!(tunnel = %self.peer, path = %name, was = watch.current(), payload = v.payload,
+                          "path MTU fell (full-size packets lost, small ones answered): reconnecting with smaller packets");
+                }
+                size.pending = Some(v);
+            }
+            for p in &out {
+                let len = usize::from(p.size).saturating_sub(overhead);
+                probes.push((
+                    link.transport.clone(),
+                    wire::encode_mtu_probe(wire::MTU_PROBE, p.seq, len),
+                ));
+            }
+            next = next.into_iter().chain(watch.next_deadline(srtt)).min();
+        }
+        next
     }
 
     /// Serve the core's timers for the tunnel's life: sleep until its next deadline, or until a
@@ -580,6 +737,13 @@ impl Tunnel {
                 if let (Some(f), true) = (s.fec.get(id.index()), self.fec != FecMode::Off) {
                     fec_status(&mut ps, f);
                 }
+                if let Some(size) = s.sizes.get(id.index()) {
+                    ps.too_big_sent = size.too_big_sent;
+                    if let Some(w) = &size.watch {
+                        ps.udp_payload_max = Some(u64::from(w.ceiling()));
+                        ps.mtu_changes = w.changes;
+                    }
+                }
                 if let Some(l) = link {
                     let st = l.transport.stats();
                     ps.remote = l.transport.remote().to_string();
@@ -587,6 +751,7 @@ impl Tunnel {
                     ps.cwnd_bytes = st.cwnd;
                     ps.pacing_mbit = st.pacing_rate.map(|r| r as f64 / 1e6);
                     ps.quic_sent_packets = st.sent_packets;
+                    ps.udp_payload = st.udp_payload.map(u64::from);
                     ps.quic_lost_packets = st.lost_packets;
                     if st.sent_packets > 0 {
                         ps.quic_loss_pct = st.lost_packets as f64 * 100.0 / st.sent_packets as f64;
@@ -628,6 +793,13 @@ fn fec_status(ps: &mut PathStatus, f: &PathFec) {
     ps.fec_unrecovered_packets = d.unrecovered_packets;
     ps.fec_duplicates = f.dec.duplicates;
     ps.fec_inconsistent = d.inconsistent;
+}
+
+/// ICMP "too big" for packet `i` of `batch`, which a transport refused: it carries datagrams of
+/// `max_datagram` bytes, this packet's header included.
+fn too_big_reply(batch: &PacketBatch, i: usize, max_datagram: usize) -> Option<Vec<u8>> {
+    let mtu = max_datagram.checked_sub(batch.header_len(i))?;
+    mpquic_core::icmp::too_big(batch.packet(i), u16::try_from(mtu).ok()?)
 }
 
 fn ms(d: Duration) -> f64 {

@@ -50,6 +50,20 @@ pub struct PathStatus {
     #[serde(default)]
     pub handed_over_packets: u64,
     pub drops: BTreeMap<String, u64>,
+    /// UDP payload the path's packets have now (bytes), and the most its link carries: less
+    /// once the path MTU watch found a smaller MTU on the route.
+    #[serde(default)]
+    pub udp_payload: Option<u64>,
+    #[serde(default)]
+    pub udp_payload_max: Option<u64>,
+    /// Times the path was reconnected at another packet size (an MTU fall found, or a
+    /// reduced path tried at full size again).
+    #[serde(default)]
+    pub mtu_changes: u64,
+    /// Inner packets too big for the path (counted as `oversized` drops) whose sender was told
+    /// the size that fits (ICMP packet too big).
+    #[serde(default)]
+    pub too_big_sent: u64,
     /// FEC (when the tunnel has it): repair packets a full group gets now, and the loss the
     /// encoder measures on the path (%), which `auto` follows.
     #[serde(default)]
@@ -117,6 +131,18 @@ pub struct StatusReport {
 }
 
 impl PathStatus {
+    /// One line on the path's packet size when it is below its link's (`None` otherwise).
+    pub fn mtu_summary(&self) -> Option<String> {
+        let (now, max) = (self.udp_payload?, self.udp_payload_max?);
+        (now < max || self.too_big_sent > 0).then(|| {
+            format!(
+                "UDP payload {now} of {max} bytes (MTU fall found on the route; {} size change(s), \
+                 {} inner packet(s) too big, senders told)",
+                self.mtu_changes, self.too_big_sent
+            )
+        })
+    }
+
     /// One line of what FEC did on this path (`None` without FEC): repair per group now at the
     /// measured loss, overhead, repair sent / received, rebuilt, and the residual it left.
     pub fn fec_summary(&self) -> Option<String> {

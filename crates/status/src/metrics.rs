@@ -156,6 +156,26 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Counter(|p| p.handed_over_packets),
     ),
     (
+        "mpquic_path_udp_payload",
+        "UDP payload the path's packets have now, bytes (below the link's after an MTU fall)",
+        PathValue::Gauge(|p| p.udp_payload.map(|b| b as f64)),
+    ),
+    (
+        "mpquic_path_udp_payload_max",
+        "UDP payload the path's link carries, bytes",
+        PathValue::Gauge(|p| p.udp_payload_max.map(|b| b as f64)),
+    ),
+    (
+        "mpquic_path_mtu_changes",
+        "Reconnections of the path at another packet size (MTU fall found, or recheck)",
+        PathValue::Counter(|p| p.mtu_changes),
+    ),
+    (
+        "mpquic_path_too_big_sent",
+        "Inner packets too big for the path whose sender got ICMP packet-too-big",
+        PathValue::Counter(|p| p.too_big_sent),
+    ),
+    (
         "mpquic_path_fec_parity",
         "FEC repair packets a full group gets now (auto follows the measured loss)",
         PathValue::Gauge(|p| p.fec_parity),
@@ -371,6 +391,8 @@ mod tests {
             fec_parity: Some(1.0),
             fec_loss_pct: Some(1.0),
             fec_overhead_pct: Some(1.0),
+            udp_payload: Some(1),
+            udp_payload_max: Some(1),
             ..Default::default()
         };
         let json = serde_json::to_value(&p).unwrap();
@@ -389,5 +411,15 @@ mod tests {
             .render()
             .contains("refused connections: handshake_failed=3"));
         assert!(r.render().contains("wan1"));
+        assert!(!r.render().contains("mtu wan1"));
+        let mut r = r;
+        let p = &mut r.tunnels[0].paths[0];
+        (p.udp_payload, p.udp_payload_max, p.mtu_changes) = (Some(1360), Some(1472), 1);
+        assert!(
+            r.render()
+                .contains("mtu wan1   UDP payload 1360 of 1472 bytes"),
+            "{}",
+            r.render()
+        );
     }
 }

@@ -60,6 +60,9 @@ impl StatusReport {
                 if let Some(fec) = p.fec_summary() {
                     let _ = writeln!(o, "  fec {:<6} {fec}", p.name);
                 }
+                if let Some(mtu) = p.mtu_summary() {
+                    let _ = writeln!(o, "  mtu {:<6} {mtu}", p.name);
+                }
             }
             let td = nonzero(&t.drops);
             if !td.is_empty() {

@@ -35,6 +35,13 @@ pub struct TransportStats {
     pub pacing_rate: Option<u64>,
     pub sent_packets: u64,
     pub lost_packets: u64,
+    /// The UDP payload its packets have now, and the largest control message or datagram-mode
+    /// packet (with its header) it can send, when the transport has such limits.
+    pub udp_payload: Option<u16>,
+    pub max_datagram: Option<usize>,
+    /// The UDP payload its link carries (the client's configured link), which a smaller
+    /// `udp_payload` is below because the route carries less (`pmtu.rs`).
+    pub link_payload: Option<u16>,
 }
 
 /// Where a transport delivers what it receives, and reports what it lost after accepting it.
@@ -84,11 +91,13 @@ pub trait PathTransport: Send + Sync + 'static {
 pub trait Dialer: Send + Sync + 'static {
     /// Dial the server over `path` (bound as its config says) and send `hello`. Returns the
     /// path's transport, not yet started, and the server's answer, which may be a refusal (the
-    /// caller then closes the transport).
+    /// caller then closes the transport). `payload`: a UDP payload smaller than the link's, for
+    /// a path whose route carries less (`pmtu.rs`); both directions keep within it.
     fn dial<'a>(
         &'a self,
         path: &'a crate::config::PathConfig,
         hello: &'a Hello,
+        payload: Option<u16>,
     ) -> BoxFuture<'a, Result<(Arc<dyn PathTransport>, HelloAck)>>;
 }
 

@@ -54,6 +54,8 @@ pub struct QuicTransport {
     start: std::sync::Mutex<Option<StartParts>>,
     /// Kept so the client's per-path socket lives as long as the connection.
     _endpoint: Option<quinn::Endpoint>,
+    /// The client's link payload (`TransportStats::link_payload`).
+    link_payload: Option<u16>,
 }
 
 struct StartParts {
@@ -70,6 +72,7 @@ impl QuicTransport {
         recv: quinn::RecvStream,
         endpoint: Option<quinn::Endpoint>,
         mode: TransportMode,
+        link_payload: Option<u16>,
     ) -> Arc<QuicTransport> {
         let (stream_tx, stream_rx) = match mode {
             TransportMode::Reliable => {
@@ -88,6 +91,7 @@ impl QuicTransport {
                 stream_rx,
             })),
             _endpoint: endpoint,
+            link_payload,
         })
     }
 }
@@ -153,6 +157,9 @@ impl PathTransport for QuicTransport {
             pacing_rate: self.conn.congestion_state().metrics().pacing_rate,
             sent_packets: st.path.sent_packets,
             lost_packets: st.path.lost_packets,
+            udp_payload: Some(st.path.current_mtu),
+            max_datagram: self.conn.max_datagram_size(),
+            link_payload: self.link_payload,
         }
     }
 
@@ -227,6 +234,7 @@ impl PathTransport for QuicTransport {
 /// with the client certificate, then the hello.
 pub struct QuicDialer {
     client: quinn::ClientConfig,
+    congestion: crate::config::Congestion,
     /// The smallest MTU of the client's links (the QUIC packet size follows it).
     link_mtu: u32,
     server_name: String,
@@ -254,6 +262,7 @@ impl QuicDialer {
         client.transport_config(quic::transport(cfg.congestion, link_mtu));
         Ok(QuicDialer {
             client,
+            congestion: cfg.congestion,
             link_mtu,
             server_name: ccfg.server_name.clone(),
             platform,
@@ -264,6 +273,7 @@ impl QuicDialer {
         &self,
         p: &PathConfig,
         h: &Hello,
+        payload: Option<u16>,
     ) -> Result<(Arc<dyn PathTransport>, HelloAck)> {
         let remote: SocketAddr = tokio::net::lookup_host((p.remote_addr.as_str(), p.remote_port))
             .await
@@ -271,14 +281,23 @@ impl QuicDialer {
             .next()
             .ok_or_else(|| anyhow!("{} has no address", p.remote_addr))?;
         let socket = self.platform.client_socket(&p.bind, remote)?;
+        // A smaller payload is announced to the server (it caps what the server sends) and is
+        // this side's packet size and floor: the route carries no more.
+        let link_mtu = payload.map_or(self.link_mtu, |p| {
+            mpquic_core::mtu::link_mtu_for_payload(p).min(self.link_mtu)
+        });
+        let mut client = self.client.clone();
+        if link_mtu != self.link_mtu {
+            client.transport_config(quic::transport(self.congestion, link_mtu));
+        }
         let endpoint = quinn::Endpoint::new_with_abstract_socket(
-            quic::client_endpoint(self.link_mtu),
+            quic::client_endpoint(link_mtu),
             None,
             socket,
             Arc::new(quinn::TokioRuntime),
         )?;
         let conn = endpoint
-            .connect_with(self.client.clone(), remote, &self.server_name)?
+            .connect_with(client, remote, &self.server_name)?
             .await
             .with_context(|| format!("handshake with {remote} failed"))?;
         let (mut send, mut recv) = conn.open_bi().await?;
@@ -286,7 +305,9 @@ impl QuicDialer {
         let ack: HelloAck = hello::read(&mut recv)
             .await
             .context("no hello answer from the server")?;
-        let transport = QuicTransport::new(conn, send, recv, Some(endpoint), h.mode);
+        let link_payload = mpquic_core::mtu::udp_payload(self.link_mtu);
+        let transport =
+            QuicTransport::new(conn, send, recv, Some(endpoint), h.mode, Some(link_payload));
         Ok((transport, ack))
     }
 }
@@ -296,8 +317,9 @@ impl Dialer for QuicDialer {
         &'a self,
         path: &'a PathConfig,
         hello: &'a Hello,
+        payload: Option<u16>,
     ) -> BoxFuture<'a, Result<(Arc<dyn PathTransport>, HelloAck)>> {
-        Box::pin(self.dial_inner(path, hello))
+        Box::pin(self.dial_inner(path, hello, payload))
     }
 }
 
@@ -442,7 +464,7 @@ impl OfferReply for QuicOffer {
             hello::write(&mut send, &ack)
                 .await
                 .context("cannot answer the hello")?;
-            let t: Arc<dyn PathTransport> = QuicTransport::new(conn, send, recv, None, mode);
+            let t: Arc<dyn PathTransport> = QuicTransport::new(conn, send, recv, None, mode, None);
             Ok(t)
         })
     }

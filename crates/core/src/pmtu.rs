@@ -1,0 +1,498 @@
+//! Path MTU watch: notices when a path stops carrying full-size packets while small ones still
+//! pass (a tunnel, a PPPoE hop or a mobile core with a smaller MTU appeared on the route; ICMP
+//! "too big" rarely reaches a UDP sender), and finds the size that passes now.
+//!
+//! The QUIC engine's own black-hole detector cannot do this for a tunnel: a tunnel's packets
+//! are nearly all full size, so it read ordinary loss bursts as black holes, and its floor is
+//! now the link's payload (`quic.rs`). Instead the probing side (the client) sends its own
+//! padded probes (`wire::MTU_PROBE`), answered by the peer with a reply of the same size, so a
+//! probe tests both directions:
+//!
+//! - **Watching**: a probe of the path's current size every `WATCH_INTERVAL` (sooner after a
+//!   loss). `SUSPECT_AFTER` lost in a row while the path is up (its small health probes are
+//!   answered) starts a search; random loss alone does that rarely (0.8% of seconds at 30%
+//!   loss), and the search then finds nothing changed.
+//! - **Searching**: every size from the current one down to the floor, `STEP` bytes apart, at
+//!   once, for `ROUNDS` rounds. The largest size answered in any round is the new size (one
+//!   round trip per round, so a second or two, not a binary search's dozen timeouts). If the
+//!   current size is answered, it was loss, not MTU.
+//! - **Larger sizes are tried by reconnecting**, since a connection's packet size is fixed: a
+//!   failed attempt costs nothing (the old connection carries on) and marks that size too big.
+//!   While the gap between the current size and the smallest known too big is wider than
+//!   `BISECT_GAP`, the next attempt is halfway, `BISECT_INTERVAL` later (a path that fell back
+//!   to the floor, when even reconnecting at full size failed, finds its size in a few steps);
+//!   otherwise the path is tried at full size after `RECHECK_AFTER` (RFC 1191's ten minutes:
+//!   routes change back), and watched as ever.
+//!
+//! Sizes are UDP payload bytes. The shell turns a verdict into a new connection whose packets
+//! are that large at most (the engine's MTU is fixed per connection) and tells inner senders
+//! what fits (ICMP "packet too big").
+
+use std::time::{Duration, Instant};
+
+/// QUIC's minimum UDP payload: nothing smaller can carry the path.
+pub const FLOOR: u16 = 1200;
+const WATCH_INTERVAL: Duration = Duration::from_secs(1);
+/// After a lost probe the next one goes sooner: a real reduction loses every one of them.
+const RETRY_INTERVAL: Duration = Duration::from_millis(250);
+const SUSPECT_AFTER: u32 = 4;
+/// Sizes a search tries, apart (a granularity of a few percent of the MTU is all a tunnel
+/// needs; finer costs more probes per round).
+const STEP: u16 = 16;
+const ROUNDS: u32 = 3;
+const RECHECK_AFTER: Duration = Duration::from_secs(600);
+const BISECT_INTERVAL: Duration = Duration::from_secs(5);
+const BISECT_GAP: u16 = STEP + SIZE_SLACK;
+/// A probe of size S fills between S - `SIZE_SLACK` and S bytes of UDP payload (a QUIC engine
+/// sizes its datagrams with a conservative header estimate), so an answered size proves only
+/// that much: verdicts are that far below the largest size answered.
+pub const SIZE_SLACK: u16 = 10;
+/// A probe unanswered for this many smoothed RTTs is lost (at least `MIN_TIMEOUT`, at most
+/// `MAX_TIMEOUT`: a path that slow is a health matter).
+const TIMEOUT_RTTS: u32 = 3;
+const MIN_TIMEOUT: Duration = Duration::from_millis(300);
+const MAX_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A padded probe to send: its sequence number and the UDP payload it must fill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MtuProbe {
+    pub seq: u32,
+    pub size: u16,
+}
+
+/// What the path's packets must become: reconnect it with this UDP payload at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resize {
+    pub payload: u16,
+    /// Why: a search found less than the current size passes (false), or a larger size is
+    /// tried (true; if the connection fails, `on_resize_failed`).
+    pub recheck: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Watching {
+        lost_in_a_row: u32,
+    },
+    Searching {
+        round: u32,
+    },
+    /// A verdict was given; nothing more until the shell reconnects (`reset`).
+    Waiting,
+}
+
+#[derive(Debug, Clone)]
+pub struct PathMtu {
+    /// The largest payload the path is ever tried at (the link's).
+    ceiling: u16,
+    current: u16,
+    phase: Phase,
+    next_at: Instant,
+    /// Probes in flight: sequence, size, sent at. A search has one per size.
+    outstanding: Vec<(u32, u16, Instant)>,
+    /// Searching: the largest size answered in this search.
+    best: Option<u16>,
+    next_seq: u32,
+    /// The smallest size known not to pass (a search's, or a failed reconnection's).
+    too_big: Option<u16>,
+    /// When a larger size is tried next (a reduced path).
+    recheck_at: Option<Instant>,
+    pub probes_sent: u64,
+    pub probes_answered: u64,
+    /// Searches started, and verdicts that changed the size.
+    pub searches: u64,
+    pub changes: u64,
+}
+
+impl PathMtu {
+    /// A path whose link carries `ceiling` bytes of UDP payload, now used at `current`.
+    pub fn new(ceiling: u16, current: u16, now: Instant) -> PathMtu {
+        let mut m = PathMtu {
+            ceiling: ceiling.max(FLOOR),
+            current: FLOOR,
+            phase: Phase::Waiting,
+            next_at: now,
+            outstanding: Vec::new(),
+            best: None,
+            next_seq: 0,
+            too_big: None,
+            recheck_at: None,
+            probes_sent: 0,
+            probes_answered: 0,
+            searches: 0,
+            changes: 0,
+        };
+        m.reset(current, now);
+        m
+    }
+
+    /// The payload the path's packets may have.
+    pub fn current(&self) -> u16 {
+        self.current
+    }
+
+    pub fn ceiling(&self) -> u16 {
+        self.ceiling
+    }
+
+    pub fn searching(&self) -> bool {
+        matches!(self.phase, Phase::Searching { .. })
+    }
+
+    /// The path was (re)connected with packets of `payload` at most: watch that size.
+    pub fn reset(&mut self, payload: u16, now: Instant) {
+        let payload = payload.clamp(FLOOR, self.ceiling);
+        self.current = payload;
+        if self.too_big.is_some_and(|b| b <= payload) {
+            self.too_big = None; // it passes now
+        }
+        self.schedule_recheck(now);
+        self.phase = Phase::Watching { lost_in_a_row: 0 };
+        self.outstanding.clear();
+        self.best = None;
+        self.next_at = now + WATCH_INTERVAL;
+    }
+
+    /// Reconnecting at `payload` failed (a `recheck` verdict; or, any size, the shell falling
+    /// back to the floor): that size is too big for now. The old connection, if any, carries on.
+    pub fn on_resize_failed(&mut self, payload: u16, now: Instant) {
+        if payload > FLOOR {
+            self.too_big = Some(self.too_big.map_or(payload, |b| b.min(payload)));
+        }
+        self.schedule_recheck(now);
+        self.phase = Phase::Watching { lost_in_a_row: 0 };
+    }
+
+    fn schedule_recheck(&mut self, now: Instant) {
+        self.recheck_at = (self.current < self.ceiling).then(|| {
+            let wide = self
+                .too_big
+                .is_some_and(|b| b > self.current.saturating_add(BISECT_GAP));
+            now + if wide { BISECT_INTERVAL } else { RECHECK_AFTER }
+        });
+    }
+
+    pub fn next_deadline(&self, srtt: Option<Duration>) -> Option<Instant> {
+        if self.phase == Phase::Waiting {
+            return None;
+        }
+        let timeout = timeout(srtt);
+        let expiry = self
+            .outstanding
+            .iter()
+            .map(|&(_, _, at)| at + timeout)
+            .min();
+        Some(
+            [Some(self.next_at), expiry, self.recheck_at]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(self.next_at),
+        )
+    }
+
+    /// A reply to probe `seq` arrived.
+    pub fn on_reply(&mut self, seq: u32) {
+        let Some(at) = self.outstanding.iter().position(|&(s, _, _)| s == seq) else {
+            return; // late, duplicate or forged
+        };
+        let (_, size, _) = self.outstanding.swap_remove(at);
+        self.probes_answered += 1;
+        match self.phase {
+            Phase::Watching { .. } => self.phase = Phase::Watching { lost_in_a_row: 0 },
+            Phase::Searching { .. } => {
+                self.best = Some(self.best.map_or(size, |b| b.max(size)));
+            }
+            Phase::Waiting => {}
+        }
+    }
+
+    /// Advance time. `up`: the path's small probes are answered (only then does a lost big
+    /// one mean anything); `srtt`: the path's smoothed RTT. Probes due go to `out`; a verdict
+    /// is returned once, and the path waits for `reset`.
+    pub fn poll(
+        &mut self,
+        now: Instant,
+        up: bool,
+        srtt: Option<Duration>,
+        out: &mut Vec<MtuProbe>,
+    ) -> Option<Resize> {
+        if self.phase == Phase::Waiting {
+            return None;
+        }
+        if !up {
+            // Everything is lost on a dead path; health deals with it. Start afresh after.
+            self.outstanding.clear();
+            self.best = None;
+            self.phase = Phase::Watching { lost_in_a_row: 0 };
+            self.next_at = now + WATCH_INTERVAL;
+            return None;
+        }
+        if self.recheck_at.is_some_and(|at| now >= at) {
+            let target = match self.too_big {
+                Some(b) if b > self.current.saturating_add(BISECT_GAP) => {
+                    self.current + (b - self.current) / 2
+                }
+                _ => {
+                    self.too_big = None;
+                    self.ceiling
+                }
+            };
+            return self.verdict(target, true);
+        }
+        let timeout = timeout(srtt);
+        let before = self.outstanding.len();
+        self.outstanding
+            .retain(|&(_, _, at)| now.saturating_duration_since(at) < timeout);
+        let lost = before - self.outstanding.len();
+        match self.phase {
+            Phase::Watching { lost_in_a_row } => {
+                let lost_in_a_row = lost_in_a_row + lost as u32;
+                self.phase = Phase::Watching { lost_in_a_row };
+                if lost > 0 {
+                    self.next_at = self.next_at.min(now + RETRY_INTERVAL);
+                }
+                if lost_in_a_row >= SUSPECT_AFTER {
+                    self.searches += 1;
+                    self.best = None;
+                    self.phase = Phase::Searching { round: 0 };
+                    self.send_round(now, out);
+                } else if self.outstanding.is_empty() && now >= self.next_at {
+                    self.send(self.current, now, out);
+                    self.next_at = now + WATCH_INTERVAL;
+                }
+                None
+            }
+            Phase::Searching { round } => {
+                if self.best == Some(self.current) {
+                    // The current size passes: the losses were loss, not MTU.
+                    self.reset(self.current, now);
+                    return None;
+                }
+                if !self.outstanding.is_empty() {
+                    return None;
+                }
+                if round + 1 < ROUNDS {
+                    self.phase = Phase::Searching { round: round + 1 };
+                    self.send_round(now, out);
+                    return None;
+                }
+                match self.best {
+                    Some(best) if best < self.current => {
+                        // The next size of the grid went unanswered.
+                        self.too_big = Some(best.saturating_add(STEP).min(self.current));
+                        self.verdict((best - SIZE_SLACK).max(FLOOR), false)
+                    }
+                    // Not even the floor came back while small probes do: nothing a size can
+                    // fix (health judges the path); watch on.
+                    _ => {
+                        self.reset(self.current, now);
+                        None
+                    }
+                }
+            }
+            Phase::Waiting => None,
+        }
+    }
+
+    fn verdict(&mut self, payload: u16, recheck: bool) -> Option<Resize> {
+        self.phase = Phase::Waiting;
+        self.outstanding.clear();
+        self.changes += 1;
+        Some(Resize { payload, recheck })
+    }
+
+    /// One probe of every size from the current one down to the floor.
+    fn send_round(&mut self, now: Instant, out: &mut Vec<MtuProbe>) {
+        let mut size = self.current;
+        loop {
+            self.send(size, now, out);
+            if size == FLOOR {
+                break;
+            }
+            size = size.saturating_sub(STEP).max(FLOOR);
+        }
+    }
+
+    fn send(&mut self, size: u16, now: Instant, out: &mut Vec<MtuProbe>) {
+        let seq = self.next_seq;
+        self.next_seq = self.next_seq.wrapping_add(1);
+        self.outstanding.push((seq, size, now));
+        self.probes_sent += 1;
+        out.push(MtuProbe { seq, size });
+    }
+}
+
+fn timeout(srtt: Option<Duration>) -> Duration {
+    srtt.map_or(MAX_TIMEOUT, |r| r * TIMEOUT_RTTS)
+        .clamp(MIN_TIMEOUT, MAX_TIMEOUT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RTT: Duration = Duration::from_millis(40);
+
+    /// A path that carries UDP payloads up to `mtu` and loses `loss` (0..1) of the rest at
+    /// random (a fixed seed), driven for `secs`; returns the verdicts.
+    fn drive(m: &mut PathMtu, mtu: u16, loss: f64, secs: u64, t0: Instant) -> Vec<Resize> {
+        let mut verdicts = Vec::new();
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        let mut inflight: Vec<(Instant, u32)> = Vec::new();
+        let step = Duration::from_millis(10);
+        let mut now = t0;
+        while now < t0 + Duration::from_secs(secs) {
+            inflight.retain(|&(at, seq)| {
+                if at <= now {
+                    m.on_reply(seq);
+                    false
+                } else {
+                    true
+                }
+            });
+            let mut out = Vec::new();
+            if let Some(v) = m.poll(now, true, Some(RTT), &mut out) {
+                verdicts.push(v);
+                m.reset(v.payload, now);
+            }
+            for p in out {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let lost = (rng % 10_000) as f64 / 10_000.0 < loss;
+                if p.size <= mtu && !lost {
+                    inflight.push((now + RTT, p.seq));
+                }
+            }
+            now += step;
+        }
+        verdicts
+    }
+
+    #[test]
+    fn a_reduction_is_found_within_seconds() {
+        let t0 = Instant::now();
+        let mut m = PathMtu::new(1472, 1472, t0);
+        assert!(
+            drive(&mut m, 1472, 0.0, 10, t0).is_empty(),
+            "no change on a clean path"
+        );
+        assert_eq!(m.probes_answered, m.probes_sent);
+        // The network's MTU falls to 1400 (payload 1372); also with 10% random loss.
+        let t1 = t0 + Duration::from_secs(10);
+        let v = drive(&mut m, 1372, 0.0, 5, t1);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(!v[0].recheck);
+        // The largest size of the search's grid that fits, less the slack.
+        assert!(v[0].payload <= 1372 - SIZE_SLACK, "{v:?}");
+        assert!(v[0].payload > 1372 - STEP - SIZE_SLACK, "{v:?}");
+        assert_eq!(m.current(), v[0].payload);
+        let mut m = PathMtu::new(1472, 1472, t0);
+        let v = drive(&mut m, 1372, 0.1, 10, t0);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].payload <= 1372 - SIZE_SLACK, "{v:?}");
+        assert!(v[0].payload > 1372 - 2 * STEP - SIZE_SLACK, "{v:?}");
+    }
+
+    #[test]
+    fn random_loss_is_not_a_reduction() {
+        let t0 = Instant::now();
+        let mut m = PathMtu::new(1472, 1472, t0);
+        // 30% random loss for ten minutes: searches start now and then, none may shrink.
+        let v = drive(&mut m, 1472, 0.3, 590, t0);
+        assert!(v.is_empty(), "{v:?}");
+        assert!(m.searches > 0, "the test never reached a search");
+        assert_eq!(m.current(), 1472);
+    }
+
+    #[test]
+    fn a_dead_path_is_not_a_reduction() {
+        let t0 = Instant::now();
+        let mut m = PathMtu::new(1472, 1472, t0);
+        let mut out = Vec::new();
+        for i in 0..200 {
+            let now = t0 + Duration::from_millis(50 * i);
+            assert_eq!(m.poll(now, i < 10, Some(RTT), &mut out), None);
+        }
+        assert_eq!(m.searches, 0);
+    }
+
+    #[test]
+    fn nothing_but_the_floor_passing_is_found_and_below_it_nothing_changes() {
+        let t0 = Instant::now();
+        let mut m = PathMtu::new(1472, 1472, t0);
+        let v = drive(&mut m, FLOOR, 0.0, 10, t0);
+        assert_eq!(v.first().map(|v| v.payload), Some(FLOOR));
+        let mut m = PathMtu::new(1472, 1472, t0);
+        assert!(drive(&mut m, 1000, 0.0, 10, t0).is_empty());
+        assert!(m.searches > 0);
+    }
+
+    #[test]
+    fn a_reduced_path_is_rechecked_at_full_size() {
+        let t0 = Instant::now();
+        let mut m = PathMtu::new(1472, 1360, t0);
+        assert_eq!(m.current(), 1360);
+        let v = drive(&mut m, 1472, 0.0, 601, t0);
+        assert_eq!(
+            v,
+            vec![Resize {
+                payload: 1472,
+                recheck: true
+            }]
+        );
+        assert_eq!(m.current(), 1472);
+        // Still reduced: found again.
+        let t1 = t0 + Duration::from_secs(601);
+        let v = drive(&mut m, 1360, 0.0, 5, t1);
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].payload, 1360 - SIZE_SLACK);
+    }
+
+    #[test]
+    fn a_path_that_fell_back_to_the_floor_finds_its_size_by_reconnecting() {
+        let t0 = Instant::now();
+        let mut m = PathMtu::new(1472, 1472, t0);
+        // Reconnecting at full size failed twice; the shell fell back to the floor.
+        m.on_resize_failed(1472, t0);
+        m.reset(FLOOR, t0);
+        // The route carries 1372: each attempt larger than that fails, smaller ones pass.
+        let mut now = t0;
+        let mut tried = Vec::new();
+        for _ in 0..200 {
+            now += Duration::from_millis(100);
+            let mut out = Vec::new();
+            if let Some(v) = m.poll(now, true, Some(RTT), &mut out) {
+                assert!(v.recheck);
+                tried.push(v.payload);
+                if v.payload <= 1372 {
+                    m.reset(v.payload, now);
+                } else {
+                    m.on_resize_failed(v.payload, now);
+                }
+            }
+            for p in out {
+                if p.size <= 1372 {
+                    m.on_reply(p.seq);
+                }
+            }
+        }
+        assert!(tried.len() <= 6, "{tried:?}");
+        assert!(
+            m.current() <= 1372 && m.current() > 1372 - BISECT_GAP,
+            "{tried:?} -> {}",
+            m.current()
+        );
+        assert_eq!(m.searches, 0, "no false search on the way");
+    }
+
+    #[test]
+    fn replies_to_unknown_probes_are_ignored() {
+        let t0 = Instant::now();
+        let mut m = PathMtu::new(1472, 1472, t0);
+        m.on_reply(12345);
+        assert_eq!(m.probes_answered, 0);
+        assert_eq!(PathMtu::new(1000, 900, t0).current(), FLOOR);
+    }
+}
