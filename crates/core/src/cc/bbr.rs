@@ -8,8 +8,8 @@
 //!
 //! The QUIC engine (quinn) paces at `1.25 * window / smoothed RTT` and takes no rate from a
 //! controller, so the phases that BBR expresses as pacing gains are expressed here as windows:
-//! Drain lowers the window to one BDP, and ProbeBw's probing and draining phases raise and lower
-//! it around the cruising window.
+//! Startup doubles the window each round up to 2.885 BDPs, Drain lowers it to one BDP, and
+//! ProbeBw's probing and draining phases raise and lower it around the cruising window.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -17,8 +17,6 @@ use std::time::{Duration, Instant};
 use super::filters::{MaxBwFilter, MinRttFilter};
 use super::Controller;
 
-/// Startup's pacing gain: 2/ln(2), the smallest that doubles the delivery rate each round.
-const STARTUP_GAIN: f64 = 2.885;
 /// In-flight allowance in steady state, in BDPs: BBRv1's 2. With the engine pacing from the
 /// window this leaves up to one BDP queued (RTT up to about twice the path's, `tests/cc.rs`).
 /// 1.25 kept the queue within 1.3x in the virtual-time tests, whose sender always has data, but
@@ -26,14 +24,21 @@ const STARTUP_GAIN: f64 = 2.885;
 /// flow use what it already used, and inner BBR got 17 Mbit/s instead of 50 through a 60 Mbit/s
 /// path with 10% loss (issue 9 notes). Holding the queue short needs our own pacing.
 const CWND_GAIN: f64 = 2.0;
+/// Startup's window, in BDPs of the delivery rate measured so far (BBR's 2/ln 2: it doubles
+/// the delivery rate each round while the path has room).
+const STARTUP_CWND_GAIN: f64 = 2.885;
 /// ProbeBw's phases, each about one minimum RTT long: probe above the estimate, drain what that
 /// queued, then cruise.
 const CYCLE: [f64; 8] = [1.25, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
 /// The pipe is full when the bandwidth grew by less than this over `FULL_BW_ROUNDS` rounds.
 const FULL_BW_GROWTH: f64 = 1.25;
 const FULL_BW_ROUNDS: u32 = 3;
-/// ProbeRtt holds the window at `MIN_WINDOW_PACKETS` for this long to measure the empty path.
+/// ProbeRtt holds the window at `PROBE_RTT_GAIN` BDP (BBRv3's; BBRv1's four packets stall a
+/// tunnel for the whole probe, and its inner flows' packets wait until dropped) for this long
+/// to measure the emptied path. It runs every 10 s under load now that an expired minimum RTT
+/// is no longer replaced by a queued sample (`filters.rs`).
 const PROBE_RTT_TIME: Duration = Duration::from_millis(200);
+const PROBE_RTT_GAIN: f64 = 0.5;
 const MIN_WINDOW_PACKETS: u64 = 4;
 /// Acknowledgements arrive in bursts (delayed ACKs, batched receives, a busy CPU on either
 /// side), so a window of a few BDPs on a sub-millisecond path empties between bursts and
@@ -94,15 +99,20 @@ pub struct Bbr {
     round: u64,
     next_round_delivered: u64,
     round_start: bool,
-    // Startup: is the pipe full yet?
+    // Startup: is the pipe full yet? (Judged only on rounds that used the window: the most
+    // in flight during the round, and the window when it began.)
+    round_max_in_flight: u64,
+    round_window: u64,
     full_bw: u64,
     full_bw_rounds: u32,
     filled: bool,
     // ProbeBw.
     cycle: usize,
     cycle_start: Option<Instant>,
-    // ProbeRtt: when it may end (set once the window has drained to its minimum).
+    // ProbeRtt: when it may end (set once the window has drained to its minimum), and the
+    // smallest RTT seen since the window drained.
     probe_rtt_until: Option<Instant>,
+    probe_rtt_min: Option<Duration>,
     /// Acknowledged bytes since the last `on_end_acks` (window growth).
     acked: u64,
 }
@@ -124,12 +134,15 @@ impl Bbr {
             round: 0,
             next_round_delivered: 0,
             round_start: false,
+            round_max_in_flight: 0,
+            round_window: 0,
             full_bw: 0,
             full_bw_rounds: 0,
             filled: false,
             cycle: 0,
             cycle_start: None,
             probe_rtt_until: None,
+            probe_rtt_min: None,
             acked: 0,
         }
     }
@@ -152,6 +165,11 @@ impl Bbr {
         let bw = self.bw.get();
         let rtt = self.min_rtt.get()?;
         (bw > 0).then_some((bw as f64 * rtt.as_secs_f64()) as u64)
+    }
+
+    fn probe_rtt_window(&self) -> u64 {
+        let half_bdp = self.bdp().map_or(0, |b| (b as f64 * PROBE_RTT_GAIN) as u64);
+        half_bdp.max(self.min_window())
     }
 
     fn min_window(&self) -> u64 {
@@ -187,7 +205,15 @@ impl Bbr {
     fn update_state(&mut self, now: Instant) {
         match self.state {
             State::Startup => {
-                if self.round_start {
+                // A sender that offers much less than its window (an idle tunnel: probes only)
+                // shows no growth, and that says nothing about the pipe: BBR's check_full_pipe
+                // skips application-limited rounds. Without that an idle tunnel leaves Startup
+                // with a bandwidth of a few kbit/s, and the first upload through it starts from
+                // a window of a few packets. quinn's per-ACK app-limited flag does not serve: a
+                // tunnel whose window doubles ahead of its inner flows is "app-limited" all
+                // through Startup.
+                let used_window = self.round_max_in_flight * 2 >= self.round_window;
+                if self.round_start && used_window {
                     let bw = self.bw.get();
                     if bw as f64 >= self.full_bw as f64 * FULL_BW_GROWTH {
                         self.full_bw = bw;
@@ -218,12 +244,12 @@ impl Bbr {
                 }
             }
             State::ProbeRtt => {
-                if self.probe_rtt_until.is_none() && self.in_flight <= self.min_window() {
+                if self.probe_rtt_until.is_none() && self.in_flight <= self.probe_rtt_window() {
                     self.probe_rtt_until = Some(now + PROBE_RTT_TIME);
                 }
                 if self.probe_rtt_until.is_some_and(|t| now >= t) {
                     self.probe_rtt_until = None;
-                    self.min_rtt.refresh(now);
+                    self.min_rtt.restart(now, self.probe_rtt_min.take());
                     if self.filled {
                         self.enter_probe_bw(now);
                     } else {
@@ -235,6 +261,7 @@ impl Bbr {
         if self.state != State::ProbeRtt && self.min_rtt.expired(now) {
             self.state = State::ProbeRtt;
             self.probe_rtt_until = None;
+            self.probe_rtt_min = None;
         }
     }
 
@@ -247,9 +274,15 @@ impl Bbr {
         };
         let quantum = 3 * self.mss;
         self.window = match self.state {
-            // Slow start: Startup ends when the bandwidth stops growing, not on a window.
-            State::Startup => self.window + acked,
-            State::ProbeRtt => self.min_window(),
+            // Slow start up to BBR's Startup window, 2.885 BDPs of the delivery rate so far
+            // (unbounded, a tunnel whose inner flows offer less than the window lets it grow
+            // without end: 59 MB in one lab run). Startup itself ends when the bandwidth stops
+            // growing.
+            State::Startup => {
+                let target = (STARTUP_CWND_GAIN * bdp as f64) as u64 + quantum;
+                (self.window + acked).min(target.max(self.window))
+            }
+            State::ProbeRtt => self.probe_rtt_window(),
             State::Drain | State::ProbeBw => {
                 let gain = match self.state {
                     State::ProbeBw => CWND_GAIN * CYCLE[self.cycle],
@@ -287,6 +320,7 @@ impl Controller for Bbr {
             });
         }
         self.in_flight += bytes;
+        self.round_max_in_flight = self.round_max_in_flight.max(self.in_flight);
     }
 
     fn on_ack(&mut self, now: Instant, sent: Instant, bytes: u64, app_limited: bool) {
@@ -294,8 +328,11 @@ impl Controller for Bbr {
         self.delivered += bytes;
         self.delivered_time = Some(now);
         self.acked += bytes;
-        self.min_rtt
-            .update(now, now.saturating_duration_since(sent));
+        let rtt = now.saturating_duration_since(sent);
+        self.min_rtt.update(now, rtt);
+        if self.probe_rtt_until.is_some() {
+            self.probe_rtt_min = Some(self.probe_rtt_min.map_or(rtt, |m| m.min(rtt)));
+        }
         let Some((rec, rate)) = self.rate_sample(now, sent) else {
             return;
         };
@@ -315,6 +352,10 @@ impl Controller for Bbr {
         self.in_flight = in_flight;
         self.update_state(now);
         self.update_window();
+        if self.round_start {
+            self.round_max_in_flight = self.in_flight;
+            self.round_window = self.window;
+        }
         self.round_start = false;
     }
 
@@ -355,8 +396,8 @@ impl Controller for Bbr {
     fn pacing_rate(&self) -> Option<u64> {
         let bw = self.bw.get();
         let gain = match self.state {
-            State::Startup => STARTUP_GAIN,
-            State::Drain => 1.0 / STARTUP_GAIN,
+            State::Startup => STARTUP_CWND_GAIN,
+            State::Drain => 1.0 / STARTUP_CWND_GAIN,
             State::ProbeBw => CYCLE[self.cycle],
             State::ProbeRtt => 1.0,
         };

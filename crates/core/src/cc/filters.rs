@@ -36,8 +36,11 @@ impl MaxBwFilter {
     }
 }
 
-/// The minimum RTT sample, expiring after `MIN_RTT_WINDOW` without a new minimum (then the
-/// controller probes for it: `ProbeRtt`).
+/// The minimum RTT sample. It expires after `MIN_RTT_WINDOW` without a new minimum, and the
+/// controller then probes for it (`ProbeRtt`: a nearly empty pipe) and sets what it measured
+/// there (`restart`). An expired estimate is not simply replaced by the next sample: under load
+/// that sample carries the queue, and a minimum RTT inflated by it inflates the window, which
+/// queues more (scenario 10: the window doubled 10 s into an upload, and the RTT with it).
 #[derive(Debug, Clone, Default)]
 pub struct MinRttFilter {
     min: Option<(Duration, Instant)>,
@@ -48,10 +51,7 @@ pub const MIN_RTT_WINDOW: Duration = Duration::from_secs(10);
 impl MinRttFilter {
     /// Take a sample; returns whether it set a new minimum.
     pub fn update(&mut self, now: Instant, sample: Duration) -> bool {
-        let take = match self.min {
-            None => true,
-            Some((m, at)) => sample <= m || now.saturating_duration_since(at) > MIN_RTT_WINDOW,
-        };
+        let take = self.min.is_none_or(|(m, _)| sample <= m);
         if take {
             self.min = Some((sample, now));
         }
@@ -68,10 +68,11 @@ impl MinRttFilter {
             .is_some_and(|(_, at)| now.saturating_duration_since(at) > MIN_RTT_WINDOW)
     }
 
-    /// Count the estimate as fresh from `now` (after a ProbeRtt that found nothing lower).
-    pub fn refresh(&mut self, now: Instant) {
-        if let Some((_, at)) = &mut self.min {
-            *at = now;
+    /// A ProbeRtt ended having seen `probed` at least (its smallest sample; `None`: none):
+    /// that is the estimate from `now`, larger than the old one if the path's delay grew.
+    pub fn restart(&mut self, now: Instant, probed: Option<Duration>) {
+        if let Some(p) = probed.or(self.get()) {
+            self.min = Some((p, now));
         }
     }
 }
@@ -100,7 +101,7 @@ mod tests {
     }
 
     #[test]
-    fn min_rtt_expires_and_takes_a_larger_sample_then() {
+    fn min_rtt_expires_and_only_a_probe_sets_a_larger_one() {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         let mut f = MinRttFilter::default();
@@ -109,7 +110,15 @@ mod tests {
         assert_eq!(f.get(), Some(ms(30)));
         assert!(!f.expired(t0 + MIN_RTT_WINDOW));
         assert!(f.expired(t0 + MIN_RTT_WINDOW + ms(1)));
-        assert!(f.update(t0 + MIN_RTT_WINDOW + ms(1), ms(40)));
+        // A queued sample after expiry does not become the minimum.
+        assert!(!f.update(t0 + MIN_RTT_WINDOW + ms(1), ms(60)));
+        assert_eq!(f.get(), Some(ms(30)));
+        // The probe measured 40 ms at best: the path's delay grew.
+        f.restart(t0 + MIN_RTT_WINDOW + ms(300), Some(ms(40)));
+        assert_eq!(f.get(), Some(ms(40)));
+        assert!(!f.expired(t0 + MIN_RTT_WINDOW + ms(301)));
+        // A probe that saw nothing keeps the estimate, fresh.
+        f.restart(t0 + 2 * MIN_RTT_WINDOW + ms(400), None);
         assert_eq!(f.get(), Some(ms(40)));
     }
 }
