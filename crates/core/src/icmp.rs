@@ -10,6 +10,8 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
+use crate::packet::checksum;
+
 const PROTO_ICMP: u8 = 1;
 const PROTO_ICMPV6: u8 = 58;
 /// IPv4: how much of the packet the message quotes (a reply within the 576-byte minimum).
@@ -109,22 +111,6 @@ fn too_big_v6(pkt: &[u8], mtu: u16) -> Option<Vec<u8>> {
     let c = checksum(pseudo, &out[40..]);
     out[42..44].copy_from_slice(&c.to_be_bytes());
     Some(out)
-}
-
-/// The Internet checksum (RFC 1071) of `data`, starting from `sum`.
-fn checksum(mut sum: u32, data: &[u8]) -> u16 {
-    for c in data.chunks(2) {
-        let w = if c.len() == 2 {
-            u16::from_be_bytes([c[0], c[1]])
-        } else {
-            u16::from_be_bytes([c[0], 0])
-        };
-        sum += u32::from(w);
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
 }
 
 #[cfg(test)]

@@ -241,6 +241,23 @@ fn clamp_parsed(info: &PacketInfo, pkt: &mut [u8], max_mss: u16) -> bool {
     false
 }
 
+/// The Internet checksum (RFC 1071) of `data`, starting from `sum` (a pseudo-header's sum, or
+/// 0). Over bytes that include a valid checksum it is 0.
+pub(crate) fn checksum(mut sum: u32, data: &[u8]) -> u16 {
+    for c in data.chunks(2) {
+        let w = if c.len() == 2 {
+            u16::from_be_bytes([c[0], c[1]])
+        } else {
+            u16::from_be_bytes([c[0], 0])
+        };
+        sum += u32::from(w);
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
 /// RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m').
 fn checksum_adjust(csum: u16, old: u16, new: u16) -> u16 {
     let mut sum = u32::from(!csum) + u32::from(!old) + u32::from(new);
@@ -276,21 +293,7 @@ impl Fnv {
 pub(crate) mod tests {
     use super::*;
 
-    /// Internet checksum over `data` with an initial `sum`.
-    fn csum(mut sum: u32, data: &[u8]) -> u16 {
-        for c in data.chunks(2) {
-            let w = if c.len() == 2 {
-                u16::from_be_bytes([c[0], c[1]])
-            } else {
-                u16::from_be_bytes([c[0], 0])
-            };
-            sum += u32::from(w);
-        }
-        while sum > 0xffff {
-            sum = (sum & 0xffff) + (sum >> 16);
-        }
-        !(sum as u16)
-    }
+    use super::checksum as csum;
 
     /// An IPv4 TCP packet with valid checksums.
     pub fn tcp4(
