@@ -41,7 +41,7 @@ const SUSPECT_AFTER: u32 = 4;
 const STEP: u16 = 16;
 const ROUNDS: u32 = 3;
 const RECHECK_AFTER: Duration = Duration::from_secs(600);
-const BISECT_INTERVAL: Duration = Duration::from_secs(5);
+const BISECT_INTERVAL: Duration = Duration::from_secs(2);
 const BISECT_GAP: u16 = STEP + SIZE_SLACK;
 /// A probe of size S fills between S - `SIZE_SLACK` and S bytes of UDP payload (a QUIC engine
 /// sizes its datagrams with a conservative header estimate), so an answered size proves only
@@ -97,6 +97,8 @@ pub struct PathMtu {
     too_big: Option<u16>,
     /// When a larger size is tried next (a reduced path).
     recheck_at: Option<Instant>,
+    /// The shell fell back to the floor (`on_fallback`): the full size is tried again soon.
+    retry_soon: bool,
     pub probes_sent: u64,
     pub probes_answered: u64,
     /// Searches started, and verdicts that changed the size.
@@ -117,6 +119,7 @@ impl PathMtu {
             next_seq: 0,
             too_big: None,
             recheck_at: None,
+            retry_soon: false,
             probes_sent: 0,
             probes_answered: 0,
             searches: 0,
@@ -163,12 +166,25 @@ impl PathMtu {
         self.phase = Phase::Watching { lost_in_a_row: 0 };
     }
 
+    /// The shell could connect the path only at the floor after failing at its size, which
+    /// an outage (a server restart) does as well as an MTU fall: the full size is tried again
+    /// `BISECT_INTERVAL` after the next `reset`, and bisected from there if it fails.
+    pub fn on_fallback(&mut self) {
+        self.too_big = None;
+        self.retry_soon = true;
+    }
+
     fn schedule_recheck(&mut self, now: Instant) {
+        let soon = std::mem::take(&mut self.retry_soon);
         self.recheck_at = (self.current < self.ceiling).then(|| {
             let wide = self
                 .too_big
                 .is_some_and(|b| b > self.current.saturating_add(BISECT_GAP));
-            now + if wide { BISECT_INTERVAL } else { RECHECK_AFTER }
+            now + if wide || soon {
+                BISECT_INTERVAL
+            } else {
+                RECHECK_AFTER
+            }
         });
     }
 
@@ -454,8 +470,8 @@ mod tests {
     fn a_path_that_fell_back_to_the_floor_finds_its_size_by_reconnecting() {
         let t0 = Instant::now();
         let mut m = PathMtu::new(1472, 1472, t0);
-        // Reconnecting at full size failed twice; the shell fell back to the floor.
-        m.on_resize_failed(1472, t0);
+        // Reconnecting at full size failed; the shell fell back to the floor.
+        m.on_fallback();
         m.reset(FLOOR, t0);
         // The route carries 1372: each attempt larger than that fails, smaller ones pass.
         let mut now = t0;
@@ -478,13 +494,38 @@ mod tests {
                 }
             }
         }
-        assert!(tried.len() <= 6, "{tried:?}");
+        // The full size first (an outage would be over), then halfway each time.
+        assert_eq!(tried[0], 1472, "{tried:?}");
+        assert!(tried.len() <= 7, "{tried:?}");
         assert!(
             m.current() <= 1372 && m.current() > 1372 - BISECT_GAP,
             "{tried:?} -> {}",
             m.current()
         );
         assert_eq!(m.searches, 0, "no false search on the way");
+    }
+
+    #[test]
+    fn after_an_outage_the_full_size_comes_back_at_once() {
+        let t0 = Instant::now();
+        let mut m = PathMtu::new(1472, 1472, t0);
+        m.on_fallback();
+        m.reset(FLOOR, t0);
+        let mut out = Vec::new();
+        let v = m.poll(t0 + BISECT_INTERVAL, true, Some(RTT), &mut out);
+        assert_eq!(
+            v,
+            Some(Resize {
+                payload: 1472,
+                recheck: true
+            })
+        );
+        m.reset(1472, t0 + BISECT_INTERVAL);
+        assert_eq!(m.current(), 1472);
+        assert_eq!(
+            m.next_deadline(Some(RTT)),
+            Some(t0 + BISECT_INTERVAL + WATCH_INTERVAL)
+        );
     }
 
     #[test]

@@ -262,9 +262,9 @@ impl Client {
                 self.connect_failures[idx].store(0, Ordering::Relaxed);
                 if fall_back {
                     let tried = current.unwrap_or(self.link_payload);
-                    self.tunnel.resize_failed(self.path_ids[idx], tried);
+                    self.tunnel.fell_back(self.path_ids[idx]);
                     warn!(path = %self.ccfg.paths[idx].name, tried, payload = floor,
-                          "path connected only with the smallest packets: its route's MTU fell");
+                          "path connected only with the smallest packets (an MTU fall, or the server was away); larger ones tried again in 2 s");
                 }
                 Ok(t)
             }

@@ -350,6 +350,19 @@ impl Tunnel {
         self.timers_changed.notify_one();
     }
 
+    /// `path` could be connected only at the smallest packet size (`pmtu::PathMtu::on_fallback`);
+    /// called before the new transport is installed.
+    pub fn fell_back(&self, path: PathId) {
+        if let Some(w) = self
+            .lock()
+            .sizes
+            .get_mut(path.index())
+            .and_then(|s| s.watch.as_mut())
+        {
+            w.on_fallback();
+        }
+    }
+
     /// A size change the MTU watch decided for `path` (client: reconnect it with packets of
     /// this UDP payload at most), once.
     pub fn take_resize(&self, path: PathId) -> Option<Resize> {
