@@ -128,6 +128,11 @@ impl PathSet {
         }
     }
 
+    /// No inner packet either way for `quiet_after` (probes slow down; so does the MTU watch).
+    pub fn is_quiet(&self) -> bool {
+        self.quiet
+    }
+
     /// True once after the set woke from quiet: the shell must poll now rather than sleep until
     /// the deadline it had (a quiet probe interval away).
     pub fn take_woken(&mut self) -> bool {

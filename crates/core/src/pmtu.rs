@@ -9,7 +9,9 @@
 //! probe tests both directions:
 //!
 //! - **Watching**: a probe of the path's current size every `WATCH_INTERVAL` (sooner after a
-//!   loss). `SUSPECT_AFTER` lost in a row while the path is up (its small health probes are
+//!   loss), while the tunnel carries traffic: a quiet tunnel sends none (a 1.4 KB probe and its
+//!   reply every second would be 8 GB a month on a metered link), and the first packet after
+//!   the quiet spell brings the next probe at once. `SUSPECT_AFTER` lost in a row while the path is up (its small health probes are
 //!   answered) starts a search; random loss alone does that rarely (0.8% of seconds at 30%
 //!   loss), and the search then finds nothing changed.
 //! - **Searching**: every size from the current one down to the floor, `STEP` bytes apart, at
@@ -188,7 +190,8 @@ impl PathMtu {
         });
     }
 
-    pub fn next_deadline(&self, srtt: Option<Duration>) -> Option<Instant> {
+    /// When `poll` has work next; `quiet`: as given to `poll`.
+    pub fn next_deadline(&self, srtt: Option<Duration>, quiet: bool) -> Option<Instant> {
         if self.phase == Phase::Waiting {
             return None;
         }
@@ -198,13 +201,9 @@ impl PathMtu {
             .iter()
             .map(|&(_, _, at)| at + timeout)
             .min();
-        Some(
-            [Some(self.next_at), expiry, self.recheck_at]
-                .into_iter()
-                .flatten()
-                .min()
-                .unwrap_or(self.next_at),
-        )
+        let idle = quiet && matches!(self.phase, Phase::Watching { .. });
+        let watch = (!idle).then_some(self.next_at);
+        [watch, expiry, self.recheck_at].into_iter().flatten().min()
     }
 
     /// A reply to probe `seq` arrived.
@@ -224,12 +223,14 @@ impl PathMtu {
     }
 
     /// Advance time. `up`: the path's small probes are answered (only then does a lost big
-    /// one mean anything); `srtt`: the path's smoothed RTT. Probes due go to `out`; a verdict
-    /// is returned once, and the path waits for `reset`.
+    /// one mean anything); `quiet`: the tunnel carries no traffic (no new watch probes);
+    /// `srtt`: the path's smoothed RTT. Probes due go to `out`; a verdict is returned once,
+    /// and the path waits for `reset`.
     pub fn poll(
         &mut self,
         now: Instant,
         up: bool,
+        quiet: bool,
         srtt: Option<Duration>,
         out: &mut Vec<MtuProbe>,
     ) -> Option<Resize> {
@@ -273,7 +274,7 @@ impl PathMtu {
                     self.best = None;
                     self.phase = Phase::Searching { round: 0 };
                     self.send_round(now, out);
-                } else if self.outstanding.is_empty() && now >= self.next_at {
+                } else if self.outstanding.is_empty() && now >= self.next_at && !quiet {
                     self.send(self.current, now, out);
                     self.next_at = now + WATCH_INTERVAL;
                 }
@@ -368,7 +369,7 @@ mod tests {
                 }
             });
             let mut out = Vec::new();
-            if let Some(v) = m.poll(now, true, Some(RTT), &mut out) {
+            if let Some(v) = m.poll(now, true, false, Some(RTT), &mut out) {
                 verdicts.push(v);
                 m.reset(v.payload, now);
             }
@@ -429,7 +430,7 @@ mod tests {
         let mut out = Vec::new();
         for i in 0..200 {
             let now = t0 + Duration::from_millis(50 * i);
-            assert_eq!(m.poll(now, i < 10, Some(RTT), &mut out), None);
+            assert_eq!(m.poll(now, i < 10, false, Some(RTT), &mut out), None);
         }
         assert_eq!(m.searches, 0);
     }
@@ -479,7 +480,7 @@ mod tests {
         for _ in 0..200 {
             now += Duration::from_millis(100);
             let mut out = Vec::new();
-            if let Some(v) = m.poll(now, true, Some(RTT), &mut out) {
+            if let Some(v) = m.poll(now, true, false, Some(RTT), &mut out) {
                 assert!(v.recheck);
                 tried.push(v.payload);
                 if v.payload <= 1372 {
@@ -512,7 +513,7 @@ mod tests {
         m.on_fallback();
         m.reset(FLOOR, t0);
         let mut out = Vec::new();
-        let v = m.poll(t0 + BISECT_INTERVAL, true, Some(RTT), &mut out);
+        let v = m.poll(t0 + BISECT_INTERVAL, true, false, Some(RTT), &mut out);
         assert_eq!(
             v,
             Some(Resize {
@@ -523,9 +524,34 @@ mod tests {
         m.reset(1472, t0 + BISECT_INTERVAL);
         assert_eq!(m.current(), 1472);
         assert_eq!(
-            m.next_deadline(Some(RTT)),
+            m.next_deadline(Some(RTT), false),
             Some(t0 + BISECT_INTERVAL + WATCH_INTERVAL)
         );
+    }
+
+    #[test]
+    fn a_quiet_tunnel_sends_no_watch_probes_and_wakes_at_once() {
+        let t0 = Instant::now();
+        let mut m = PathMtu::new(1472, 1472, t0);
+        let mut out = Vec::new();
+        for i in 0..100 {
+            let now = t0 + Duration::from_millis(100 * i);
+            assert_eq!(m.poll(now, true, true, Some(RTT), &mut out), None);
+        }
+        assert!(out.is_empty());
+        assert_eq!(
+            m.next_deadline(Some(RTT), true),
+            None,
+            "no timer while quiet"
+        );
+        // Traffic again: a probe at once.
+        let now = t0 + Duration::from_secs(10);
+        assert_eq!(
+            m.next_deadline(Some(RTT), false).map(|d| d <= now),
+            Some(true)
+        );
+        m.poll(now, true, false, Some(RTT), &mut out);
+        assert_eq!(out.len(), 1);
     }
 
     #[test]

@@ -606,6 +606,7 @@ impl Tunnel {
             let path = router.paths().get(id);
             let srtt = path.health.as_ref().and_then(|h| h.srtt());
             let up = path.state() == Some(PathState::Up);
+            let quiet = router.paths().is_quiet();
             let st = link.transport.stats();
             // What a datagram costs on the wire beyond its bytes (QUIC header, frame, tag).
             let overhead = match (st.udp_payload, st.max_datagram) {
@@ -613,7 +614,7 @@ impl Tunnel {
                 _ => continue,
             };
             out.clear();
-            if let Some(v) = watch.poll(now, up, srtt, &mut out) {
+            if let Some(v) = watch.poll(now, up, quiet, srtt, &mut out) {
                 let name = &path.spec.name;
                 if v.recheck {
                     info!(tunnel = %self.peer, path = %name, payload = v.payload,
@@ -631,7 +632,10 @@ impl Tunnel {
                     wire::encode_mtu_probe(wire::MTU_PROBE, p.seq, len),
                 ));
             }
-            next = next.into_iter().chain(watch.next_deadline(srtt)).min();
+            next = next
+                .into_iter()
+                .chain(watch.next_deadline(srtt, quiet))
+                .min();
         }
         next
     }
