@@ -12,6 +12,7 @@ pub mod health;
 pub mod icmp;
 pub mod loss;
 pub mod mtu;
+pub mod pacing;
 pub mod packet;
 pub mod paths;
 pub mod pmtu;
@@ -19,6 +20,7 @@ pub mod reconnect;
 pub mod reliable;
 pub mod router;
 pub mod scheduler;
+pub mod sendq;
 pub mod sessions;
 pub mod wire;
 

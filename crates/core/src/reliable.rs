@@ -4,8 +4,9 @@
 //!
 //! - **The backlog is bounded in time**: a stream may hold its congestion window plus
 //!   `BACKLOG_TIME` of sending at the window's rate, plus a round trip or two of it on a lossy
-//!   path (where retransmissions hold the window), and a packet waits at most `HANDOFF_TIME` to
-//!   be handed to the stream. Beyond that the tunnel refuses packets
+//!   path (where retransmissions hold the window), and a packet waits at most `queue_wait`
+//!   (three round trips) in the send queue in front of it, where the pacer holds it and sparse
+//!   flows pass bulk. Beyond that the tunnel refuses packets
 //!   (counted `queue_full`), which is the loss signal inner TCP needs; without the bound a
 //!   32 MiB buffer filled under loss (issue 9: client RSS 8.9 -> 26.8 MiB, seconds of delay).
 //! - **A path that goes down hands its recent packets to a live path**: packets sent in the
@@ -19,9 +20,24 @@ use std::time::{Duration, Instant};
 
 /// Queueing a path's stream may add beyond its congestion window.
 pub const BACKLOG_TIME: Duration = Duration::from_millis(25);
-/// How long a packet may wait to be handed to the stream (which blocks once it holds its
-/// window); older ones are dropped (`queue_full`) instead of delaying everything behind them.
+/// How long a packet may wait in a path's send queue before the stream (`queue_wait`), at
+/// least; older ones are dropped (`queue_full`) instead of delaying everything behind them.
 pub const HANDOFF_TIME: Duration = Duration::from_millis(20);
+/// ... and at most.
+pub const MAX_QUEUE_WAIT: Duration = Duration::from_millis(200);
+/// Round trips of the path a packet may wait in its send queue.
+const QUEUE_WAIT_RTTS: u32 = 3;
+
+/// How long a packet may wait in the send queue of a path with this smoothed RTT: three round
+/// trips, within `HANDOFF_TIME..=MAX_QUEUE_WAIT`. The queue is where the tunnel's pacer holds
+/// what the path cannot take yet, so it is the bottleneck buffer of the inner flows, and a
+/// loss-based inner TCP needs about a round trip of buffer to keep the link busy; a pacer that
+/// dropped after a fixed 20 ms took 02 at 10% loss down to 8-20 Mbit/s (inner slow starts cut
+/// short), three round trips gave 34-39. Sparse flows pass the queue (`sendq.rs`), so what
+/// waits here delays only bulk.
+pub fn queue_wait(srtt: Duration) -> Duration {
+    (srtt * QUEUE_WAIT_RTTS).clamp(HANDOFF_TIME, MAX_QUEUE_WAIT)
+}
 /// Bounds of a stream's send window (bytes written and not yet acknowledged).
 pub const MIN_WINDOW: u64 = 256 * 1024;
 pub const MAX_WINDOW: u64 = 32 << 20;
@@ -56,6 +72,14 @@ pub fn unconfirmed_since(now: Instant, down_after: Duration, srtt: Option<Durati
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn queue_wait_is_three_round_trips_within_bounds() {
+        let ms = Duration::from_millis;
+        assert_eq!(queue_wait(ms(30)), ms(90));
+        assert_eq!(queue_wait(ms(1)), HANDOFF_TIME);
+        assert_eq!(queue_wait(ms(600)), MAX_QUEUE_WAIT);
+    }
 
     #[test]
     fn window_is_cwnd_plus_a_bounded_queue() {

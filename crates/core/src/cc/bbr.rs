@@ -7,9 +7,11 @@
 //! Only persistent congestion (everything lost for a while) resets the model.
 //!
 //! The QUIC engine (quinn) paces at `1.25 * window / smoothed RTT` and takes no rate from a
-//! controller, so the phases that BBR expresses as pacing gains are expressed here as windows:
-//! Startup doubles the window each round up to 2.885 BDPs, Drain lowers it to one BDP, and
-//! ProbeBw's probing and draining phases raise and lower it around the cruising window.
+//! controller, so the phases are expressed as windows too: Startup doubles the window each
+//! round up to 2.885 BDPs, Drain lowers it to one BDP, and ProbeBw's probing and draining phases
+//! raise and lower it around the cruising window. In ProbeBw the tunnel also paces by
+//! `pacing_rate` in its own send path (reliable mode's stream writer, `pacing.rs`), which is what
+//! keeps the bottleneck's queue short: the window alone leaves up to a BDP queued.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -33,6 +35,14 @@ const CYCLE: [f64; 8] = [1.25, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
 /// The pipe is full when the bandwidth grew by less than this over `FULL_BW_ROUNDS` rounds.
 const FULL_BW_GROWTH: f64 = 1.25;
 const FULL_BW_ROUNDS: u32 = 3;
+/// While every RTT sample of the last round was above the minimum by more than
+/// `STANDING_QUEUE` of it (`STANDING_QUEUE_MIN` at least), ProbeBw's cruising and draining
+/// phases pace at `DRAIN_GAIN`: the bandwidth estimate is a maximum of delivery-rate samples,
+/// which ACK compression inflates by a few percent, so a pacer at 1.0x it keeps whatever queue
+/// formed (scenario 10: RTT 20 -> 31 ms within 5 s under one upload).
+const DRAIN_GAIN: f64 = 0.95;
+const STANDING_QUEUE: f64 = 0.1;
+const STANDING_QUEUE_MIN: Duration = Duration::from_millis(1);
 /// ProbeRtt holds the window at `PROBE_RTT_GAIN` BDP (BBRv3's; BBRv1's four packets stall a
 /// tunnel for the whole probe, and its inner flows' packets wait until dropped) for this long
 /// to measure the emptied path. It runs every 10 s under load now that an expired minimum RTT
@@ -99,6 +109,9 @@ pub struct Bbr {
     round: u64,
     next_round_delivered: u64,
     round_start: bool,
+    /// The smallest RTT sample of the round under way, and of the last complete round.
+    round_min_rtt: Option<Duration>,
+    last_round_min_rtt: Option<Duration>,
     // Startup: is the pipe full yet? (Judged only on rounds that used the window: the most
     // in flight during the round, and the window when it began.)
     round_max_in_flight: u64,
@@ -134,6 +147,8 @@ impl Bbr {
             round: 0,
             next_round_delivered: 0,
             round_start: false,
+            round_min_rtt: None,
+            last_round_min_rtt: None,
             round_max_in_flight: 0,
             round_window: 0,
             full_bw: 0,
@@ -193,6 +208,15 @@ impl Bbr {
         }
         let bytes = self.delivered - rec.delivered;
         Some((rec, (bytes as f64 / interval.as_secs_f64()) as u64))
+    }
+
+    /// Even the last round's smallest RTT sample was above the path's minimum by more than
+    /// `STANDING_QUEUE` (`STANDING_QUEUE_MIN` at least): a queue that does not drain by itself.
+    fn standing_queue(&self) -> bool {
+        match (self.last_round_min_rtt, self.min_rtt.get()) {
+            (Some(r), Some(m)) => r > m + m.mul_f64(STANDING_QUEUE).max(STANDING_QUEUE_MIN),
+            _ => false,
+        }
     }
 
     fn enter_probe_bw(&mut self, now: Instant) {
@@ -330,6 +354,7 @@ impl Controller for Bbr {
         self.acked += bytes;
         let rtt = now.saturating_duration_since(sent);
         self.min_rtt.update(now, rtt);
+        self.round_min_rtt = Some(self.round_min_rtt.map_or(rtt, |m| m.min(rtt)));
         if self.probe_rtt_until.is_some() {
             self.probe_rtt_min = Some(self.probe_rtt_min.map_or(rtt, |m| m.min(rtt)));
         }
@@ -340,6 +365,7 @@ impl Controller for Bbr {
             self.next_round_delivered = self.delivered;
             self.round += 1;
             self.round_start = true;
+            self.last_round_min_rtt = self.round_min_rtt.take();
         }
         // An application-limited sample shows what the sender offered, not what the path can
         // carry: it may raise the estimate, never lower it.
@@ -393,11 +419,17 @@ impl Controller for Bbr {
         Box::new(self.clone())
     }
 
+    /// The rate the tunnel paces at (`pacing.rs`): the bandwidth estimate times ProbeBw's
+    /// phase gain, `DRAIN_GAIN` while a standing queue persists. None in Startup and Drain:
+    /// the window (doubling each round, then one BDP) paces them, since paced at 2.885x an
+    /// estimate that trails the inner flow's slow start by a round, the inner flow's packets
+    /// waited in the tunnel's queue until they were dropped (scenario 10: 15 drops in the
+    /// first second, inner cubic left slow start at 34 KB).
     fn pacing_rate(&self) -> Option<u64> {
         let bw = self.bw.get();
         let gain = match self.state {
-            State::Startup => STARTUP_CWND_GAIN,
-            State::Drain => 1.0 / STARTUP_CWND_GAIN,
+            State::Startup | State::Drain => return None,
+            State::ProbeBw if self.standing_queue() && CYCLE[self.cycle] <= 1.0 => DRAIN_GAIN,
             State::ProbeBw => CYCLE[self.cycle],
             State::ProbeRtt => 1.0,
         };

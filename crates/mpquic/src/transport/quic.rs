@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use bytes::{Bytes, BytesMut};
+use mpquic_core::pacing::Pacer;
 use mpquic_core::packet::is_pure_tcp_ack;
-use mpquic_core::DropReason;
+use mpquic_core::sendq::SendQueue;
+use mpquic_core::{DropReason, PacketInfo};
 use tokio::sync::mpsc;
 use tracing::warn;
 
@@ -555,12 +557,16 @@ impl Recent {
     }
 }
 
-/// Reliable mode, send side: writes queued frames to the stream, up to `STREAM_BATCH` bytes per
-/// call. The frames are copied into one contiguous chunk: handing quinn the frames as separate
-/// chunks (`write_all_chunks`, no copy) measured 8% slower here (its send buffer then carries a
-/// chunk per packet into framing), and pinned more memory. The chunk is kept (`Recent`) for a
-/// hand-over to another path, and before each write the stream's send window is set from the
-/// path's congestion window, which bounds its backlog in time (`reliable::stream_window`).
+/// Reliable mode, send side. Frames from `send_batch` wait in a `SendQueue` (sparse flows
+/// first, bounded, nothing older than `reliable::queue_wait`), leave it at the congestion
+/// controller's pacing rate (`pacing.rs`: the engine would otherwise take a window of two BDPs
+/// at once and queue one at the bottleneck), and are written to the stream up to
+/// `STREAM_BATCH` bytes per call. The frames are copied into one contiguous chunk: handing
+/// quinn the frames as separate chunks (`write_all_chunks`, no copy) measured 8% slower here
+/// (its send buffer then carries a chunk per packet into framing), and pinned more memory. The
+/// chunk is kept (`Recent`) for a hand-over to another path, and before each write the
+/// stream's send window is set from the path's congestion window, which bounds its backlog in
+/// time (`reliable::stream_window`).
 async fn stream_writer(
     sink: Arc<dyn Sink>,
     conn: quinn::Connection,
@@ -569,37 +575,60 @@ async fn stream_writer(
     recent: Arc<Mutex<Recent>>,
 ) {
     let mut batch = BytesMut::with_capacity(STREAM_BATCH + 65_538);
-    let mut stale = Dropped::default();
+    let mut queue = SendQueue::new(STREAM_QUEUE, mpquic_core::reliable::HANDOFF_TIME);
+    let mut pacer = Pacer::default();
+    let (mut stale, mut refused) = (Dropped::default(), Dropped::default());
     let mut loss = mpquic_core::loss::LossEstimate::default();
-    while let Some(first) = rx.recv().await {
+    loop {
+        // Take what has arrived; wait for something when nothing is queued.
+        if queue.is_empty() {
+            let Some((at, frame)) = rx.recv().await else {
+                return;
+            };
+            enqueue(&mut queue, &mut refused, at, frame);
+        }
+        while let Ok((at, frame)) = rx.try_recv() {
+            enqueue(&mut queue, &mut refused, at, frame);
+        }
+        refused.report(&*sink, DropReason::QueueFull);
+        // Our controller's rate in bytes/s (quinn's own controllers give none: not paced).
+        let rate = conn.congestion_state().metrics().pacing_rate;
+        pacer.set_rate(rate.map(|bits| bits / 8));
+        let now = Instant::now();
+        queue.set_max_wait(mpquic_core::reliable::queue_wait(conn.rtt()));
+        let at = pacer.ready_at(now, PACED_PACKET);
+        if at > now {
+            // What arrives meanwhile is queued, and a sparse packet leaves first.
+            tokio::time::sleep_until(at.into()).await;
+            continue;
+        }
+        let budget = pacer.budget(now).min(STREAM_BATCH);
+        batch.clear();
+        let mut packets = Dropped::default();
+        while batch.len() < budget {
+            let Some(frame) = queue.pop(now, &mut |f: Bytes| stale.add(&f)) else {
+                break;
+            };
+            packets.add(&frame);
+            batch.extend_from_slice(&frame);
+        }
+        // A frame that waited too long was dropped rather than added to the delay of
+        // everything behind it (`reliable::queue_wait`).
+        stale.report(&*sink, DropReason::QueueFull);
+        if batch.is_empty() {
+            continue;
+        }
         let path = conn.stats().path;
-        loss.on_counters(Instant::now(), path.sent_packets, path.lost_packets);
+        pacer.spend(mpquic_core::pacing::on_the_wire(
+            batch.len(),
+            path.current_mtu,
+        ));
+        loss.on_counters(now, path.sent_packets, path.lost_packets);
         conn.set_send_window(mpquic_core::reliable::stream_window(
             path.cwnd,
             path.rtt,
             loss.loss(),
         ));
-        batch.clear();
-        let now = Instant::now();
-        let mut packets = Dropped::default();
-        let mut next = Some(first);
-        while let Some((queued, frame)) = next.take() {
-            // A frame that waited too long for the stream is dropped here rather than added
-            // to the delay of everything behind it (`reliable::HANDOFF_TIME`).
-            if now.saturating_duration_since(queued) > mpquic_core::reliable::HANDOFF_TIME {
-                stale.add(&frame);
-            } else {
-                packets.add(&frame);
-                batch.extend_from_slice(&frame);
-            }
-            if batch.len() < STREAM_BATCH {
-                next = rx.try_recv().ok();
-            }
-        }
-        stale.report(&*sink, DropReason::QueueFull);
-        if batch.is_empty() {
-            continue;
-        }
         let chunk = batch.split().freeze();
         if send.write_chunk(chunk.clone()).await.is_ok() {
             recent
@@ -613,9 +642,26 @@ async fn stream_writer(
             while let Ok((_, frame)) = rx.try_recv() {
                 packets.add(&frame);
             }
+            for frame in queue.drain() {
+                packets.add(&frame);
+            }
             packets.report(&*sink, DropReason::SendFailed);
             return;
         }
+    }
+}
+
+/// A packet's size for the pacer: it waits until one full packet may go.
+const PACED_PACKET: usize = 1500;
+
+/// Queue a frame by its inner packet's flow; a full queue refuses it (counted by the caller).
+fn enqueue(queue: &mut SendQueue<Bytes>, refused: &mut Dropped, at: Instant, frame: Bytes) {
+    let flow = frame
+        .get(STREAM_HEADER..)
+        .and_then(PacketInfo::parse)
+        .map(|i| i.flow_hash());
+    if let Err(frame) = queue.push(at, flow, frame) {
+        refused.add(&frame);
     }
 }
 

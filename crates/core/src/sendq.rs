@@ -1,0 +1,206 @@
+//! The queue in front of an ordered transport (reliable mode's stream, which delivers
+//! everything it takes in order, so whatever it holds is delay for whatever comes next).
+//! Packets wait here instead, while the pacer (`pacing.rs`) holds them back, and:
+//!
+//! - **sparse flows go first**: a packet of a flow that has nothing waiting in the bulk queue
+//!   (a ping, a DNS query, an interactive session, TCP's first packets) joins the sparse queue,
+//!   which is always served before bulk, as fq_codel's new-flow queue is; a flow with more
+//!   than `SPARSE_PACKETS` waiting is bulk. A flow's packets never overtake each other: one
+//!   goes to the sparse queue only while the flow has none in bulk, and sparse ones leave first.
+//! - **it is bounded**: `limit` packets; a packet beyond is refused (the caller counts it).
+//! - **nothing waits longer than `max_wait`**: older packets are dropped when they reach the
+//!   head (the inner flow's loss signal, rather than the delay of everything behind them).
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// Packets a flow may have in the sparse queue; more and it is bulk.
+pub const SPARSE_PACKETS: u32 = 2;
+
+struct Entry<T> {
+    flow: Option<u64>,
+    at: Instant,
+    item: T,
+}
+
+pub struct SendQueue<T> {
+    sparse: VecDeque<Entry<T>>,
+    bulk: VecDeque<Entry<T>>,
+    /// Packets waiting per flow, in each queue.
+    in_sparse: HashMap<u64, u32>,
+    in_bulk: HashMap<u64, u32>,
+    limit: usize,
+    max_wait: Duration,
+    /// Packets that left through the sparse queue.
+    pub sparse_sent: u64,
+}
+
+impl<T> SendQueue<T> {
+    pub fn new(limit: usize, max_wait: Duration) -> SendQueue<T> {
+        SendQueue {
+            sparse: VecDeque::new(),
+            bulk: VecDeque::new(),
+            in_sparse: HashMap::new(),
+            in_bulk: HashMap::new(),
+            limit,
+            max_wait,
+            sparse_sent: 0,
+        }
+    }
+
+    /// Change how long a packet may wait (follows the path's RTT).
+    pub fn set_max_wait(&mut self, max_wait: Duration) {
+        self.max_wait = max_wait;
+    }
+
+    pub fn len(&self) -> usize {
+        self.sparse.len() + self.bulk.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Queue `item` of `flow` (`None`: a packet without a flow key, treated as bulk). Refused
+    /// (returned) when the queue is full.
+    pub fn push(&mut self, now: Instant, flow: Option<u64>, item: T) -> Result<(), T> {
+        if self.len() >= self.limit {
+            return Err(item);
+        }
+        let sparse = flow.is_some_and(|f| {
+            !self.in_bulk.contains_key(&f)
+                && self.in_sparse.get(&f).copied().unwrap_or(0) < SPARSE_PACKETS
+        });
+        let (queue, counts) = if sparse {
+            (&mut self.sparse, &mut self.in_sparse)
+        } else {
+            (&mut self.bulk, &mut self.in_bulk)
+        };
+        if let Some(f) = flow {
+            *counts.entry(f).or_insert(0) += 1;
+        }
+        queue.push_back(Entry {
+            flow,
+            at: now,
+            item,
+        });
+        Ok(())
+    }
+
+    /// The next packet to send: sparse first. Packets that waited longer than `max_wait` go to
+    /// `stale` instead.
+    pub fn pop(&mut self, now: Instant, stale: &mut impl FnMut(T)) -> Option<T> {
+        loop {
+            let from_sparse = !self.sparse.is_empty();
+            let (queue, counts) = if from_sparse {
+                (&mut self.sparse, &mut self.in_sparse)
+            } else {
+                (&mut self.bulk, &mut self.in_bulk)
+            };
+            let e = queue.pop_front()?;
+            if let Some(f) = e.flow {
+                if let Some(n) = counts.get_mut(&f) {
+                    *n -= 1;
+                    if *n == 0 {
+                        counts.remove(&f);
+                    }
+                }
+            }
+            if now.saturating_duration_since(e.at) > self.max_wait {
+                stale(e.item);
+                continue;
+            }
+            if from_sparse {
+                self.sparse_sent += 1;
+            }
+            return Some(e.item);
+        }
+    }
+
+    /// Everything still queued, oldest class first (the transport failed).
+    pub fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
+        self.in_sparse.clear();
+        self.in_bulk.clear();
+        self.sparse
+            .drain(..)
+            .chain(self.bulk.drain(..))
+            .map(|e| e.item)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WAIT: Duration = Duration::from_millis(20);
+
+    fn pop_all(q: &mut SendQueue<(u64, u32)>, now: Instant) -> Vec<(u64, u32)> {
+        let mut out = Vec::new();
+        while let Some(x) = q.pop(now, &mut |_| panic!("nothing is stale")) {
+            out.push(x);
+        }
+        out
+    }
+
+    #[test]
+    fn a_ping_passes_a_bulk_backlog() {
+        let now = Instant::now();
+        let mut q = SendQueue::new(512, WAIT);
+        for i in 0..100 {
+            q.push(now, Some(1), (1, i)).unwrap();
+        }
+        q.push(now, Some(2), (2, 0)).unwrap();
+        let out = pop_all(&mut q, now);
+        // The bulk flow's first two packets were sparse (nothing of it queued yet), then the
+        // ping, then the rest of the bulk flow.
+        assert_eq!(&out[..3], &[(1, 0), (1, 1), (2, 0)]);
+        assert_eq!(out.len(), 101);
+        assert_eq!(q.sparse_sent, 3);
+    }
+
+    #[test]
+    fn a_flows_packets_stay_in_order_whatever_the_mix() {
+        let now = Instant::now();
+        let mut q = SendQueue::new(10_000, WAIT);
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = [0u32; 5];
+        let mut out = Vec::new();
+        for _ in 0..5000 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let f = rng % 5;
+            q.push(now, Some(f), (f, next[f as usize])).unwrap();
+            next[f as usize] += 1;
+            if rng.is_multiple_of(3) {
+                out.extend(q.pop(now, &mut |_| panic!()));
+            }
+        }
+        out.extend(pop_all(&mut q, now));
+        let mut seen = [0u32; 5];
+        for (f, i) in out {
+            assert_eq!(i, seen[f as usize], "flow {f} reordered");
+            seen[f as usize] += 1;
+        }
+        assert_eq!(seen, next);
+    }
+
+    #[test]
+    fn bounded_and_stale_packets_are_dropped() {
+        let t0 = Instant::now();
+        let mut q = SendQueue::new(3, WAIT);
+        for i in 0..3 {
+            q.push(t0, Some(1), (1, i)).unwrap();
+        }
+        assert_eq!(q.push(t0, Some(2), (2, 0)), Err((2, 0)));
+        let mut stale = Vec::new();
+        let later = t0 + WAIT + Duration::from_millis(1);
+        q.push(t0 + WAIT, None, (9, 9)).ok();
+        assert_eq!(q.pop(later, &mut |x| stale.push(x)), None);
+        assert_eq!(stale.len(), 3);
+        // Counts are consistent after drops: the flow is sparse again.
+        q.push(later, Some(1), (1, 3)).unwrap();
+        assert_eq!(q.pop(later, &mut |_| {}), Some((1, 3)));
+        assert!(q.is_empty());
+    }
+}
