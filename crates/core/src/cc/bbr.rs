@@ -354,6 +354,11 @@ impl Controller for Bbr {
         self.acked += bytes;
         let rtt = now.saturating_duration_since(sent);
         self.min_rtt.update(now, rtt);
+        // A sample with no standing queue in it confirms the minimum (`STANDING_QUEUE`).
+        if let Some(m) = self.min_rtt.get() {
+            let slack = m.mul_f64(STANDING_QUEUE).max(STANDING_QUEUE_MIN);
+            self.min_rtt.confirm(now, rtt, slack);
+        }
         self.round_min_rtt = Some(self.round_min_rtt.map_or(rtt, |m| m.min(rtt)));
         if self.probe_rtt_until.is_some() {
             self.probe_rtt_min = Some(self.probe_rtt_min.map_or(rtt, |m| m.min(rtt)));
