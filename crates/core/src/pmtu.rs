@@ -140,10 +140,6 @@ impl PathMtu {
         self.ceiling
     }
 
-    pub fn searching(&self) -> bool {
-        matches!(self.phase, Phase::Searching { .. })
-    }
-
     /// The path was (re)connected with packets of `payload` at most: watch that size.
     pub fn reset(&mut self, payload: u16, now: Instant) {
         let payload = payload.clamp(FLOOR, self.ceiling);

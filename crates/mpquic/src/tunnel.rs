@@ -339,27 +339,25 @@ impl Tunnel {
     /// Connecting `path` with packets of `payload` failed (a larger size tried, or any size
     /// before falling back to the floor): the MTU watch takes it as too big for now.
     pub fn resize_failed(&self, path: PathId, payload: u16) {
-        if let Some(w) = self
-            .lock()
-            .sizes
-            .get_mut(path.index())
-            .and_then(|s| s.watch.as_mut())
-        {
-            w.on_resize_failed(payload, Instant::now());
-        }
+        self.with_watch(path, |w| w.on_resize_failed(payload, Instant::now()));
         self.timers_changed.notify_one();
     }
 
     /// `path` could be connected only at the smallest packet size (`pmtu::PathMtu::on_fallback`);
     /// called before the new transport is installed.
     pub fn fell_back(&self, path: PathId) {
+        self.with_watch(path, PathMtu::on_fallback);
+    }
+
+    /// Apply `f` to `path`'s MTU watch, if this side has one for it.
+    fn with_watch(&self, path: PathId, f: impl FnOnce(&mut PathMtu)) {
         if let Some(w) = self
             .lock()
             .sizes
             .get_mut(path.index())
             .and_then(|s| s.watch.as_mut())
         {
-            w.on_fallback();
+            f(w);
         }
     }
 
@@ -469,16 +467,7 @@ impl Tunnel {
                     len,
                 ));
             }
-            Some(Datagram::MtuProbeReply(seq)) => {
-                if let Some(w) = self
-                    .lock()
-                    .sizes
-                    .get_mut(path.index())
-                    .and_then(|s| s.watch.as_mut())
-                {
-                    w.on_reply(seq);
-                }
-            }
+            Some(Datagram::MtuProbeReply(seq)) => self.with_watch(path, |w| w.on_reply(seq)),
             Some(Datagram::FecRepair(r)) => {
                 let mut recovered = Vec::new();
                 if let Some(f) = self.lock().fec.get_mut(path.index()) {
