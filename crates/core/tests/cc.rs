@@ -222,8 +222,15 @@ fn bbr_keeps_most_of_a_lossy_link() {
     ] {
         let rate: f64 = LinkSpec::parse(path).unwrap().rate_bps.unwrap() as f64 / 1e6;
         let limit = rate * (1.0 - loss);
-        let b = run(&mut bbr(), path, 20, 7);
+        let mut model = bbr();
+        let b = run(&mut model, path, 20, 7);
         let r = run(&mut newreno(), path, 20, 7);
+        // It measures the link's loss (and more where its window overflows the queue).
+        assert!(
+            model.loss() > loss - 0.03,
+            "{path}: measured loss {}",
+            model.loss()
+        );
         println!(
             "{path}: bbr {:.1} Mbit/s (bound {limit:.1}), newreno {:.1}; bbr RTT min/median {:.1}/{:.1} ms",
             b.goodput_mbit,

@@ -58,6 +58,12 @@ const MIN_WINDOW_PACKETS: u64 = 4;
 /// small share of the window.
 const ACK_AGGREGATION: Duration = Duration::from_millis(2);
 const INITIAL_WINDOW_PACKETS: u64 = 10;
+/// The loss the window makes room for is the share of bytes declared lost, smoothed over round
+/// trips with this weight (rounds with fewer than `LOSS_ROUND_PACKETS` packets' fates are
+/// pooled with the next), and counted up to `MAX_ROOM_LOSS`.
+const LOSS_WEIGHT: f64 = 0.125;
+const LOSS_ROUND_PACKETS: u64 = 20;
+const MAX_ROOM_LOSS: f64 = 0.5;
 /// Send records kept for delivery-rate samples (one per send instant); older ones are forgotten
 /// (their acknowledgements, if any ever come, give no rate sample).
 const MAX_RECORDS: usize = 16_384;
@@ -128,6 +134,12 @@ pub struct Bbr {
     probe_rtt_min: Option<Duration>,
     /// Acknowledged bytes since the last `on_end_acks` (window growth).
     acked: u64,
+    /// The path's loss (share of bytes), the share of it seen while the path did not queue
+    /// (what the window makes room for), and the fates gathered towards their next sample.
+    loss: f64,
+    random_loss: f64,
+    loss_acked: u64,
+    loss_lost: u64,
 }
 
 impl Bbr {
@@ -159,6 +171,10 @@ impl Bbr {
             probe_rtt_until: None,
             probe_rtt_min: None,
             acked: 0,
+            loss: 0.0,
+            random_loss: 0.0,
+            loss_acked: 0,
+            loss_lost: 0,
         }
     }
 
@@ -180,6 +196,40 @@ impl Bbr {
         let bw = self.bw.get();
         let rtt = self.min_rtt.get()?;
         (bw > 0).then_some((bw as f64 * rtt.as_secs_f64()) as u64)
+    }
+
+    /// The path's smoothed loss, share of bytes sent (status, and the window's room for it).
+    pub fn loss(&self) -> f64 {
+        self.loss
+    }
+
+    /// In flight per byte delivered: at loss p the sender sends 1/(1-p) bytes for each one
+    /// delivered (retransmissions, or an inner flow's packets the path loses), and a lost
+    /// packet stays counted in flight about as long as a delivered one, until later packets'
+    /// ACKs declare it lost. A window of BDPs without it is filled below the rate the model
+    /// measured: inner cubic got 31-34 Mbit/s through a 60 Mbit/s path with 10% loss, 39-43
+    /// with room for the loss (issue 9 notes). It only makes room: the rate is still the
+    /// delivery rate's (our pacer paces new data at it), and a path that only loses has its
+    /// window at most doubled (`MAX_ROOM_LOSS`).
+    fn loss_room(&self) -> f64 {
+        1.0 / (1.0 - self.random_loss.min(MAX_ROOM_LOSS))
+    }
+
+    /// Fold the fates gathered since the last sample into the loss estimates once they cover
+    /// enough packets (called at each round's start). Loss while a standing queue shows is a
+    /// queue overflowing: it earns no room, or the room would fill the queue further (a 20
+    /// Mbit/s path with a 100 ms queue and 5% loss measured 27% with it in virtual time).
+    fn sample_loss(&mut self) {
+        let total = self.loss_acked + self.loss_lost;
+        if total < LOSS_ROUND_PACKETS * self.mss {
+            return;
+        }
+        let sample = self.loss_lost as f64 / total as f64;
+        self.loss += LOSS_WEIGHT * (sample - self.loss);
+        let random = if self.standing_queue() { 0.0 } else { sample };
+        self.random_loss += LOSS_WEIGHT * (random - self.random_loss);
+        self.loss_acked = 0;
+        self.loss_lost = 0;
     }
 
     fn probe_rtt_window(&self) -> u64 {
@@ -303,7 +353,7 @@ impl Bbr {
             // without end: 59 MB in one lab run). Startup itself ends when the bandwidth stops
             // growing.
             State::Startup => {
-                let target = (STARTUP_CWND_GAIN * bdp as f64) as u64 + quantum;
+                let target = (STARTUP_CWND_GAIN * self.loss_room() * bdp as f64) as u64 + quantum;
                 (self.window + acked).min(target.max(self.window))
             }
             State::ProbeRtt => self.probe_rtt_window(),
@@ -313,7 +363,7 @@ impl Bbr {
                     _ => 1.0,
                 };
                 let aggregation = (self.bandwidth() as f64 * ACK_AGGREGATION.as_secs_f64()) as u64;
-                let target = (gain * bdp as f64) as u64 + quantum + aggregation;
+                let target = (gain * self.loss_room() * bdp as f64) as u64 + quantum + aggregation;
                 if self.window < target {
                     (self.window + acked).min(target)
                 } else {
@@ -352,6 +402,7 @@ impl Controller for Bbr {
         self.delivered += bytes;
         self.delivered_time = Some(now);
         self.acked += bytes;
+        self.loss_acked += bytes;
         let rtt = now.saturating_duration_since(sent);
         self.min_rtt.update(now, rtt);
         // A sample with no standing queue in it confirms the minimum (`STANDING_QUEUE`).
@@ -371,6 +422,7 @@ impl Controller for Bbr {
             self.round += 1;
             self.round_start = true;
             self.last_round_min_rtt = self.round_min_rtt.take();
+            self.sample_loss();
         }
         // An application-limited sample shows what the sender offered, not what the path can
         // carry: it may raise the estimate, never lower it.
@@ -392,6 +444,7 @@ impl Controller for Bbr {
 
     fn on_loss(&mut self, now: Instant, _sent: Instant, persistent: bool, lost_bytes: u64) {
         self.in_flight = self.in_flight.saturating_sub(lost_bytes);
+        self.loss_lost += lost_bytes;
         if persistent {
             // The path carried nothing for a while: what the model knew may be stale (a new
             // route, an outage). Start over from a minimal window.
