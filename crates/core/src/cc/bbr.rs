@@ -4,6 +4,8 @@
 //! flight (`CWND_GAIN`). Random loss does not move either estimate, so it does not
 //! slow the path down; queueing does (the window is a multiple of the *minimum* RTT's BDP, so a
 //! growing queue is never chased).
+//! The window also makes room for the loss measured while the path does not queue (a lossy path
+//! has 1/(1-p) bytes in flight per byte delivered: `loss_room`).
 //! Only persistent congestion (everything lost for a while) resets the model.
 //!
 //! The QUIC engine (quinn) paces at `1.25 * window / smoothed RTT` and takes no rate from a
