@@ -41,7 +41,8 @@ def test_status_metrics_and_mss_clamp(make_lab):
     assert mss <= mtu - 40, (mss, mtu)
 
 
-@pytest.mark.parametrize("cc,mode", [("bbr", "reliable"), ("quinn-bbr", "datagram"), ("newreno", "datagram")])
+@pytest.mark.parametrize("cc,mode", [("bbr", "reliable"), ("bbr3", "reliable"), ("bbr3", "datagram"),
+                                   ("quinn-bbr", "datagram"), ("newreno", "datagram")])
 def test_other_congestion_controllers(make_lab, cc, mode):
     lab = make_lab(paths=1, congestion=cc, mode=mode)
     lab.pki()

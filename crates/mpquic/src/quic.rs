@@ -54,10 +54,9 @@ pub fn transport(cc: Congestion, link_mtu: u32) -> Arc<TransportConfig> {
         Congestion::Cubic => t.congestion_controller_factory(Arc::new(CubicConfig::default())),
         Congestion::Newreno => t.congestion_controller_factory(Arc::new(NewRenoConfig::default())),
         Congestion::QuinnBbr => t.congestion_controller_factory(Arc::new(BbrConfig::default())),
-        Congestion::Bbr => {
-            t.congestion_controller_factory(Arc::new(CoreController(Arc::new(|mtu| {
-                Box::new(cc::Bbr::new(mtu)) as Box<dyn cc::Controller>
-            }))))
+        Congestion::Bbr => t.congestion_controller_factory(core(|mtu| Box::new(cc::Bbr::new(mtu)))),
+        Congestion::Bbr3 => {
+            t.congestion_controller_factory(core(|mtu| Box::new(cc::Bbr3::new(mtu))))
         }
     };
     Arc::new(t)
@@ -65,6 +64,10 @@ pub fn transport(cc: Congestion, link_mtu: u32) -> Arc<TransportConfig> {
 
 /// Builds one of the core's controllers for a datagram size.
 type MakeController = Arc<dyn Fn(u16) -> Box<dyn cc::Controller> + Send + Sync>;
+
+fn core(make: fn(u16) -> Box<dyn cc::Controller>) -> Arc<CoreController> {
+    Arc::new(CoreController(Arc::new(make)))
+}
 
 /// One of the core's controllers (`mpquic_core::cc`) in the QUIC engine: the factory builds one
 /// per connection, and `Adapter` forwards the engine's events to it.

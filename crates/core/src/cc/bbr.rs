@@ -15,9 +15,9 @@
 //! `pacing_rate` in its own send path (reliable mode's stream writer, `pacing.rs`), which is what
 //! keeps the bottleneck's queue short: the window alone leaves up to a BDP queued.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use super::delivery::Delivery;
 use super::filters::{MaxBwFilter, MinRttFilter};
 use super::Controller;
 
@@ -66,9 +66,6 @@ const INITIAL_WINDOW_PACKETS: u64 = 10;
 const LOSS_WEIGHT: f64 = 0.125;
 const LOSS_ROUND_PACKETS: u64 = 20;
 const MAX_ROOM_LOSS: f64 = 0.5;
-/// Send records kept for delivery-rate samples (one per send instant); older ones are forgotten
-/// (their acknowledgements, if any ever come, give no rate sample).
-const MAX_RECORDS: usize = 16_384;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
@@ -76,28 +73,6 @@ pub enum State {
     Drain,
     ProbeBw,
     ProbeRtt,
-}
-
-/// What the connection had delivered when a packet left: its acknowledgement turns this into a
-/// delivery-rate sample.
-#[derive(Debug, Clone, Copy)]
-struct SendRecord {
-    sent: Instant,
-    delivered: u64,
-    delivered_time: Instant,
-    first_sent_time: Instant,
-}
-
-/// The send records behind delivery-rate samples. A copy of the controller (quinn takes one for
-/// every status read) starts without them: they are up to 16k entries, and acknowledgements of
-/// packets sent before the copy then give no rate sample, as after a gap in sending.
-#[derive(Debug, Default)]
-struct SendRecords(VecDeque<SendRecord>);
-
-impl Clone for SendRecords {
-    fn clone(&self) -> Self {
-        SendRecords::default()
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -108,14 +83,8 @@ pub struct Bbr {
     bw: MaxBwFilter,
     min_rtt: MinRttFilter,
     in_flight: u64,
-    // Delivery-rate estimation.
-    delivered: u64,
-    delivered_time: Option<Instant>,
-    first_sent_time: Option<Instant>,
-    records: SendRecords,
-    // Round trips, counted by delivered data.
-    round: u64,
-    next_round_delivered: u64,
+    delivery: Delivery,
+    /// The acknowledgements under way began a new round trip.
     round_start: bool,
     /// The smallest RTT sample of the round under way, and of the last complete round.
     round_min_rtt: Option<Duration>,
@@ -154,12 +123,7 @@ impl Bbr {
             bw: MaxBwFilter::default(),
             min_rtt: MinRttFilter::default(),
             in_flight: 0,
-            delivered: 0,
-            delivered_time: None,
-            first_sent_time: None,
-            records: SendRecords::default(),
-            round: 0,
-            next_round_delivered: 0,
+            delivery: Delivery::default(),
             round_start: false,
             round_min_rtt: None,
             last_round_min_rtt: None,
@@ -241,25 +205,6 @@ impl Bbr {
 
     fn min_window(&self) -> u64 {
         MIN_WINDOW_PACKETS * self.mss
-    }
-
-    /// The rate sample of an acknowledged packet sent at `sent` (draft-cheng-iccrg-delivery-rate-
-    /// estimation): data delivered since it left, over the longer of its send and ack intervals.
-    fn rate_sample(&mut self, now: Instant, sent: Instant) -> Option<(SendRecord, u64)> {
-        let at = self.records.0.partition_point(|r| r.sent < sent);
-        let rec = *self.records.0.get(at).filter(|r| r.sent == sent)?;
-        // Records before this one belong to packets acknowledged or lost by now.
-        self.records.0.drain(..at);
-        self.first_sent_time = Some(rec.sent);
-        let send_elapsed = rec.sent.saturating_duration_since(rec.first_sent_time);
-        let ack_elapsed = now.saturating_duration_since(rec.delivered_time);
-        let interval = send_elapsed.max(ack_elapsed);
-        // Shorter than a round trip: ACK compression, not the path's rate.
-        if interval.is_zero() || self.min_rtt.get().is_some_and(|m| interval < m) {
-            return Some((rec, 0));
-        }
-        let bytes = self.delivered - rec.delivered;
-        Some((rec, (bytes as f64 / interval.as_secs_f64()) as u64))
     }
 
     /// Even the last round's smallest RTT sample was above the path's minimum by more than
@@ -379,30 +324,13 @@ impl Bbr {
 
 impl Controller for Bbr {
     fn on_sent(&mut self, now: Instant, bytes: u64) {
-        if self.in_flight == 0 {
-            // Nothing in flight: the next rate sample starts now, not at the last ACK.
-            self.first_sent_time = Some(now);
-            self.delivered_time = Some(now);
-        }
-        if self.records.0.back().is_none_or(|r| r.sent != now) {
-            if self.records.0.len() == MAX_RECORDS {
-                self.records.0.pop_front();
-            }
-            self.records.0.push_back(SendRecord {
-                sent: now,
-                delivered: self.delivered,
-                delivered_time: self.delivered_time.unwrap_or(now),
-                first_sent_time: self.first_sent_time.unwrap_or(now),
-            });
-        }
         self.in_flight += bytes;
+        self.delivery.on_sent(now, bytes, self.in_flight);
         self.round_max_in_flight = self.round_max_in_flight.max(self.in_flight);
     }
 
     fn on_ack(&mut self, now: Instant, sent: Instant, bytes: u64, app_limited: bool) {
         self.in_flight = self.in_flight.saturating_sub(bytes);
-        self.delivered += bytes;
-        self.delivered_time = Some(now);
         self.acked += bytes;
         self.loss_acked += bytes;
         let rtt = now.saturating_duration_since(sent);
@@ -416,20 +344,19 @@ impl Controller for Bbr {
         if self.probe_rtt_until.is_some() {
             self.probe_rtt_min = Some(self.probe_rtt_min.map_or(rtt, |m| m.min(rtt)));
         }
-        let Some((rec, rate)) = self.rate_sample(now, sent) else {
+        let Some(sample) = self.delivery.on_ack(now, sent, bytes, self.min_rtt.get()) else {
             return;
         };
-        if rec.delivered >= self.next_round_delivered {
-            self.next_round_delivered = self.delivered;
-            self.round += 1;
+        if sample.new_round {
             self.round_start = true;
             self.last_round_min_rtt = self.round_min_rtt.take();
             self.sample_loss();
         }
         // An application-limited sample shows what the sender offered, not what the path can
         // carry: it may raise the estimate, never lower it.
+        let rate = sample.rate;
         if rate > 0 && (!app_limited || rate >= self.bw.get()) {
-            self.bw.update(self.round, rate);
+            self.bw.update(self.delivery.round(), rate);
         }
     }
 
@@ -444,8 +371,9 @@ impl Controller for Bbr {
         self.round_start = false;
     }
 
-    fn on_loss(&mut self, now: Instant, _sent: Instant, persistent: bool, lost_bytes: u64) {
+    fn on_loss(&mut self, _now: Instant, _sent: Instant, persistent: bool, lost_bytes: u64) {
         self.in_flight = self.in_flight.saturating_sub(lost_bytes);
+        self.delivery.on_loss(lost_bytes);
         self.loss_lost += lost_bytes;
         if persistent {
             // The path carried nothing for a while: what the model knew may be stale (a new
@@ -455,7 +383,6 @@ impl Controller for Bbr {
                 ..Bbr::new(self.mss as u16)
             };
             self.window = self.min_window();
-            self.delivered_time = Some(now);
         }
         // Otherwise nothing: random loss is not congestion, and a queue that overflows shows in
         // the RTT long before (the window is bounded by the minimum RTT's BDP).
@@ -475,7 +402,7 @@ impl Controller for Bbr {
     }
 
     fn clone_box(&self) -> Box<dyn Controller> {
-        // The model without its send records (`SendRecords` clones empty).
+        // The model without its send records (`Delivery` clones them empty).
         Box::new(self.clone())
     }
 

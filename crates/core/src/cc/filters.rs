@@ -4,31 +4,39 @@
 
 use std::time::{Duration, Instant};
 
-/// The maximum of per-round samples over the last `ROUNDS` rounds.
+/// The maximum of samples over the last `len` periods (round trips for BBRv1, probing cycles
+/// for BBRv3).
 #[derive(Debug, Clone)]
 pub struct MaxBwFilter {
-    /// (round, best sample in that round), newest last; at most `ROUNDS` entries.
+    /// (period, best sample in that period), newest last; at most `len` entries.
     rounds: Vec<(u64, u64)>,
+    len: u64,
 }
 
-/// BBR's bandwidth window: long enough to ride out a probing cycle's low phases.
+/// BBRv1's bandwidth window: long enough to ride out a probing cycle's low phases.
 const ROUNDS: u64 = 10;
 
 impl Default for MaxBwFilter {
     fn default() -> Self {
-        MaxBwFilter {
-            rounds: Vec::with_capacity(ROUNDS as usize + 1),
-        }
+        MaxBwFilter::new(ROUNDS)
     }
 }
 
 impl MaxBwFilter {
+    pub fn new(len: u64) -> MaxBwFilter {
+        MaxBwFilter {
+            rounds: Vec::with_capacity(len as usize + 1),
+            len,
+        }
+    }
+
     pub fn update(&mut self, round: u64, sample: u64) {
         match self.rounds.last_mut() {
             Some((r, best)) if *r == round => *best = (*best).max(sample),
             _ => self.rounds.push((round, sample)),
         }
-        self.rounds.retain(|(r, _)| r + ROUNDS > round);
+        let len = self.len;
+        self.rounds.retain(|(r, _)| r + len > round);
     }
 
     pub fn get(&self) -> u64 {
@@ -36,19 +44,31 @@ impl MaxBwFilter {
     }
 }
 
-/// The minimum RTT sample. It expires after `MIN_RTT_WINDOW` without a new minimum, and the
+/// The minimum RTT sample. It expires after its window (`MIN_RTT_WINDOW`) without a new minimum, and the
 /// controller then probes for it (`ProbeRtt`: a nearly empty pipe) and sets what it measured
 /// there (`restart`). An expired estimate is not simply replaced by the next sample: under load
 /// that sample carries the queue, and a minimum RTT inflated by it inflates the window, which
 /// queues more (scenario 10: the window doubled 10 s into an upload, and the RTT with it).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct MinRttFilter {
     min: Option<(Duration, Instant)>,
+    window: Duration,
 }
 
+/// BBRv1's: the minimum expires after 10 s.
 pub const MIN_RTT_WINDOW: Duration = Duration::from_secs(10);
 
+impl Default for MinRttFilter {
+    fn default() -> Self {
+        MinRttFilter::new(MIN_RTT_WINDOW)
+    }
+}
+
 impl MinRttFilter {
+    pub fn new(window: Duration) -> MinRttFilter {
+        MinRttFilter { min: None, window }
+    }
+
     /// Take a sample; returns whether it set a new minimum.
     pub fn update(&mut self, now: Instant, sample: Duration) -> bool {
         let take = self.min.is_none_or(|(m, _)| sample <= m);
@@ -65,7 +85,7 @@ impl MinRttFilter {
     /// The estimate is older than the window: time to measure it again.
     pub fn expired(&self, now: Instant) -> bool {
         self.min
-            .is_some_and(|(_, at)| now.saturating_duration_since(at) > MIN_RTT_WINDOW)
+            .is_some_and(|(_, at)| now.saturating_duration_since(at) > self.window)
     }
 
     /// A sample close enough to the minimum (`sample <= min + slack`) confirms it: its age

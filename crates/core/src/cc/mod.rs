@@ -9,13 +9,18 @@
 //! scenario 02). RFC 9298 section 7: the outer controller must stay, but should judge congestion
 //! by queueing, not by random loss.
 
+// `bbr`: the default, loss-blind beyond its model; `bbr3`: BBRv3, for bottlenecks shared with
+// loss-based senders.
 pub mod bbr;
+pub mod bbr3;
+mod delivery;
 mod filters;
 
 use std::fmt::Debug;
 use std::time::Instant;
 
 pub use bbr::Bbr;
+pub use bbr3::Bbr3;
 
 /// What a controller needs to hear from the engine, and what it decides.
 pub trait Controller: Debug + Send + Sync {

@@ -31,6 +31,10 @@ pub enum Congestion {
     /// down. `bbr-model` is its earlier name.
     #[serde(alias = "bbr-model")]
     Bbr,
+    /// Ours (`mpquic_core::cc::Bbr3`, BBRv3): also bounds its volume where probes met more
+    /// than 2% loss, so it shares a bottleneck with loss-based flows; random loss above that
+    /// holds it down.
+    Bbr3,
     /// The QUIC engine's (quinn) implementations: loss-based.
     Cubic,
     Newreno,
@@ -53,6 +57,7 @@ impl Congestion {
     pub fn as_str(self) -> &'static str {
         match self {
             Congestion::Bbr => "bbr",
+            Congestion::Bbr3 => "bbr3",
             Congestion::Cubic => "cubic",
             Congestion::Newreno => "newreno",
             Congestion::QuinnBbr => "quinn-bbr",
@@ -402,6 +407,7 @@ multipath_paths:
         // Status prints the name the config spells.
         for c in [
             Congestion::Bbr,
+            Congestion::Bbr3,
             Congestion::Cubic,
             Congestion::Newreno,
             Congestion::QuinnBbr,
