@@ -15,6 +15,7 @@ pub mod mtu;
 pub mod pacing;
 pub mod packet;
 pub mod paths;
+pub mod playout;
 pub mod pmtu;
 pub mod reconnect;
 pub mod reliable;

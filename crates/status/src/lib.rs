@@ -35,6 +35,10 @@ pub struct PathStatus {
     /// The congestion controller's pacing rate (Mbit/s), for controllers that have one.
     #[serde(default)]
     pub pacing_mbit: Option<f64>,
+    /// Reliable mode: the steady delay the receiver holds this path's packets to (ms; 0 while
+    /// the path shows no head-of-line waits).
+    #[serde(default)]
+    pub playout_ms: Option<f64>,
     pub quic_sent_packets: u64,
     pub quic_lost_packets: u64,
     /// lost / sent packets over the connection's life (%).

@@ -106,6 +106,11 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Gauge(|p| p.pacing_mbit),
     ),
     (
+        "mpquic_path_playout_ms",
+        "Reliable mode: the steady delay the receiver holds the path's packets to (ms)",
+        PathValue::Gauge(|p| p.playout_ms),
+    ),
+    (
         "mpquic_path_quic_loss_pct",
         "QUIC packets lost / sent over the connection's life (%)",
         PathValue::Gauge(|p| Some(p.quic_loss_pct)),
@@ -387,6 +392,7 @@ mod tests {
             quic_rtt_ms: Some(1.0),
             cwnd_bytes: Some(1),
             pacing_mbit: Some(1.0),
+            playout_ms: Some(1.0),
             probe_interval_ms: Some(1.0),
             fec_parity: Some(1.0),
             fec_loss_pct: Some(1.0),

@@ -63,6 +63,13 @@ impl StatusReport {
                 if let Some(mtu) = p.mtu_summary() {
                     let _ = writeln!(o, "  mtu {:<6} {mtu}", p.name);
                 }
+                if let Some(d) = p.playout_ms.filter(|d| *d > 0.0) {
+                    let _ = writeln!(
+                        o,
+                        "  playout {:<6} packets held to a steady {d:.0} ms (head-of-line waits on a lossy path)",
+                        p.name
+                    );
+                }
             }
             let td = nonzero(&t.drops);
             if !td.is_empty() {

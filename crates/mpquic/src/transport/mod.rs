@@ -23,6 +23,7 @@ use crate::batch::PacketBatch;
 use crate::hello::{Hello, HelloAck};
 
 pub mod quic;
+mod stream_rx;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -42,6 +43,8 @@ pub struct TransportStats {
     /// The UDP payload its link carries (the client's configured link), which a smaller
     /// `udp_payload` is below because the route carries less (`pmtu.rs`).
     pub link_payload: Option<u16>,
+    /// Reliable mode: the delay the receiver holds the path's packets to (`stream_rx`).
+    pub playout: Option<Duration>,
 }
 
 /// Where a transport delivers what it receives, and reports what it lost after accepting it.

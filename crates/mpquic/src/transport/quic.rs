@@ -17,7 +17,9 @@ use mpquic_core::{DropReason, PacketInfo};
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::{BoxFuture, Dialer, Listener, Offer, OfferReply, PathTransport, Sink, TransportStats};
+use super::{
+    stream_rx, BoxFuture, Dialer, Listener, Offer, OfferReply, PathTransport, Sink, TransportStats,
+};
 use crate::batch::PacketBatch;
 use crate::config::{Config, PathConfig, TransportMode};
 use crate::hello::{self, Hello, HelloAck};
@@ -36,8 +38,8 @@ const RECENT_BYTES: usize = 4 << 20;
 const RECENT_AGE: Duration = Duration::from_secs(1);
 /// Bytes written to a stream in one call (batching amortises the per-write cost).
 const STREAM_BATCH: usize = 64 * 1024;
-/// Reliable mode's frame header: the packet's length, u16 big-endian.
-const STREAM_HEADER: usize = 2;
+/// Reliable mode's frame header: the packet's length and its send time (`stream_rx`).
+const STREAM_HEADER: usize = stream_rx::HEADER;
 /// Bound on the server's wait for a client's hello after the handshake.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Offers waiting for the server to take them; beyond this, new connections wait in the accept
@@ -51,6 +53,8 @@ pub struct QuicTransport {
     stream_tx: Option<mpsc::Sender<(Instant, Bytes)>>,
     /// Reliable mode: what the writer wrote lately, as written (length-prefixed frames).
     recent: Arc<Mutex<Recent>>,
+    /// Reliable mode: the delay the stream's receiver holds packets to (µs, `stream_rx`).
+    playout_us: Arc<std::sync::atomic::AtomicU64>,
     /// Taken by `start`: the hello stream (reliable mode carries the packets on it), and the
     /// stream writer's queue.
     start: std::sync::Mutex<Option<StartParts>>,
@@ -87,6 +91,7 @@ impl QuicTransport {
             conn,
             stream_tx,
             recent: Arc::default(),
+            playout_us: Arc::default(),
             start: std::sync::Mutex::new(Some(StartParts {
                 send,
                 recv,
@@ -100,7 +105,8 @@ impl QuicTransport {
 
 impl PathTransport for QuicTransport {
     /// Reliable mode frames each packet with its length (docs/PROTOCOL.md) in its headroom, so
-    /// the stream takes the packet where it lies.
+    /// the stream takes the packet where it lies; the send time is stamped when the stream
+    /// writer takes it.
     fn prepare(&self, batch: &mut PacketBatch, which: &[usize]) {
         if self.stream_tx.is_none() {
             return;
@@ -110,7 +116,7 @@ impl PathTransport for QuicTransport {
         for &i in which {
             let len = batch.packet(i).len() as u16;
             if let Some(w) = batch.with_header_mut(i, STREAM_HEADER) {
-                w[..STREAM_HEADER].copy_from_slice(&len.to_be_bytes());
+                w[..2].copy_from_slice(&len.to_be_bytes());
             }
         }
     }
@@ -162,6 +168,10 @@ impl PathTransport for QuicTransport {
             udp_payload: Some(st.path.current_mtu),
             max_datagram: self.conn.max_datagram_size(),
             link_payload: self.link_payload,
+            playout: self
+                .stream_tx
+                .as_ref()
+                .map(|_| stream_rx::delay(&self.playout_us)),
         }
     }
 
@@ -215,8 +225,8 @@ impl PathTransport for QuicTransport {
         } = parts;
         match stream_rx {
             Some(rx) => {
-                let s = sink.clone();
-                tokio::spawn(async move { stream_reader(s, recv).await });
+                let (s, c, d) = (sink.clone(), self.conn.clone(), self.playout_us.clone());
+                tokio::spawn(stream_rx::run(s, recv, c, d));
                 let (conn, recent) = (self.conn.clone(), self.recent.clone());
                 tokio::spawn(async move { stream_writer(sink, conn, send, rx, recent).await });
             }
@@ -484,31 +494,16 @@ impl OfferReply for QuicOffer {
     }
 }
 
-/// Reliable mode, receive side: 2-byte big-endian length, then the packet.
-async fn stream_reader(sink: Arc<dyn Sink>, mut recv: quinn::RecvStream) {
-    let mut buf = vec![0u8; 65_536];
-    loop {
-        let mut len = [0u8; 2];
-        if recv.read_exact(&mut len).await.is_err() {
-            return;
-        }
-        let n = usize::from(u16::from_be_bytes(len));
-        if recv.read_exact(&mut buf[..n]).await.is_err() {
-            return;
-        }
-        sink.on_stream_packet((n > 0).then(|| &buf[..n]));
-    }
-}
-
-/// A packet with its length in front, as the stream carries it: framed in the batch's headroom
-/// by `prepare` (no copy), or copied when it was not.
+/// A packet with its header in front, as the stream carries it (the send time is stamped by
+/// the writer): framed in the batch's headroom by `prepare` (no copy), or copied when it was
+/// not.
 fn stream_frame(batch: &mut PacketBatch, i: usize) -> Bytes {
     if batch.header_len(i) == STREAM_HEADER {
         return batch.framed(i);
     }
     let p = batch.packet(i);
     let mut b = BytesMut::with_capacity(STREAM_HEADER + p.len());
-    b.extend_from_slice(&(p.len() as u16).to_be_bytes());
+    b.extend_from_slice(&stream_rx::header(p.len() as u16, 0));
     b.extend_from_slice(p);
     b.freeze()
 }
@@ -610,7 +605,13 @@ async fn stream_writer(
                 break;
             };
             packets.add(&frame);
+            let at = batch.len();
             batch.extend_from_slice(&frame);
+            // The send time, for the receiver's playout (`stream_rx`): when it enters the
+            // stream, so the wait in our own queue is not taken for the path's.
+            let len = u16::from_be_bytes([frame[0], frame[1]]);
+            batch[at..at + STREAM_HEADER]
+                .copy_from_slice(&stream_rx::header(len, stream_rx::clock_us()));
         }
         // A frame that waited too long was dropped rather than added to the delay of
         // everything behind it (`reliable::queue_wait`).
