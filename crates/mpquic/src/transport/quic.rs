@@ -116,7 +116,7 @@ impl PathTransport for QuicTransport {
         for &i in which {
             let len = batch.packet(i).len() as u16;
             if let Some(w) = batch.with_header_mut(i, STREAM_HEADER) {
-                w[..2].copy_from_slice(&len.to_be_bytes());
+                w[..STREAM_HEADER].copy_from_slice(&stream_rx::header(len, 0));
             }
         }
     }
