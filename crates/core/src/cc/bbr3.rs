@@ -68,7 +68,7 @@ const QUEUE_SLACK: f64 = 0.1;
 const QUEUE_SLACK_MIN: Duration = Duration::from_millis(1);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
+enum State {
     Startup,
     Drain,
     /// ProbeBw's phases: drain below the estimate, cruise with headroom, refill the pipe for a
@@ -78,17 +78,6 @@ pub enum State {
     Refill,
     Up,
     ProbeRtt,
-}
-
-/// Where the acknowledgements are relative to a bandwidth probe (their packets left before,
-/// during or after it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum AckPhase {
-    Init,
-    Refilling,
-    ProbeStarting,
-    ProbeFeedback,
-    ProbeStopping,
 }
 
 /// Unset bounds.
@@ -119,7 +108,9 @@ pub struct Bbr3 {
     full_bw_rounds: u32,
     filled: bool,
     // ProbeBw.
-    ack_phase: AckPhase,
+    /// A probe just ended (Down began): the next round's acknowledgements are the last of the
+    /// probe's packets (Linux's ACKS_PROBE_STOPPING; its other ack phases change nothing here).
+    probe_stopping: bool,
     cycle_stamp: Option<Instant>,
     probe_wait: Duration,
     rounds_since_probe: u64,
@@ -173,7 +164,7 @@ impl Bbr3 {
             full_bw: 0,
             full_bw_rounds: 0,
             filled: false,
-            ack_phase: AckPhase::Init,
+            probe_stopping: false,
             cycle_stamp: None,
             probe_wait: PROBE_WAIT,
             rounds_since_probe: 0,
@@ -191,22 +182,9 @@ impl Bbr3 {
         }
     }
 
-    pub fn state(&self) -> State {
-        self.state
-    }
-
     /// The bandwidth the model uses: the estimate within the lower bound, bytes/s.
     pub fn bandwidth(&self) -> u64 {
         self.max_bw.get().min(self.bw_lo)
-    }
-
-    pub fn min_rtt(&self) -> Option<Duration> {
-        self.min_rtt.get()
-    }
-
-    /// The upper bound on bytes in flight, once a probe met too much loss.
-    pub fn inflight_hi(&self) -> Option<u64> {
-        (self.inflight_hi != NONE).then_some(self.inflight_hi)
     }
 
     /// `gain` bandwidth-delay products, once both estimates exist.
@@ -267,7 +245,7 @@ impl Bbr3 {
         self.rounds_since_probe = u64::from(self.random() < 0.5);
         self.probe_wait = PROBE_WAIT + PROBE_WAIT_RAND.mul_f64(self.random());
         self.cycle_stamp = Some(now);
-        self.ack_phase = AckPhase::ProbeStopping;
+        self.probe_stopping = true;
         self.state = State::Down;
     }
 
@@ -276,12 +254,12 @@ impl Bbr3 {
         self.inflight_lo = NONE;
         self.probe_up_rounds = 0;
         self.probe_up_acked = 0;
-        self.ack_phase = AckPhase::Refilling;
+        self.probe_stopping = false;
         self.state = State::Refill;
     }
 
     fn start_up(&mut self, now: Instant) {
-        self.ack_phase = AckPhase::ProbeStarting;
+        self.probe_stopping = false;
         self.cycle_stamp = Some(now);
         self.state = State::Up;
         self.raise_inflight_hi_slope();
@@ -321,25 +299,19 @@ impl Bbr3 {
     }
 
     /// The upper bound from this acknowledgement's loss (ProbeBw and the states around it).
-    /// Returns whether it changed the state.
-    fn adapt_upper_bounds(&mut self, now: Instant, s: &Sample, app_limited: bool) -> bool {
-        if self.ack_phase == AckPhase::ProbeStarting && self.round_start {
-            self.ack_phase = AckPhase::ProbeFeedback;
-        }
-        if self.ack_phase == AckPhase::ProbeStopping && self.round_start {
+    fn adapt_upper_bounds(&mut self, now: Instant, s: &Sample, app_limited: bool) {
+        if self.probe_stopping && self.round_start {
             // The probe's acknowledgements are all in: its samples are the freshest chance of
             // the path's bandwidth, so the filter may now forget the older cycle.
             self.probe_samples = false;
-            self.ack_phase = AckPhase::Init;
+            self.probe_stopping = false;
             if self.in_probe_bw() && !app_limited {
                 self.cycle_count += 1;
             }
         }
         if self.too_high(s) {
             if self.probe_samples {
-                let state = self.state;
                 self.inflight_too_high(now, s, app_limited);
-                return self.state != state;
             }
         } else if self.inflight_hi != NONE {
             if s.in_flight > self.inflight_hi {
@@ -349,7 +321,6 @@ impl Bbr3 {
                 self.probe_inflight_hi_upward(s);
             }
         }
-        false
     }
 
     fn probe_inflight_hi_upward(&mut self, s: &Sample) {

@@ -600,6 +600,10 @@ async fn stream_writer(
         let budget = pacer.budget(now).min(STREAM_BATCH);
         batch.clear();
         let mut packets = Dropped::default();
+        // The send time, for the receiver's playout (`stream_rx`): when the frames enter the
+        // stream, so the wait in our own queue is not taken for the path's. One clock read
+        // serves the batch.
+        let sent_us = stream_rx::clock_us();
         while batch.len() < budget {
             let Some(frame) = queue.pop(now, &mut |f: Bytes| stale.add(&f)) else {
                 break;
@@ -607,11 +611,8 @@ async fn stream_writer(
             packets.add(&frame);
             let at = batch.len();
             batch.extend_from_slice(&frame);
-            // The send time, for the receiver's playout (`stream_rx`): when it enters the
-            // stream, so the wait in our own queue is not taken for the path's.
             let len = u16::from_be_bytes([frame[0], frame[1]]);
-            batch[at..at + STREAM_HEADER]
-                .copy_from_slice(&stream_rx::header(len, stream_rx::clock_us()));
+            batch[at..at + STREAM_HEADER].copy_from_slice(&stream_rx::header(len, sent_us));
         }
         // A frame that waited too long was dropped rather than added to the delay of
         // everything behind it (`reliable::queue_wait`).
