@@ -8,14 +8,25 @@ use std::time::{Duration, Instant};
 use crate::drops::{DropReason, Drops};
 use crate::packet::PacketInfo;
 use crate::paths::{PathId, PathSet, Transition};
+use crate::reseq::Sequencer;
 use crate::scheduler::{Policy, Scheduler};
 
 /// How often the scheduler's housekeeping (flow expiry) runs.
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
 
+/// Where an inner packet goes: its path, and for per-packet policies its flow slot and
+/// sequence number (`wire::BOND_DATA`), which must reach the peer with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    pub path: PathId,
+    pub seq: Option<(u16, u32)>,
+}
+
 #[derive(Debug)]
 pub struct Bond {
     scheduler: Box<dyn Scheduler>,
+    /// Per-packet policies: each flow's packets are numbered for the receiver's resequencer.
+    sequencer: Option<Sequencer>,
     /// Drops not attributable to one path (no path, malformed input...).
     pub drops: Drops,
     last_housekeeping: Option<Instant>,
@@ -25,6 +36,7 @@ impl Bond {
     pub fn new(policy: Policy) -> Self {
         Bond {
             scheduler: policy.scheduler(),
+            sequencer: policy.per_packet().then(Sequencer::default),
             drops: Drops::default(),
             last_housekeeping: None,
         }
@@ -47,13 +59,17 @@ impl Bond {
         info: Option<&PacketInfo>,
         len: usize,
         now: Instant,
-    ) -> Option<PathId> {
-        let chosen = self.scheduler.pick(paths, info, now);
-        match chosen {
-            Some(id) => paths.count_tx(id, len, now),
-            None => self.drops.add(DropReason::NoPath),
-        }
-        chosen
+    ) -> Option<Route> {
+        let Some(path) = self.scheduler.pick(paths, info, len, now) else {
+            self.drops.add(DropReason::NoPath);
+            return None;
+        };
+        paths.count_tx(path, len, now);
+        let seq = self.sequencer.as_mut().map(|s| {
+            let slot = Sequencer::slot(info.map(PacketInfo::flow_hash));
+            s.next(slot, now)
+        });
+        Some(Route { path, seq })
     }
 
     /// A path changed state: placements on a path that is no longer up are forgotten.

@@ -43,9 +43,51 @@ pub struct PathCounters {
     pub handed_over: u64,
 }
 
+/// What the transport says of a path's capacity, for the schedulers that spread packets by it
+/// (`scheduler::Wlb`, `scheduler::MinRtt`). The shell refreshes it before routing each batch;
+/// routing a packet adds it to `backlog` until the next refresh.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PathLoad {
+    /// The rate the path's congestion controller sends at (bits/s).
+    pub rate: Option<u64>,
+    /// The transport's smoothed RTT.
+    pub rtt: Option<Duration>,
+    /// Bytes waiting in the transport for the controller to let them out.
+    pub backlog: u64,
+    /// The congestion window and what is in flight in it, when the transport says.
+    pub window: Option<u64>,
+    pub in_flight: u64,
+    /// The most the transport can hold waiting (beyond it, it refuses packets), if bounded.
+    pub backlog_limit: Option<u64>,
+}
+
+impl PathLoad {
+    /// Its waiting packets fill half the transport's queue or more: another path is better
+    /// unless all are like it (the queue's end is where packets are refused, and our rate
+    /// estimates are not exact enough to run it to the brim).
+    pub fn crowded(&self) -> bool {
+        self.backlog_limit.is_some_and(|l| self.backlog * 2 >= l)
+    }
+
+    /// Bytes the path can take now before they wait: room left in its window (less what waits
+    /// for it already); without a window, what it sends in `within` at its rate, less the
+    /// backlog.
+    pub fn room(&self, within: Duration, default_rate: u64) -> u64 {
+        match self.window {
+            Some(w) => w.saturating_sub(self.in_flight + self.backlog),
+            None => {
+                let rate = self.rate.unwrap_or(default_rate);
+                let r = (rate / 8).saturating_mul(within.as_micros() as u64) / 1_000_000;
+                r.saturating_sub(self.backlog)
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Path {
     pub spec: PathSpec,
+    pub load: PathLoad,
     /// `None` while the path has no live connection.
     pub health: Option<PathHealth>,
     pub counters: PathCounters,
@@ -157,12 +199,18 @@ impl PathSet {
         }
         self.paths.push(Path {
             spec,
+            load: PathLoad::default(),
             health: None,
             counters: PathCounters::default(),
             drops: Drops::default(),
             connects: 0,
         });
         Some(PathId((self.paths.len() - 1) as u16))
+    }
+
+    /// The transport's view of a path's capacity now (`PathLoad`).
+    pub fn set_load(&mut self, id: PathId, load: PathLoad) {
+        self.paths[id.index()].load = load;
     }
 
     /// Update a path's priority/weight (the server learns them from each hello).
@@ -294,6 +342,7 @@ impl PathSet {
 
     /// Count a packet of `len` bytes sent on `id`.
     pub fn count_tx(&mut self, id: PathId, len: usize, now: Instant) {
+        self.paths[id.index()].load.backlog += len as u64;
         let c = &mut self.paths[id.index()].counters;
         c.tx_packets += 1;
         c.tx_bytes += len as u64;

@@ -5,17 +5,22 @@
 
 use std::time::{Duration, Instant};
 
-use crate::bond::Bond;
+use crate::bond::{Bond, Route};
 use crate::drops::DropReason;
 use crate::health::{HealthConfig, PeerView};
 use crate::packet::PacketInfo;
-use crate::paths::{PathId, PathSet, PathSpec, ProbeDue, Transition};
+use crate::paths::{PathId, PathLoad, PathSet, PathSpec, ProbeDue, Transition};
+use crate::reseq::{self, Resequencer, Verdict};
 use crate::scheduler::Policy;
 
 #[derive(Debug)]
 pub struct Router {
     paths: PathSet,
     bond: Bond,
+    /// Puts the peer's per-packet bonded flows back in order (whatever our own policy is:
+    /// the peer's client chose the policy for both directions, but a mixed state during a
+    /// change must not lose packets).
+    reseq: Resequencer,
 }
 
 impl Router {
@@ -23,6 +28,7 @@ impl Router {
         Router {
             paths: PathSet::new(health),
             bond: Bond::new(policy),
+            reseq: Resequencer::default(),
         }
     }
 
@@ -31,6 +37,41 @@ impl Router {
     }
     pub fn bond(&self) -> &Bond {
         &self.bond
+    }
+    pub fn reseq(&self) -> &Resequencer {
+        &self.reseq
+    }
+
+    /// The transport's view of `id`'s capacity (before routing a batch).
+    pub fn set_load(&mut self, id: PathId, load: PathLoad) {
+        self.paths.set_load(id, load);
+    }
+
+    /// A bonded packet (`wire::BOND_DATA`) arrived on `id`: deliver it now, hold it, or drop
+    /// it as a duplicate; then take `released`.
+    pub fn on_bonded(
+        &mut self,
+        id: PathId,
+        slot: u16,
+        seq: u32,
+        pkt: &[u8],
+        now: Instant,
+    ) -> Verdict {
+        let up = self
+            .paths
+            .iter()
+            .filter(|(_, p)| p.is_up())
+            .map(|(i, _)| i.index());
+        self.reseq.set_active(up);
+        self.reseq.on_packet(now, id.index(), slot, seq, pkt)
+    }
+
+    /// Packets the resequencer released (after `on_bonded` or `poll`), in order, with the path
+    /// each arrived on.
+    pub fn released(&mut self) -> Option<(PathId, Vec<u8>)> {
+        let (i, pkt) = self.reseq.ready()?;
+        let id = self.paths.ids().nth(i)?;
+        Some((id, pkt))
     }
 
     /// The id of the path called `spec.name`, added if new; its spec is refreshed (the server
@@ -79,14 +120,25 @@ impl Router {
             self.bond.on_transition(t);
         }
         self.bond.poll(now);
+        let up = self.paths.iter().filter(|(_, p)| p.is_up());
+        let rtts = up.filter_map(|(_, p)| {
+            let h = p.health.as_ref()?;
+            Some((h.srtt()?, h.view().rttvar))
+        });
+        self.reseq.set_max_wait(reseq::wait_for(rtts));
+        self.reseq.poll(now);
     }
 
     /// The earliest time `poll` has work to do; the shell sleeps until then (or until an event).
     pub fn next_deadline(&self) -> Option<Instant> {
-        [self.paths.next_deadline(), self.bond.next_deadline()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.paths.next_deadline(),
+            self.bond.next_deadline(),
+            self.reseq.next_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     pub fn on_probe_reply(&mut self, id: PathId, seq: u32, now: Instant) -> Option<Transition> {
@@ -116,7 +168,7 @@ impl Router {
 
     /// The path for an inner packet of `len` bytes, counted as sent there; `None` (counted as
     /// `no_path`) when no path is connected.
-    pub fn route(&mut self, info: Option<&PacketInfo>, len: usize, now: Instant) -> Option<PathId> {
+    pub fn route(&mut self, info: Option<&PacketInfo>, len: usize, now: Instant) -> Option<Route> {
         self.bond.route(&mut self.paths, info, len, now)
     }
 
@@ -225,16 +277,16 @@ mod tests {
         let mut r = Router::new(Policy::Failover, HealthConfig::default());
         let p1 = r.path(spec("wan1", 2, 1)).unwrap();
         let p0 = r.path(spec("wan0", 1, 1)).unwrap();
-        assert_eq!(r.route(None, 100, t0), None);
+        assert_eq!(r.route(None, 100, t0).map(|r| r.path), None);
         assert_eq!(r.bond().drops.get(DropReason::NoPath), 1);
         r.connected(p1, t0);
         // Only a probing path: best effort.
-        assert_eq!(r.route(None, 100, t0), Some(p1));
+        assert_eq!(r.route(None, 100, t0).map(|r| r.path), Some(p1));
         r.connected(p0, t0);
         up_all(&mut r, t0);
-        assert_eq!(r.route(None, 100, t0), Some(p0));
+        assert_eq!(r.route(None, 100, t0).map(|r| r.path), Some(p0));
         r.disconnected(p0);
-        assert_eq!(r.route(None, 100, t0), Some(p1));
+        assert_eq!(r.route(None, 100, t0).map(|r| r.path), Some(p1));
         assert_eq!(r.paths().get(p1).counters.tx_packets, 2);
     }
 
@@ -246,10 +298,10 @@ mod tests {
         for port in 0..9u16 {
             let pkt = tcp4([10, 0, 0, 1], [10, 0, 0, 2], 1000 + port, 80, None);
             let info = PacketInfo::parse(&pkt).unwrap();
-            let first = r.route(Some(&info), pkt.len(), t0).unwrap();
+            let first = r.route(Some(&info), pkt.len(), t0).map(|r| r.path).unwrap();
             for _ in 0..5 {
                 assert_eq!(
-                    r.route(Some(&info), pkt.len(), t0),
+                    r.route(Some(&info), pkt.len(), t0).map(|r| r.path),
                     Some(first),
                     "flow pinned"
                 );
@@ -271,12 +323,12 @@ mod tests {
         for port in 0..4u16 {
             let pkt = tcp4([10, 0, 0, 1], [10, 0, 0, 2], port, 80, None);
             let info = PacketInfo::parse(&pkt).unwrap();
-            assert_eq!(r.route(Some(&info), 60, t0), Some(a));
+            assert_eq!(r.route(Some(&info), 60, t0).map(|r| r.path), Some(a));
         }
         r.disconnected(a);
         let pkt = tcp4([10, 0, 0, 1], [10, 0, 0, 2], 0, 80, None);
         let info = PacketInfo::parse(&pkt).unwrap();
-        assert_eq!(r.route(Some(&info), 60, t0), Some(backup));
+        assert_eq!(r.route(Some(&info), 60, t0).map(|r| r.path), Some(backup));
     }
 
     #[test]

@@ -17,6 +17,11 @@ pub const FEC_REPAIR: u8 = 0x04;
 /// tested. Its reply has the same layout and the same length, so it tests the way back too.
 pub const MTU_PROBE: u8 = 0x05;
 pub const MTU_PROBE_REPLY: u8 = 0x06;
+/// An inner packet of a per-packet bonded flow (`reseq.rs`): type, flow slot (u16), sequence
+/// number in the slot (u32), the packet. Inside an FEC data packet or a reliable-mode stream
+/// frame too: it is the bond's header, in front of the packet whatever carries it.
+pub const BOND_DATA: u8 = 0x07;
+pub const BOND_HEADER: usize = 7;
 pub const FEC_DATA_HEADER: usize = 4;
 pub const FEC_REPAIR_HEADER: usize = 6;
 /// Type and sequence number: a probe reply, or a probe without the sender's view.
@@ -47,6 +52,12 @@ pub enum Datagram<'a> {
         len: usize,
     },
     MtuProbeReply(u32),
+    /// An inner packet with its flow slot and sequence number (`BOND_DATA`).
+    Bonded {
+        slot: u16,
+        seq: u32,
+        packet: &'a [u8],
+    },
 }
 
 /// A repair packet of an FEC group (`FEC_REPAIR`).
@@ -72,6 +83,7 @@ pub fn decode(buf: &[u8]) -> Option<Datagram<'_>> {
     match first {
         FEC_DATA => return decode_fec_data(buf),
         FEC_REPAIR => return decode_fec_repair(buf),
+        BOND_DATA => return decode_bonded(buf),
         _ => {}
     }
     if buf.len() < PROBE_LEN {
@@ -128,6 +140,21 @@ fn decode_fec_repair(buf: &[u8]) -> Option<Datagram<'_>> {
         m,
         shard,
     }))
+}
+
+fn decode_bonded(buf: &[u8]) -> Option<Datagram<'_>> {
+    let packet = buf.get(BOND_HEADER..).filter(|p| !p.is_empty())?;
+    Some(Datagram::Bonded {
+        slot: u16::from_be_bytes([buf[1], buf[2]]),
+        seq: u32::from_be_bytes([buf[3], buf[4], buf[5], buf[6]]),
+        packet,
+    })
+}
+
+/// The bond's header in front of an inner packet (`BOND_DATA`).
+pub fn encode_bonded(slot: u16, seq: u32) -> [u8; BOND_HEADER] {
+    let (a, b) = (slot.to_be_bytes(), seq.to_be_bytes());
+    [BOND_DATA, a[0], a[1], b[0], b[1], b[2], b[3]]
 }
 
 /// The header in front of an FEC-protected inner packet.
@@ -334,6 +361,29 @@ mod fec_tests {
         assert_eq!(decode(&[0x04, 0, 0, 0, 10, 0, 0, 1, 0]), None);
         assert_eq!(decode(&[0x04, 0, 0, 0, 200, 2, 0, 1, 0]), None);
         assert_eq!(decode(&[0x04, 0, 0, 0, 10, 2, 0, 1]), None);
+    }
+}
+
+#[cfg(test)]
+mod bond_tests {
+    use super::*;
+
+    #[test]
+    fn bond_vectors() {
+        assert_eq!(
+            encode_bonded(0x0102, 0x0a0b0c0d),
+            [0x07, 0x01, 0x02, 0x0a, 0x0b, 0x0c, 0x0d]
+        );
+        assert_eq!(
+            decode(&[0x07, 0x01, 0x02, 0x0a, 0x0b, 0x0c, 0x0d, 0x45, 0x00]),
+            Some(Datagram::Bonded {
+                slot: 0x0102,
+                seq: 0x0a0b0c0d,
+                packet: &[0x45, 0x00]
+            })
+        );
+        // No packet behind the header.
+        assert_eq!(decode(&[0x07, 0, 1, 0, 0, 0, 1]), None);
     }
 }
 

@@ -13,7 +13,7 @@ use crate::emu::LinkSpec;
 
 /// Features mpquic does not have yet; a scenario that requires one reports "unsupported" for
 /// mpquic and still runs its other systems.
-pub const NOT_YET: &[&str] = &["stripe", "pipes", "classes", "wlb", "minrtt", "redundant"];
+pub const NOT_YET: &[&str] = &["stripe", "pipes", "classes", "redundant"];
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -435,7 +435,7 @@ impl MpquicOpts {
             .filter(|r| NOT_YET.contains(&r.as_str()))
             .cloned()
             .collect();
-        if !matches!(self.policy.as_str(), "failover" | "balanced") {
+        if mpquic_core::Policy::parse(&self.policy).is_none() {
             v.push(format!("policy {}", self.policy));
         }
         v

@@ -398,6 +398,11 @@ impl<P: Clone> Link<P> {
         min.saturating_sub(MARGIN)
     }
 
+    /// Packets waiting to be sent (shapers and queue; not those on the wire).
+    pub fn queued(&self) -> usize {
+        self.flow_wait.len() + self.queue.len()
+    }
+
     /// Packets inside the link (shapers, queue, in flight).
     pub fn backlog(&self) -> usize {
         self.flow_wait.len() + self.queue.len() + self.in_flight.len()

@@ -10,8 +10,8 @@ use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
 
-/// Free bytes before every packet, for a transport's header (a sequence number for a resequencer,
-/// a stripe or FEC header, an AEAD nonce).
+/// Free bytes before every packet, for the headers stacked in front of it (the bond's 7-byte
+/// numbering, FEC's 4, reliable mode's 6-byte frame header; later a stripe header, a nonce).
 pub const HEADROOM: usize = 32;
 /// Packets one batch holds: one TUN wake-up reads at most this many before they are sent (the
 /// first waits for the last, so a batch is kept short).
@@ -124,6 +124,31 @@ impl PacketBatch {
         let (r, h) = &mut self.packets[i];
         *h = header;
         Some(&mut self.buf[r.start - header..r.end])
+    }
+
+    /// Put `header` in front of whatever header packet `i` has already (the bond's numbering
+    /// first, then FEC's, then the transport's framing): false when the headroom is used up or
+    /// the batch is shared already.
+    pub fn push_header(&mut self, i: usize, header: &[u8]) -> bool {
+        let total = self.packets[i].1 + header.len();
+        match self.with_header_mut(i, total) {
+            Some(w) => {
+                w[..header.len()].copy_from_slice(header);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Packet `i` with its headers, without the first `skip` bytes of them (a transport's
+    /// own framing that a packet leaving another way does not carry).
+    pub fn headed(&self, i: usize, skip: usize) -> &[u8] {
+        let (r, h) = self.packets[i].clone();
+        let r = r.start - h + skip.min(h)..r.end;
+        match &self.frozen {
+            Some(b) => &b[r],
+            None => &self.buf[r],
+        }
     }
 
     /// Whether headers can still be written (`with_header_mut`): no transport has taken packets

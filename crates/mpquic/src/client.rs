@@ -57,7 +57,13 @@ pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<
         .map(|p| platform.link_mtu(&p.bind))
         .min()
         .unwrap_or(quic::DEFAULT_LINK_MTU);
-    let mtu = runtime::tun_mtu(&cfg, link_mtu);
+    // A per-packet policy numbers every packet (`wire::BOND_HEADER` more bytes in front).
+    let bond_header = if ccfg.policy.per_packet() {
+        mpquic_core::wire::BOND_HEADER as u32
+    } else {
+        0
+    };
+    let mtu = runtime::tun_mtu(&cfg, link_mtu.saturating_sub(bond_header));
     let tun = Arc::new(platform.tun(&cfg.tun_name)?);
     tun.set_mtu(mtu)?;
     tun.disable_ipv6();

@@ -24,7 +24,7 @@ pub const DEFAULT_LINK_MTU: u32 = 1500;
 const IDLE_TIMEOUT: Duration = Duration::from_secs(15);
 /// Datagrams the engine may queue beyond its congestion window: about 40 ms at 100 Mbit/s. Kept
 /// small because a deep queue here is latency for every flow on the path.
-const DATAGRAM_SEND_BUFFER: usize = 512 * 1024;
+pub(crate) const DATAGRAM_SEND_BUFFER: usize = 512 * 1024;
 
 pub fn transport(cc: Congestion, link_mtu: u32) -> Arc<TransportConfig> {
     let mut t = TransportConfig::default();
@@ -50,16 +50,110 @@ pub fn transport(cc: Congestion, link_mtu: u32) -> Arc<TransportConfig> {
     t.send_window(32 << 20);
     t.max_concurrent_bidi_streams(4u32.into());
     t.max_concurrent_uni_streams(0u32.into());
-    match cc {
-        Congestion::Cubic => t.congestion_controller_factory(Arc::new(CubicConfig::default())),
-        Congestion::Newreno => t.congestion_controller_factory(Arc::new(NewRenoConfig::default())),
-        Congestion::QuinnBbr => t.congestion_controller_factory(Arc::new(BbrConfig::default())),
-        Congestion::Bbr => t.congestion_controller_factory(core(|mtu| Box::new(cc::Bbr::new(mtu)))),
-        Congestion::Bbr3 => {
-            t.congestion_controller_factory(core(|mtu| Box::new(cc::Bbr3::new(mtu))))
-        }
+    let factory: Arc<dyn quinn::congestion::ControllerFactory + Send + Sync> = match cc {
+        Congestion::Cubic => Arc::new(CubicConfig::default()),
+        Congestion::Newreno => Arc::new(NewRenoConfig::default()),
+        Congestion::QuinnBbr => Arc::new(BbrConfig::default()),
+        Congestion::Bbr => core(|mtu| Box::new(cc::Bbr::new(mtu))),
+        Congestion::Bbr3 => core(|mtu| Box::new(cc::Bbr3::new(mtu))),
     };
+    t.congestion_controller_factory(Arc::new(Tracked(factory)));
     Arc::new(t)
+}
+
+/// Any controller, with the bytes in flight kept beside it: the per-packet schedulers need to
+/// know whether a path's window has room (`window - in_flight`), and quinn tells only its
+/// controller (`on_end_acks`). Read through `window_room`.
+struct Tracked(Arc<dyn quinn::congestion::ControllerFactory + Send + Sync>);
+
+impl quinn::congestion::ControllerFactory for Tracked {
+    fn build(
+        self: Arc<Self>,
+        now: std::time::Instant,
+        current_mtu: u16,
+    ) -> Box<dyn quinn::congestion::Controller> {
+        Box::new(TrackedController {
+            inner: self.0.clone().build(now, current_mtu),
+            in_flight: 0,
+        })
+    }
+}
+
+struct TrackedController {
+    inner: Box<dyn quinn::congestion::Controller>,
+    /// As of the last ACK batch, less what was declared lost, plus what was sent since.
+    in_flight: u64,
+}
+
+/// What `conn`'s controller says now: its window and the bytes in flight in it.
+pub fn controller_view(conn: &quinn::Connection) -> (u64, u64) {
+    let cc = conn.congestion_state();
+    let window = cc.window();
+    let in_flight = cc
+        .into_any()
+        .downcast::<TrackedController>()
+        .map_or(0, |t| t.in_flight);
+    (window, in_flight)
+}
+
+impl quinn::congestion::Controller for TrackedController {
+    fn on_sent(&mut self, now: std::time::Instant, bytes: u64, last_packet_number: u64) {
+        self.in_flight += bytes;
+        self.inner.on_sent(now, bytes, last_packet_number);
+    }
+    fn on_ack(
+        &mut self,
+        now: std::time::Instant,
+        sent: std::time::Instant,
+        bytes: u64,
+        app_limited: bool,
+        rtt: &quinn_proto::RttEstimator,
+    ) {
+        self.inner.on_ack(now, sent, bytes, app_limited, rtt);
+    }
+    fn on_end_acks(
+        &mut self,
+        now: std::time::Instant,
+        in_flight: u64,
+        app_limited: bool,
+        largest_packet_num_acked: Option<u64>,
+    ) {
+        self.in_flight = in_flight;
+        self.inner
+            .on_end_acks(now, in_flight, app_limited, largest_packet_num_acked);
+    }
+    fn on_congestion_event(
+        &mut self,
+        now: std::time::Instant,
+        sent: std::time::Instant,
+        is_persistent_congestion: bool,
+        lost_bytes: u64,
+    ) {
+        self.in_flight = self.in_flight.saturating_sub(lost_bytes);
+        self.inner
+            .on_congestion_event(now, sent, is_persistent_congestion, lost_bytes);
+    }
+    fn on_mtu_update(&mut self, new_mtu: u16) {
+        self.inner.on_mtu_update(new_mtu);
+    }
+    fn window(&self) -> u64 {
+        self.inner.window()
+    }
+    fn metrics(&self) -> quinn::congestion::ControllerMetrics {
+        self.inner.metrics()
+    }
+    fn clone_box(&self) -> Box<dyn quinn::congestion::Controller> {
+        Box::new(TrackedController {
+            inner: self.inner.clone_box(),
+            in_flight: self.in_flight,
+        })
+    }
+    fn initial_window(&self) -> u64 {
+        self.inner.initial_window()
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
+    }
 }
 
 /// Builds one of the core's controllers for a datagram size.

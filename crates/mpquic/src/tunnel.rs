@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use mpquic_core::fec::{self, FecMode};
 use mpquic_core::pmtu::{PathMtu, Resize};
+use mpquic_core::reseq::Verdict;
 use mpquic_core::wire::{self, Datagram};
 use mpquic_core::{
     DropReason, HealthConfig, HealthMode, PacketInfo, PathId, PathSpec, PathState, Policy,
@@ -91,6 +92,9 @@ pub struct Tunnel {
     expect_src: Option<Ipv4Addr>,
     /// This side probes its paths (the client): it also watches their MTU.
     watch_mtu: bool,
+    /// The policy spreads a flow's packets (numbered for the peer's resequencer): routing
+    /// needs each path's load first.
+    per_packet: bool,
     state: Mutex<State>,
     /// Wakes the timer task when the core's next deadline may have moved earlier (a path was
     /// connected, a state changed, a packet woke a quiet tunnel), so it can sleep until that
@@ -117,6 +121,7 @@ impl Tunnel {
             fec,
             expect_src,
             watch_mtu: health == HealthMode::Probe,
+            per_packet: policy.per_packet(),
             state: Mutex::new(State {
                 router: Router::new(
                     policy,
@@ -260,14 +265,27 @@ impl Tunnel {
     ) {
         let now = Instant::now();
         scratch.clear();
+        if self.per_packet {
+            self.refresh_loads(&mut scratch.loads);
+        }
         {
             let mut s = self.lock();
+            for (path, load) in scratch.loads.drain(..) {
+                s.router.set_load(path, load);
+            }
             let mut group_opened = false;
             for &i in which {
                 let len = batch.packet(i).len();
-                let Some(path) = s.router.route(infos[i].as_ref(), len, now) else {
+                let Some(route) = s.router.route(infos[i].as_ref(), len, now) else {
                     continue; // counted as no_path by the bond
                 };
+                let path = route.path;
+                // The bond's numbering goes first, next to the packet; a batch another
+                // session already shares cannot take it (the packet then goes unnumbered and
+                // the peer hands it on at once).
+                if let Some((slot, seq)) = route.seq {
+                    batch.push_header(i, &wire::encode_bonded(slot, seq));
+                }
                 let Some(link) = s.link(path) else {
                     s.router.drop_tx(path, len, DropReason::NoPath);
                     continue;
@@ -280,17 +298,17 @@ impl Tunnel {
                 if self.fec != FecMode::Off && batch.headers_writable() {
                     let enc = &mut s.fec[path.index()].enc;
                     let idle = enc.deadline().is_none();
-                    if let Some(h) = enc.on_data(now, batch.packet(i), &mut share.repairs) {
+                    if let Some(h) = enc.on_data(now, batch.headed(i, 0), &mut share.repairs) {
                         group_opened |= idle;
-                        if let Some(w) = batch.with_header_mut(i, h.len()) {
-                            w[..h.len()].copy_from_slice(&h);
-                        }
+                        batch.push_header(i, &h);
                     }
                 }
             }
             self.wake_timers_if(s.router.take_woken() || group_opened);
         }
-        let Routed { per_path, refused } = scratch;
+        let Routed {
+            per_path, refused, ..
+        } = scratch;
         // Every transport writes its headers before any takes packets (then they are shared).
         for share in per_path.iter() {
             if let Some((_, t)) = &share.to {
@@ -334,6 +352,20 @@ impl Tunnel {
                 let _ = self.tun.send(&reply);
             }
         }
+    }
+
+    /// Each connected path's load as its transport sees it now (`PathLoad`), read outside the
+    /// tunnel's lock (it takes the QUIC connection's).
+    fn refresh_loads(&self, out: &mut Vec<(PathId, mpquic_core::PathLoad)>) {
+        let transports: Vec<(PathId, Arc<dyn PathTransport>)> = {
+            let s = self.lock();
+            s.router
+                .paths()
+                .ids()
+                .filter_map(|id| s.link(id).map(|l| (id, l.transport.clone())))
+                .collect()
+        };
+        out.extend(transports.into_iter().map(|(id, t)| (id, t.load())));
     }
 
     /// Connecting `path` with packets of `payload` failed (a larger size tried, or any size
@@ -412,6 +444,43 @@ impl Tunnel {
         }
     }
 
+    /// An inner packet from `path` as the peer's bond sent it (inside an FEC data packet or a
+    /// stream frame): bare, or numbered for the resequencer (`BOND_DATA`).
+    fn receive_inner(&self, path: PathId, bytes: &[u8]) {
+        match wire::decode(bytes) {
+            Some(Datagram::Packet(p)) => self.deliver(path, p),
+            Some(Datagram::Bonded { slot, seq, packet }) => {
+                self.deliver_bonded(path, slot, seq, packet)
+            }
+            _ => self.lock().router.drop_on(path, DropReason::Malformed, 1),
+        }
+    }
+
+    /// A numbered packet: delivered now, held for the ones before it, or dropped as a
+    /// duplicate (counted by the resequencer); what it releases goes on behind it.
+    fn deliver_bonded(&self, path: PathId, slot: u16, seq: u32, packet: &[u8]) {
+        let mut released = Vec::new();
+        let verdict = {
+            let mut s = self.lock();
+            let v = s.router.on_bonded(path, slot, seq, packet, Instant::now());
+            while let Some(r) = s.router.released() {
+                released.push(r);
+            }
+            // The first packet held sets a deadline the timer task does not know yet (later
+            // ones' deadlines come after it).
+            if v == Verdict::Held && s.router.reseq().holding() == 1 {
+                self.timers_changed.notify_one();
+            }
+            v
+        };
+        if verdict == Verdict::Deliver {
+            self.deliver(path, packet);
+        }
+        for (p, pkt) in released {
+            self.deliver(p, &pkt);
+        }
+    }
+
     /// A packet woke a quiet tunnel: its probes are due now, not when the timer task planned.
     fn wake_timers_if(&self, woken: bool) {
         if woken {
@@ -422,6 +491,9 @@ impl Tunnel {
     fn on_datagram(&self, path: PathId, transport: &dyn PathTransport, d: &[u8]) {
         match wire::decode(d) {
             Some(Datagram::Packet(p)) => self.deliver(path, p),
+            Some(Datagram::Bonded { slot, seq, packet }) => {
+                self.deliver_bonded(path, slot, seq, packet)
+            }
             Some(Datagram::Probe { seq, view }) => {
                 // Not sent when the buffer is full, like our own probes: never evict data.
                 let _ = transport.send_control(&wire::encode_probe(wire::PROBE_REPLY, seq));
@@ -452,10 +524,10 @@ impl Tunnel {
                         .on_data(Instant::now(), group, index, packet, &mut recovered)
                 });
                 if fresh {
-                    self.deliver(path, packet);
+                    self.receive_inner(path, packet);
                 }
                 for p in recovered {
-                    self.deliver(path, &p);
+                    self.receive_inner(path, &p);
                 }
             }
             Some(Datagram::MtuProbe { seq, len }) => {
@@ -474,7 +546,7 @@ impl Tunnel {
                     f.dec.on_repair(Instant::now(), &r, &mut recovered);
                 }
                 for p in recovered {
-                    self.deliver(path, &p);
+                    self.receive_inner(path, &p);
                 }
             }
             None => self.lock().router.drop_on(path, DropReason::Malformed, 1),
@@ -489,9 +561,13 @@ impl Tunnel {
         let mut changes: Vec<Transition> = Vec::new();
         let mut repairs: Vec<DueRepairs> = Vec::new();
         let mut mtu_probes: Vec<(Arc<dyn PathTransport>, Vec<u8>)> = Vec::new();
+        let mut released = Vec::new();
         let (due, next): (Vec<(ProbeDue, Arc<dyn PathTransport>)>, _) = {
             let mut s = self.lock();
             s.router.poll(now, &mut probes, &mut changes);
+            while let Some(r) = s.router.released() {
+                released.push(r);
+            }
             let due = probes
                 .iter()
                 .filter_map(|p| s.link(p.path).map(|l| (*p, l.transport.clone())))
@@ -508,6 +584,10 @@ impl Tunnel {
             }
             (due, next)
         };
+        // Packets whose wait for the ones before them ran out.
+        for (path, pkt) in released {
+            self.deliver(path, &pkt);
+        }
         for (transport, probe) in mtu_probes {
             // Refused when the datagram buffer is full: then it is lost, as it should be.
             let _ = transport.send_control(&probe);
@@ -781,8 +861,25 @@ impl Tunnel {
                 .iter()
                 .map(|(r, n)| (r.as_str().to_string(), n))
                 .collect(),
+            reorder: reorder_status(s.router.reseq()),
         }
     }
+}
+
+/// The resequencer's counters for status (`TunnelStatus::reorder`).
+fn reorder_status(r: &mpquic_core::reseq::Resequencer) -> std::collections::BTreeMap<String, u64> {
+    let c = r.counters;
+    [
+        ("held", c.held),
+        ("skipped", c.skipped),
+        ("timeouts", c.timeouts),
+        ("late", c.late),
+        ("duplicates", c.duplicates),
+        ("holding", r.holding() as u64),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
 }
 
 /// A path's FEC figures (encoder: what we send; decoder: what we receive).
@@ -821,6 +918,8 @@ pub struct Routed {
     per_path: Vec<PathShare>,
     /// Packets a transport refused: (path, packet, reason).
     refused: Vec<(PathId, usize, DropReason)>,
+    /// Per-packet policies: the paths' loads read before routing.
+    loads: Vec<(PathId, mpquic_core::PathLoad)>,
 }
 
 /// The packets of a batch that go on one path, and that path's transport (`None`: none).
@@ -884,7 +983,7 @@ impl Sink for LinkSink {
 
     fn on_stream_packet(&self, pkt: Option<&[u8]>) {
         match pkt {
-            Some(p) => self.tunnel.deliver(self.path, p),
+            Some(p) => self.tunnel.receive_inner(self.path, p),
             None => self
                 .tunnel
                 .lock()

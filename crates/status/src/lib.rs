@@ -114,6 +114,10 @@ pub struct TunnelStatus {
     pub fec: String,
     pub paths: Vec<PathStatus>,
     pub drops: BTreeMap<String, u64>,
+    /// Per-packet bonding, the peer's flows put back in order here (`mpquic_core::reseq`):
+    /// held, skipped, timeouts, late, duplicates (counters) and holding (packets held now).
+    #[serde(default)]
+    pub reorder: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]

@@ -36,6 +36,17 @@ struct DropLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReorderLabels {
+    tunnel: String,
+    event: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TunnelLabels {
+    tunnel: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: String,
 }
@@ -283,6 +294,37 @@ impl StatusReport {
             "mpquic_refused_connections",
             "Connections the server refused, by reason",
             refused,
+        );
+
+        let reorder = Family::<ReorderLabels, Counter>::default();
+        let holding = Family::<TunnelLabels, Gauge>::default();
+        for t in &self.tunnels {
+            for (event, n) in &t.reorder {
+                if event == "holding" {
+                    holding
+                        .get_or_create(&TunnelLabels {
+                            tunnel: t.peer.clone(),
+                        })
+                        .set(*n as i64);
+                } else {
+                    reorder
+                        .get_or_create(&ReorderLabels {
+                            tunnel: t.peer.clone(),
+                            event: event.clone(),
+                        })
+                        .inc_by(*n);
+                }
+            }
+        }
+        registry.register(
+            "mpquic_reorder",
+            "Per-packet bonding at the receiver: packets held for earlier ones, missing ones skipped (timeouts: of those, after the wait ran out), late arrivals, duplicates dropped",
+            reorder,
+        );
+        registry.register(
+            "mpquic_reorder_holding",
+            "Packets the resequencer holds now",
+            holding,
         );
 
         for (name, help, value) in PATH_METRICS {

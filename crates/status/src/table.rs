@@ -71,6 +71,10 @@ impl StatusReport {
                     );
                 }
             }
+            let reorder = nonzero(&t.reorder);
+            if !reorder.is_empty() {
+                let _ = writeln!(o, "  reorder: {reorder}");
+            }
             let td = nonzero(&t.drops);
             if !td.is_empty() {
                 let _ = writeln!(o, "  tunnel drops: {td}");

@@ -184,7 +184,8 @@ fn general(raw: &RawConfig, c: &mut Checker) -> General {
     let policy = match raw.multipath_policy.as_deref() {
         None => Policy::Failover,
         Some(s) => Policy::parse(s).unwrap_or_else(|| {
-            c.unknown_value("multipath_policy", "policy", s, &["failover", "balanced"]);
+            let names: Vec<&str> = Policy::ALL.iter().map(|p| p.as_str()).collect();
+            c.unknown_value("multipath_policy", "policy", s, &names);
             Policy::Failover
         }),
     };

@@ -78,6 +78,8 @@ pub trait PathTransport: Send + Sync + 'static {
     fn send_control(&self, msg: &[u8]) -> Result<(), DropReason>;
     fn remote(&self) -> SocketAddr;
     fn stats(&self) -> TransportStats;
+    /// What the per-packet schedulers need, cheaply (read before routing each batch).
+    fn load(&self) -> mpquic_core::PathLoad;
     fn close(&self, code: u32, reason: &str);
     /// Resolves with the reason when the transport has ended (closed by either side, timed out).
     fn closed(&self) -> BoxFuture<'static, String>;

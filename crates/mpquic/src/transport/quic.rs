@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 use mpquic_core::pacing::Pacer;
 use mpquic_core::packet::is_pure_tcp_ack;
 use mpquic_core::sendq::SendQueue;
-use mpquic_core::{DropReason, PacketInfo};
+use mpquic_core::{DropReason, PacketInfo, PathLoad};
 use tokio::sync::mpsc;
 use tracing::warn;
 
@@ -114,10 +114,9 @@ impl PathTransport for QuicTransport {
         // Pure TCP ACKs get the header too, unused: `send_batch` sends them as datagrams from
         // the packet alone, and deciding once per packet (there) keeps one parse per packet.
         for &i in which {
-            let len = batch.packet(i).len() as u16;
-            if let Some(w) = batch.with_header_mut(i, STREAM_HEADER) {
-                w[..STREAM_HEADER].copy_from_slice(&stream_rx::header(len, 0));
-            }
+            // The frame carries the packet with the headers in front of it (the bond's).
+            let len = (batch.header_len(i) + batch.packet(i).len()) as u16;
+            batch.push_header(i, &stream_rx::header(len, 0));
         }
     }
 
@@ -131,9 +130,10 @@ impl PathTransport for QuicTransport {
         for &i in which {
             let sent = match &self.stream_tx {
                 // Reliable mode's pure TCP ACKs go as datagrams (`packet::is_pure_tcp_ack`).
-                Some(_) if is_pure_tcp_ack(batch.packet(i)) => {
-                    send_datagram(&self.conn, Bytes::copy_from_slice(batch.packet(i)))
-                }
+                Some(_) if is_pure_tcp_ack(batch.packet(i)) => send_datagram(
+                    &self.conn,
+                    Bytes::copy_from_slice(batch.headed(i, STREAM_HEADER)),
+                ),
                 Some(tx) => tx
                     .try_send((now, stream_frame(batch, i)))
                     .map_err(|e| match e {
@@ -172,6 +172,37 @@ impl PathTransport for QuicTransport {
                 .stream_tx
                 .as_ref()
                 .map(|_| stream_rx::delay(&self.playout_us)),
+        }
+    }
+
+    /// Rate: the window per RTT, which is what the pacer lets out whatever the controller
+    /// (a BBR's own pacing rate under-reads a path it has seen little traffic on, and the
+    /// scheduler then starves it: scenario 05 at one stream, 282 vs 308 Mbit/s).
+    /// Backlog: datagram mode, what waits in QUIC's datagram queue; reliable mode, the frames
+    /// waiting for the stream writer (at a full packet each: an estimate, the sizes are not
+    /// kept).
+    fn load(&self) -> PathLoad {
+        let (window, in_flight) = quic::controller_view(&self.conn);
+        let rtt = self.conn.rtt();
+        let per_rtt = (window * 8).saturating_mul(1_000_000) / (rtt.as_micros().max(1) as u64);
+        let (backlog, limit) = match &self.stream_tx {
+            Some(tx) => (
+                ((tx.max_capacity() - tx.capacity()) * 1400) as u64,
+                STREAM_QUEUE * 1400,
+            ),
+            None => (
+                quic::DATAGRAM_SEND_BUFFER.saturating_sub(self.conn.datagram_send_buffer_space())
+                    as u64,
+                quic::DATAGRAM_SEND_BUFFER,
+            ),
+        };
+        PathLoad {
+            rate: Some(per_rtt),
+            rtt: Some(rtt),
+            backlog,
+            window: Some(window),
+            in_flight,
+            backlog_limit: Some(limit as u64),
         }
     }
 
@@ -498,10 +529,16 @@ impl OfferReply for QuicOffer {
 /// the writer): framed in the batch's headroom by `prepare` (no copy), or copied when it was
 /// not.
 fn stream_frame(batch: &mut PacketBatch, i: usize) -> Bytes {
-    if batch.header_len(i) == STREAM_HEADER {
+    let (h, len) = (batch.header_len(i), batch.packet(i).len());
+    // Framed by `prepare` when the outermost header is a frame header for exactly this much
+    // (its send time still unset).
+    let framed = h >= STREAM_HEADER
+        && batch.headed(i, 0)[..STREAM_HEADER]
+            == stream_rx::header((h - STREAM_HEADER + len) as u16, 0);
+    if framed {
         return batch.framed(i);
     }
-    let p = batch.packet(i);
+    let p = batch.headed(i, 0);
     let mut b = BytesMut::with_capacity(STREAM_HEADER + p.len());
     b.extend_from_slice(&stream_rx::header(p.len() as u16, 0));
     b.extend_from_slice(p);

@@ -1,0 +1,652 @@
+//! Per-packet bonding's two halves: the sender numbers each flow's packets (`Sequencer`), the
+//! receiver puts them back in order (`Resequencer`) before they reach the TUN device.
+//!
+//! Why: a single TCP flow gets the sum of the links only if its packets go over all of them,
+//! and links with different RTTs then deliver them out of order; Linux TCP takes reordering
+//! beyond a few packets for loss and halves its window (seed 000: per-packet round robin over
+//! two Starlink links collapsed to 78 Mbit/s). Put back in order, the flow sees one link with
+//! the sum of the rates and the slower link's delay.
+//!
+//! Flows are identified by a 16-bit slot (the sender's flow hash folded; two flows sharing a
+//! slot are simply ordered together) carried in the packet header with a 32-bit sequence number
+//! per slot (docs/PROTOCOL.md, `BOND_DATA`).
+//!
+//! How the receiver decides a missing packet is lost rather than late: each path delivers in
+//! the order it was given packets (one QUIC connection, a FIFO route), so once every path that
+//! is up has delivered a later packet of the flow, the missing one is not coming:
+//! the gap is skipped at once. Otherwise it is skipped after `max_wait` (the shell sets it from
+//! the paths' delay difference and jitter). A packet that arrives after its gap was skipped is
+//! delivered anyway (counted `late`); one already delivered is dropped (`duplicates`: the
+//! `redundant` scheduler sends some packets twice). Memory is bounded: `MAX_HELD` packets in
+//! all, `MAX_HELD_PER_FLOW` per flow, `MAX_FLOWS` flows (idle ones forgotten first); beyond a
+//! bound the oldest gap is skipped rather than anything dropped.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// Slots the sender folds flow hashes into.
+pub const SLOTS: usize = 4096;
+const _: () = assert!(SLOTS <= START as usize);
+/// Packets held across all flows, and per flow.
+pub const MAX_HELD: usize = 4096;
+pub const MAX_HELD_PER_FLOW: usize = 1024;
+/// Sequence numbers below the next expected one whose delivery is remembered (duplicates).
+const WINDOW: u64 = 1024;
+/// Flows the receiver keeps state for, and how long an idle one is kept.
+const MAX_FLOWS: usize = 4096;
+const FLOW_IDLE: Duration = Duration::from_secs(30);
+/// Paths a flow's per-path progress is tracked for (more are treated as one).
+const TRACKED_PATHS: usize = 8;
+/// Bounds of the wait for a missing packet.
+pub const MIN_WAIT: Duration = Duration::from_millis(5);
+pub const MAX_WAIT: Duration = Duration::from_millis(250);
+
+/// The sender's half: the next sequence number of each slot, and when the slot was last used.
+///
+/// The receiver keeps no state for a flow it has not seen (or has forgotten after
+/// `FLOW_IDLE`), so it must know which packet starts it: the first packet of a flow, or of one
+/// idle for `RESTART_IDLE` (less than the receiver's `FLOW_IDLE`), carries `START` in its slot
+/// field. Packets of a flow the receiver does not know that arrive before the start are held
+/// until it comes (or is given up like any gap).
+#[derive(Debug, Default)]
+pub struct Sequencer {
+    slots: Vec<(u32, Option<Instant>)>,
+}
+
+/// The slot field's flag for a flow's (re)start; slots are below it.
+pub const START: u16 = 0x8000;
+/// Idle time after which a flow's next packet is marked as a (re)start.
+const RESTART_IDLE: Duration = Duration::from_secs(1);
+
+impl Sequencer {
+    /// The slot of a flow with this hash (unparsable packets: slot 0).
+    pub fn slot(flow_hash: Option<u64>) -> u16 {
+        flow_hash.map_or(0, |h| ((h ^ (h >> 32)) as usize % SLOTS) as u16)
+    }
+
+    /// Number a packet of `slot` sent at `now`: the slot field for the header (with `START`
+    /// when the flow (re)starts) and the sequence number.
+    pub fn next(&mut self, slot: u16, now: Instant) -> (u16, u32) {
+        if self.slots.is_empty() {
+            self.slots = vec![(0, None); SLOTS];
+        }
+        let (next, last) = &mut self.slots[usize::from(slot) % SLOTS];
+        let start = last.is_none_or(|l| now.saturating_duration_since(l) >= RESTART_IDLE);
+        *last = Some(now);
+        let seq = *next;
+        *next = seq.wrapping_add(1);
+        (if start { slot | START } else { slot }, seq)
+    }
+}
+
+/// What became of a received packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Hand it on now (in order, or late after its gap was skipped); then take `ready`.
+    Deliver,
+    /// Kept until the packets before it arrive or are given up.
+    Held,
+    /// Delivered before: drop it.
+    Duplicate,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReseqCounters {
+    /// Packets that arrived ahead of a missing one and were held.
+    pub held: u64,
+    /// Missing packets given up: every path had passed them, or the wait ran out.
+    pub skipped: u64,
+    /// ... of those, given up because the wait ran out (or a memory bound was reached).
+    pub timeouts: u64,
+    /// Packets that arrived after they had been given up (delivered out of order).
+    pub late: u64,
+    /// Packets delivered before (dropped).
+    pub duplicates: u64,
+}
+
+#[derive(Debug)]
+struct Flow {
+    /// The sequence number expected next, extended to 64 bits.
+    next: u64,
+    /// Delivered flags of the `WINDOW` numbers below `next`, by `seq % WINDOW`.
+    delivered: [u64; (WINDOW / 64) as usize],
+    /// The flow's start is known (`next` is real); until then everything is held.
+    anchored: bool,
+    /// Packets ahead of `next`, with when and on which path they arrived.
+    held: BTreeMap<u64, (Instant, usize, Vec<u8>)>,
+    /// Per path: the highest number it delivered of this flow.
+    high: [Option<u64>; TRACKED_PATHS],
+    last_seen: Instant,
+}
+
+impl Flow {
+    fn new(seq: u32, now: Instant, anchored: bool) -> Flow {
+        Flow {
+            // Offset so that numbers a little below the first stay positive.
+            next: u64::from(seq) + (1 << 32),
+            anchored,
+            delivered: [0; (WINDOW / 64) as usize],
+            held: BTreeMap::new(),
+            high: [None; TRACKED_PATHS],
+            last_seen: now,
+        }
+    }
+
+    fn extend(&self, seq: u32) -> u64 {
+        let d = i64::from(seq.wrapping_sub(self.next as u32) as i32);
+        (self.next as i64 + d) as u64
+    }
+
+    fn bit(&self, ext: u64) -> bool {
+        let i = ext % WINDOW;
+        self.delivered[(i / 64) as usize] & (1 << (i % 64)) != 0
+    }
+
+    fn set_bit(&mut self, ext: u64, on: bool) {
+        let i = ext % WINDOW;
+        let w = &mut self.delivered[(i / 64) as usize];
+        if on {
+            *w |= 1 << (i % 64);
+        } else {
+            *w &= !(1 << (i % 64));
+        }
+    }
+
+    /// `next` was delivered (or given up): move on past it.
+    fn advance(&mut self, delivered: bool) {
+        let n = self.next;
+        self.set_bit(n, delivered);
+        self.next += 1;
+    }
+
+    /// Every path in `active` has delivered a later packet of this flow. A path that is up
+    /// but has carried none of this flow's packets yet may be about to deliver the missing one
+    /// (the scheduler just spilled the flow onto it), so it holds the gap open.
+    fn gap_passed(&self, active: &[bool; TRACKED_PATHS]) -> bool {
+        active.iter().any(|a| *a)
+            && active
+                .iter()
+                .zip(&self.high)
+                .all(|(a, h)| !a || h.is_some_and(|h| h > self.next))
+    }
+
+    /// When the oldest held packet stops waiting.
+    fn deadline(&self, max_wait: Duration) -> Option<Instant> {
+        self.held.values().next().map(|(at, _, _)| *at + max_wait)
+    }
+}
+
+#[derive(Debug)]
+pub struct Resequencer {
+    flows: HashMap<u16, Flow>,
+    held: usize,
+    max_wait: Duration,
+    /// Released packets with the path they arrived on, in order.
+    ready: VecDeque<(usize, Vec<u8>)>,
+    /// The paths the peer may be sending on (up), by index (`set_active`).
+    active: [bool; TRACKED_PATHS],
+    pub counters: ReseqCounters,
+}
+
+impl Default for Resequencer {
+    fn default() -> Self {
+        Resequencer {
+            flows: HashMap::new(),
+            held: 0,
+            max_wait: Duration::from_millis(50),
+            ready: VecDeque::new(),
+            active: [true; TRACKED_PATHS],
+            counters: ReseqCounters::default(),
+        }
+    }
+}
+
+impl Resequencer {
+    /// The paths (by index) the peer may send on: those that are up. A missing packet is
+    /// given up at once when every one of them has delivered a later packet of its flow.
+    pub fn set_active(&mut self, up: impl Iterator<Item = usize>) {
+        self.active = [false; TRACKED_PATHS];
+        for i in up {
+            self.active[i.min(TRACKED_PATHS - 1)] = true;
+        }
+    }
+
+    /// How long a missing packet is waited for (clamped to `MIN_WAIT..=MAX_WAIT`).
+    pub fn set_max_wait(&mut self, d: Duration) {
+        self.max_wait = d.clamp(MIN_WAIT, MAX_WAIT);
+    }
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait
+    }
+    /// Packets held now.
+    pub fn holding(&self) -> usize {
+        self.held
+    }
+
+    /// Packet `seq` of flow `slot` (the header's slot field: `START` marks a flow's first
+    /// packet) arrived on path `path` (an index). `Deliver`: hand it on, then whatever `ready`
+    /// yields (released behind it, in order).
+    pub fn on_packet(
+        &mut self,
+        now: Instant,
+        path: usize,
+        slot: u16,
+        seq: u32,
+        pkt: &[u8],
+    ) -> Verdict {
+        let (start, slot) = (slot & START != 0, slot & !START);
+        if !self.flows.contains_key(&slot) && self.flows.len() >= MAX_FLOWS {
+            self.evict_idlest();
+        }
+        let flow = self
+            .flows
+            .entry(slot)
+            .or_insert_with(|| Flow::new(seq, now, start));
+        if now.saturating_duration_since(flow.last_seen) > FLOW_IDLE && flow.held.is_empty() {
+            *flow = Flow::new(seq, now, start);
+        }
+        flow.last_seen = now;
+        let ext = flow.extend(seq);
+        if !flow.anchored && start {
+            // The start of a flow whose later packets came first (held for it); any held
+            // below it belong to an earlier run of the slot and go on now.
+            let older: Vec<u64> = flow.held.range(..ext).map(|(k, _)| *k).collect();
+            for k in older {
+                if let Some((_, path, p)) = flow.held.remove(&k) {
+                    self.held -= 1;
+                    self.counters.late += 1;
+                    self.ready.push_back((path, p));
+                }
+            }
+            flow.next = ext;
+            flow.anchored = true;
+        } else if !flow.anchored && ext < flow.next {
+            // Not anchored yet: nothing was delivered, so `next` may move back.
+            flow.next = ext;
+        }
+        let p = path.min(TRACKED_PATHS - 1);
+        if flow.high[p].is_none_or(|h| ext > h) {
+            flow.high[p] = Some(ext);
+        }
+        let verdict = if ext < flow.next {
+            if ext + WINDOW >= flow.next && flow.bit(ext) {
+                self.counters.duplicates += 1;
+                Verdict::Duplicate
+            } else {
+                if ext + WINDOW >= flow.next {
+                    flow.set_bit(ext, true);
+                }
+                self.counters.late += 1;
+                Verdict::Deliver
+            }
+        } else if ext == flow.next && flow.anchored {
+            flow.advance(true);
+            Verdict::Deliver
+        } else if flow.held.contains_key(&ext) {
+            self.counters.duplicates += 1;
+            Verdict::Duplicate
+        } else if ext - flow.next >= WINDOW {
+            // Far ahead (a long outage): start afresh from here, handing on what was held.
+            let held = std::mem::take(&mut flow.held);
+            self.held -= held.len();
+            self.counters.skipped += 1;
+            self.ready
+                .extend(held.into_values().map(|(_, path, p)| (path, p)));
+            let high = flow.high;
+            *flow = Flow::new(seq, now, true);
+            flow.high = high;
+            flow.advance(true);
+            Verdict::Deliver
+        } else {
+            flow.held.insert(ext, (now, path, pkt.to_vec()));
+            self.held += 1;
+            self.counters.held += 1;
+            Verdict::Held
+        };
+        self.release(slot);
+        self.enforce_bounds(slot);
+        verdict
+    }
+
+    /// Release what `slot` can hand on now: in-order packets behind `next`, and gaps every path
+    /// has passed.
+    fn release(&mut self, slot: u16) {
+        let active = self.active;
+        let Some(flow) = self.flows.get_mut(&slot) else {
+            return;
+        };
+        if !flow.anchored {
+            // Its start is lost if every path that is up has delivered a packet of it since.
+            let passed = active.iter().any(|a| *a)
+                && active
+                    .iter()
+                    .zip(&flow.high)
+                    .all(|(a, h)| !a || h.is_some());
+            if !passed {
+                return;
+            }
+            flow.anchored = true;
+            self.counters.skipped += 1;
+        }
+        loop {
+            while let Some(e) = flow.held.first_entry() {
+                if *e.key() != flow.next {
+                    break;
+                }
+                let (_, path, pkt) = e.remove();
+                self.held -= 1;
+                self.ready.push_back((path, pkt));
+                flow.advance(true);
+            }
+            if flow.held.is_empty() || !flow.gap_passed(&active) {
+                return;
+            }
+            self.counters.skipped += 1;
+            flow.advance(false);
+        }
+    }
+
+    /// Skip the oldest gap of `slot`, or of any flow, while a memory bound is exceeded.
+    fn enforce_bounds(&mut self, slot: u16) {
+        while self
+            .flows
+            .get(&slot)
+            .is_some_and(|f| f.held.len() > MAX_HELD_PER_FLOW)
+        {
+            self.skip_gap(slot);
+        }
+        while self.held > MAX_HELD {
+            let oldest = self
+                .flows
+                .iter()
+                .filter_map(|(s, f)| f.held.values().next().map(|(at, _, _)| (*at, *s)))
+                .min();
+            match oldest {
+                Some((_, s)) => self.skip_gap(s),
+                None => break,
+            }
+        }
+    }
+
+    /// Give up the missing packets in front of `slot`'s first held one and release from there.
+    fn skip_gap(&mut self, slot: u16) {
+        let Some(flow) = self.flows.get_mut(&slot) else {
+            return;
+        };
+        let Some(first) = flow.held.keys().next().copied() else {
+            return;
+        };
+        self.counters.timeouts += 1;
+        flow.anchored = true;
+        while flow.next < first {
+            self.counters.skipped += 1;
+            flow.advance(false);
+        }
+        // The first held is now in order; what follows it too, up to the next gap.
+        while let Some(e) = flow.held.first_entry() {
+            if *e.key() != flow.next {
+                break;
+            }
+            let (_, path, pkt) = e.remove();
+            self.held -= 1;
+            self.ready.push_back((path, pkt));
+            flow.advance(true);
+        }
+    }
+
+    fn evict_idlest(&mut self) {
+        if let Some(slot) = self
+            .flows
+            .iter()
+            .min_by_key(|(_, f)| f.last_seen)
+            .map(|(s, _)| *s)
+        {
+            if let Some(f) = self.flows.remove(&slot) {
+                self.held -= f.held.len();
+                self.ready
+                    .extend(f.held.into_values().map(|(_, path, p)| (path, p)));
+            }
+        }
+    }
+
+    /// Packets released, in order, with the path each arrived on, to hand on after the one
+    /// `on_packet` returned `Deliver` for (or after `poll`).
+    pub fn ready(&mut self) -> Option<(usize, Vec<u8>)> {
+        self.ready.pop_front()
+    }
+
+    /// Give up gaps that waited `max_wait`, and forget idle flows; then take `ready`.
+    pub fn poll(&mut self, now: Instant) {
+        let due: Vec<u16> = self
+            .flows
+            .iter()
+            .filter(|(_, f)| f.deadline(self.max_wait).is_some_and(|d| d <= now))
+            .map(|(s, _)| *s)
+            .collect();
+        for slot in due {
+            while self.flows[&slot]
+                .deadline(self.max_wait)
+                .is_some_and(|d| d <= now)
+            {
+                self.skip_gap(slot);
+            }
+        }
+        self.flows.retain(|_, f| {
+            !f.held.is_empty() || now.saturating_duration_since(f.last_seen) <= FLOW_IDLE
+        });
+    }
+
+    /// When `poll` next has a gap to give up.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.flows
+            .values()
+            .filter_map(|f| f.deadline(self.max_wait))
+            .min()
+    }
+}
+
+/// The wait for a missing packet on paths with these smoothed RTTs and RTT variations: what
+/// the later of two paths' packets can trail the earlier by (half the RTT difference, one way),
+/// four variations of jitter, and a quarter of the slowest RTT for the error in the sender's
+/// estimate of when a packet leaves its queue (its rates are windows per RTT, not measured
+/// departures: with a fixed 5 ms floor instead, one flow over 10 and 40 ms paths saw ~1% of
+/// its packets given up and arrive late), within `MIN_WAIT..=MAX_WAIT`.
+pub fn wait_for(paths: impl Iterator<Item = (Duration, Duration)>) -> Duration {
+    let (mut lo, mut hi, mut var) = (Duration::MAX, Duration::ZERO, Duration::ZERO);
+    for (srtt, rttvar) in paths {
+        lo = lo.min(srtt);
+        hi = hi.max(srtt);
+        var = var.max(rttvar);
+    }
+    if hi < lo {
+        return MIN_WAIT;
+    }
+    ((hi - lo) / 2 + var * 4 + hi / 4).clamp(MIN_WAIT, MAX_WAIT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+    /// `feed` marks these as flows' first packets (`start` marks any).
+    const FIRST: u32 = 10;
+
+    /// Feed one packet; returns what was handed on (the packet itself if `Deliver`, then the
+    /// released ones), as their first byte.
+    fn feed(r: &mut Resequencer, now: Instant, path: usize, seq: u32) -> Vec<u32> {
+        feed_as(r, now, path, seq, seq == FIRST)
+    }
+
+    /// `feed` a flow's first packet.
+    fn start(r: &mut Resequencer, now: Instant, path: usize, seq: u32) -> Vec<u32> {
+        feed_as(r, now, path, seq, true)
+    }
+
+    fn feed_as(r: &mut Resequencer, now: Instant, path: usize, seq: u32, first: bool) -> Vec<u32> {
+        let pkt = seq.to_be_bytes();
+        let mut out = Vec::new();
+        let slot = if first { 7 | START } else { 7 };
+        if r.on_packet(now, path, slot, seq, &pkt) == Verdict::Deliver {
+            out.push(seq);
+        }
+        while let Some((_, p)) = r.ready() {
+            out.push(u32::from_be_bytes(p[..4].try_into().unwrap()));
+        }
+        out
+    }
+
+    /// A resequencer whose peer sends on paths 0 and 1.
+    fn both_paths_active(_: Instant) -> Resequencer {
+        let mut r = Resequencer::default();
+        r.set_active(0..2);
+        r
+    }
+
+    #[test]
+    fn a_path_that_never_carried_the_flow_holds_its_gap_open() {
+        let t = Instant::now();
+        let mut r = both_paths_active(t);
+        start(&mut r, t, 0, 0);
+        // 1 may be on path 1, which is up: 2 waits (for the timeout at worst).
+        assert_eq!(feed(&mut r, t, 0, 2), vec![]);
+        assert_eq!(feed(&mut r, t + MS, 1, 1), vec![1, 2]);
+        // With only path 0 in use, a gap it passed is a loss: no wait.
+        let mut solo = Resequencer::default();
+        solo.set_active(0..1);
+        start(&mut solo, t, 0, 0);
+        assert_eq!(feed(&mut solo, t, 0, 2), vec![2]);
+        assert_eq!(solo.counters.skipped, 1);
+    }
+
+    #[test]
+    fn reorders_across_paths_and_skips_a_gap_both_paths_passed() {
+        let t = Instant::now();
+        let mut r = both_paths_active(t);
+        assert_eq!(feed(&mut r, t, 0, 10), vec![10]);
+        // 11 travels on the slow path 1; 12 and 13 on path 0 arrive first.
+        assert_eq!(feed(&mut r, t, 0, 12), vec![]);
+        assert_eq!(feed(&mut r, t, 0, 13), vec![]);
+        assert_eq!(feed(&mut r, t + MS, 1, 11), vec![11, 12, 13]);
+        // 14 is lost on path 0: 15 on path 0 is held until path 1 passes 14 too.
+        assert_eq!(feed(&mut r, t + MS, 0, 15), vec![]);
+        assert_eq!(feed(&mut r, t + 2 * MS, 1, 16), vec![15, 16]);
+        assert_eq!(r.counters.skipped, 1);
+        assert_eq!(r.counters.timeouts, 0);
+        // 14 turns up after all: late but delivered; a second copy is a duplicate.
+        assert_eq!(feed(&mut r, t + 3 * MS, 1, 14), vec![14]);
+        assert_eq!(feed(&mut r, t + 3 * MS, 0, 14), vec![]);
+        assert_eq!(feed(&mut r, t + 3 * MS, 0, 16), vec![]);
+        assert_eq!((r.counters.late, r.counters.duplicates), (1, 2));
+        assert_eq!(r.holding(), 0);
+    }
+
+    #[test]
+    fn a_gap_no_path_passes_is_given_up_after_the_wait() {
+        let t = Instant::now();
+        let mut r = both_paths_active(t);
+        r.set_max_wait(20 * MS);
+        start(&mut r, t, 0, 0);
+        feed(&mut r, t, 1, 1);
+        // 2 is missing; 3 arrives on path 0 while path 1 has not passed 2.
+        assert_eq!(feed(&mut r, t + MS, 0, 3), vec![]);
+        assert_eq!(r.next_deadline(), Some(t + 21 * MS));
+        r.poll(t + 20 * MS);
+        assert!(r.ready().is_none());
+        r.poll(t + 21 * MS);
+        assert_eq!(r.ready(), Some((0, 3u32.to_be_bytes().to_vec())));
+        assert_eq!((r.counters.skipped, r.counters.timeouts), (1, 1));
+        assert_eq!(r.next_deadline(), None);
+    }
+
+    #[test]
+    fn sequence_numbers_wrap() {
+        let t = Instant::now();
+        let mut r = both_paths_active(t);
+        assert_eq!(start(&mut r, t, 0, u32::MAX - 1), vec![u32::MAX - 1]);
+        assert_eq!(feed(&mut r, t, 0, 0), vec![]);
+        assert_eq!(feed(&mut r, t, 1, u32::MAX), vec![u32::MAX, 0]);
+        assert_eq!(feed(&mut r, t, 1, 1), vec![1]);
+    }
+
+    #[test]
+    fn memory_is_bounded_and_nothing_is_dropped() {
+        let t = Instant::now();
+        let mut r = Resequencer::default();
+        r.set_max_wait(MAX_WAIT);
+        let (mut fed, mut out) = (0, 0);
+        let mut take = |r: &mut Resequencer, v: Verdict| {
+            out += usize::from(v == Verdict::Deliver);
+            while r.ready().is_some() {
+                out += 1;
+            }
+        };
+        // Flows 0..8 each miss packet 2 on path 1, which is up (so the gap stays open); path 0
+        // brings 997 packets behind it per flow.
+        for slot in 0..8u16 {
+            for seq in 0..1000u32 {
+                if seq != 2 {
+                    let v = r.on_packet(t, 0, slot, seq, b"y");
+                    fed += 1;
+                    take(&mut r, v);
+                }
+                let v = r.on_packet(t, 1, 100 + slot, seq, b"z");
+                fed += 1;
+                take(&mut r, v);
+                assert!(r.holding() <= MAX_HELD);
+            }
+        }
+        assert_eq!(out + r.holding(), fed, "nothing dropped");
+        assert!(r.holding() <= MAX_HELD && r.holding() > 0);
+        assert!(r.counters.timeouts > 0);
+    }
+
+    #[test]
+    fn wait_covers_half_the_rtt_difference_and_jitter() {
+        let w = wait_for([(10 * MS, MS), (30 * MS, 2 * MS)].into_iter());
+        assert_eq!(w, 10 * MS + 8 * MS + 7500 * Duration::from_micros(1));
+        assert_eq!(wait_for(std::iter::empty()), MIN_WAIT);
+        assert_eq!(
+            wait_for([(10 * MS, Duration::ZERO), (900 * MS, Duration::ZERO)].into_iter()),
+            MAX_WAIT
+        );
+    }
+
+    #[test]
+    fn the_sequencer_numbers_each_slot_and_marks_starts() {
+        let t = Instant::now();
+        let mut s = Sequencer::default();
+        let (a, b) = (Sequencer::slot(Some(1)), Sequencer::slot(Some(2)));
+        assert_ne!(a, b);
+        assert_eq!(Sequencer::slot(None), 0);
+        assert_eq!(s.next(a, t), (a | START, 0));
+        assert_eq!(s.next(b, t), (b | START, 0));
+        assert_eq!(s.next(a, t + MS), (a, 1));
+        // Idle for a second: a starts again (its numbers go on).
+        assert_eq!(s.next(a, t + Duration::from_secs(2)), (a | START, 2));
+    }
+
+    #[test]
+    fn packets_ahead_of_an_unknown_flows_start_wait_for_it() {
+        let t = Instant::now();
+        let mut r = both_paths_active(t);
+        // 11 and 12 (path 0) overtake the start, 10 (path 1).
+        assert_eq!(feed(&mut r, t, 0, 11), vec![]);
+        assert_eq!(feed(&mut r, t, 0, 12), vec![]);
+        assert_eq!(feed(&mut r, t + MS, 1, 10), vec![10, 11, 12]);
+        assert_eq!(r.counters.late, 0);
+        // A start lost on path 1: once path 1 delivers a later packet, the flow goes on.
+        let mut r = both_paths_active(t);
+        assert_eq!(feed(&mut r, t, 0, 12), vec![]);
+        assert_eq!(feed(&mut r, t, 1, 11), vec![11, 12]);
+        // ... or after the wait, when path 1 stays silent.
+        let mut r = both_paths_active(t);
+        r.set_max_wait(20 * MS);
+        assert_eq!(feed(&mut r, t, 0, 12), vec![]);
+        r.poll(t + 20 * MS);
+        assert_eq!(
+            r.ready().map(|(_, p)| p),
+            Some(12u32.to_be_bytes().to_vec())
+        );
+    }
+}
