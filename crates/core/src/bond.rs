@@ -19,6 +19,8 @@ const HOUSEKEEPING: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Route {
     pub path: PathId,
+    /// `redundant`: a second path for a copy of the packet.
+    pub also: Option<PathId>,
     pub seq: Option<(u16, u32)>,
 }
 
@@ -65,11 +67,15 @@ impl Bond {
             return None;
         };
         paths.count_tx(path, len, now);
+        let also = self.scheduler.also(paths, path);
+        if let Some(a) = also {
+            paths.count_tx(a, len, now);
+        }
         let seq = self.sequencer.as_mut().map(|s| {
             let slot = Sequencer::slot(info.map(PacketInfo::flow_hash));
             s.next(slot, now)
         });
-        Some(Route { path, seq })
+        Some(Route { path, also, seq })
     }
 
     /// A path changed state: placements on a path that is no longer up are forgotten.

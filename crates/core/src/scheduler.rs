@@ -24,14 +24,19 @@ pub enum Policy {
     /// Each packet on the lowest-RTT path with room in its congestion window, else where it
     /// arrives first (as `wlb`); numbered and put back in order the same way.
     MinRtt,
+    /// Each packet on the two lowest-RTT up paths (of the best priority): a loss on one is
+    /// covered by the other. The receiver hands on the first copy and drops the second (it
+    /// counts them, `duplicates`). For traffic that must not wait for a retransmission.
+    Redundant,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 4] = [
+    pub const ALL: [Policy; 5] = [
         Policy::Failover,
         Policy::Balanced,
         Policy::Wlb,
         Policy::MinRtt,
+        Policy::Redundant,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -40,12 +45,13 @@ impl Policy {
             Policy::Balanced => "balanced",
             Policy::Wlb => "wlb",
             Policy::MinRtt => "minrtt",
+            Policy::Redundant => "redundant",
         }
     }
     /// Whether it spreads one flow's packets over several paths (they are then numbered for
     /// the receiver's resequencer).
     pub fn per_packet(self) -> bool {
-        matches!(self, Policy::Wlb | Policy::MinRtt)
+        matches!(self, Policy::Wlb | Policy::MinRtt | Policy::Redundant)
     }
     pub fn parse(s: &str) -> Option<Policy> {
         Policy::ALL.into_iter().find(|p| p.as_str() == s)
@@ -57,6 +63,7 @@ impl Policy {
             Policy::Balanced => Box::new(Balanced::new()),
             Policy::Wlb => Box::new(Wlb),
             Policy::MinRtt => Box::new(MinRtt),
+            Policy::Redundant => Box::new(Redundant),
         }
     }
 }
@@ -72,6 +79,10 @@ pub trait Scheduler: std::fmt::Debug + Send {
         len: usize,
         now: Instant,
     ) -> Option<PathId>;
+    /// A second path for the same packet (`redundant`), after `pick` chose `first`.
+    fn also(&mut self, _paths: &PathSet, _first: PathId) -> Option<PathId> {
+        None
+    }
     /// Packets placed on `path` earlier must be placed afresh (it went down, lost or replaced
     /// its connection).
     fn release(&mut self, _path: PathId) {}
@@ -196,18 +207,22 @@ impl Scheduler for Balanced {
 const DEFAULT_RATE: u64 = 10_000_000;
 const DEFAULT_RTT: Duration = Duration::from_millis(100);
 
-/// When a packet of `len` bytes routed to `p` now would reach the peer, relative to now: half
-/// the path's RTT, plus the time what does not fit its window waits for it (at the path's
-/// rate, biased by its weight).
-fn arrival(p: &Path, len: usize) -> Duration {
-    let rtt = p.load.rtt.unwrap_or(DEFAULT_RTT);
+/// How long a packet of `len` bytes routed to `p` now waits before it leaves: what does not
+/// fit the path's window, at its rate (biased by its weight).
+fn drain_time(p: &Path, len: usize) -> Duration {
     let rate = p.load.rate.unwrap_or(DEFAULT_RATE).max(1) * u64::from(p.spec.weight.max(1));
     let queued = p.load.backlog + len as u64;
     let excess = match p.load.window {
         Some(w) => (p.load.in_flight + queued).saturating_sub(w),
         None => queued,
     };
-    rtt / 2 + Duration::from_nanos((excess * 8).saturating_mul(1_000_000_000) / rate)
+    Duration::from_nanos((excess * 8).saturating_mul(1_000_000_000) / rate)
+}
+
+/// When a packet of `len` bytes routed to `p` now would reach the peer, relative to now: half
+/// the path's RTT plus its wait to leave.
+fn arrival(p: &Path, len: usize) -> Duration {
+    p.load.rtt.unwrap_or(DEFAULT_RTT) / 2 + drain_time(p, len)
 }
 
 /// The path of the best priority where a packet arrives first (ties: the lower index).
@@ -222,12 +237,15 @@ fn earliest_arrival(paths: &PathSet, len: usize) -> Option<PathId> {
         })
 }
 
-/// Earliest arrival: half the RTT plus what waits beyond the window at the path's rate. Tried
-/// and measured worse (one flow over 60 Mbit/s 10 ms + 30 Mbit/s 40 ms, e2e): a fixed split in
-/// proportion to the rates (a fair queue over the paths in virtual time) got 24 Mbit/s: the
-/// slow path's controller, given only its share, never saw enough to grow its window past
-/// the start, and every packet of the flow waited for that path's queue. Earliest arrival
-/// spills onto a path when the others have waited long enough, so each runs full: 76 Mbit/s.
+/// Load balanced by rate: a packet goes where what waits beyond the window drains first at
+/// the path's rate (biased by weight), so the paths' queues stay in proportion to their rates;
+/// among paths whose windows have room (nothing waits), the lowest RTT. Unlike `minrtt`'s
+/// fallback it leaves the RTT out of the drain time: a path is not kept full until its queue
+/// has made up the RTT difference (that had one flow over 60 + 30 Mbit/s at 62-76 Mbit/s,
+/// inner BBR sizing its window by the faster path's RTT).
+/// Tried and measured worse: a fixed split in proportion to the rates (a fair queue over the
+/// paths in virtual time) got 24 Mbit/s: the slow path's controller, given only its share,
+/// never saw enough to grow its window, and every packet of the flow waited for its queue.
 #[derive(Debug, Default)]
 pub struct Wlb;
 
@@ -242,7 +260,15 @@ impl Scheduler for Wlb {
         len: usize,
         _: Instant,
     ) -> Option<PathId> {
-        earliest_arrival(paths, len)
+        let prio = best_priority(paths)?;
+        paths
+            .candidates()
+            .filter(|&i| paths.get(i).spec.priority == prio)
+            .min_by_key(|&i| {
+                let p = paths.get(i);
+                let rtt = p.load.rtt.unwrap_or(DEFAULT_RTT);
+                (p.load.crowded(), drain_time(p, len), rtt, i)
+            })
     }
 }
 
@@ -276,5 +302,37 @@ impl Scheduler for MinRtt {
             .filter(|&i| paths.get(i).spec.priority == prio && room(paths.get(i)))
             .min_by_key(|&i| (paths.get(i).load.rtt.unwrap_or(DEFAULT_RTT), i))
             .or_else(|| earliest_arrival(paths, len))
+    }
+}
+
+/// The up paths of the best priority, lowest RTT first.
+fn by_rtt(paths: &PathSet) -> impl Iterator<Item = PathId> + '_ {
+    let prio = best_priority(paths);
+    let mut v: Vec<PathId> = paths
+        .candidates()
+        .filter(|&i| Some(paths.get(i).spec.priority) == prio)
+        .collect();
+    v.sort_by_key(|&i| (paths.get(i).load.rtt.unwrap_or(DEFAULT_RTT), i));
+    v.into_iter()
+}
+
+#[derive(Debug)]
+pub struct Redundant;
+
+impl Scheduler for Redundant {
+    fn policy(&self) -> Policy {
+        Policy::Redundant
+    }
+    fn pick(
+        &mut self,
+        paths: &PathSet,
+        _: Option<&PacketInfo>,
+        _: usize,
+        _: Instant,
+    ) -> Option<PathId> {
+        by_rtt(paths).next()
+    }
+    fn also(&mut self, paths: &PathSet, first: PathId) -> Option<PathId> {
+        by_rtt(paths).find(|&i| i != first)
     }
 }

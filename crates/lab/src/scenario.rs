@@ -13,7 +13,7 @@ use crate::emu::LinkSpec;
 
 /// Features mpquic does not have yet; a scenario that requires one reports "unsupported" for
 /// mpquic and still runs its other systems.
-pub const NOT_YET: &[&str] = &["stripe", "pipes", "classes", "redundant"];
+pub const NOT_YET: &[&str] = &["stripe", "pipes", "classes"];
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -11,7 +11,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::config::TransportMode;
 
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 const MAX_BODY: usize = 4096;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -87,7 +87,7 @@ mod tests {
             ..Default::default()
         };
         let b = encode(&ack).unwrap();
-        assert_eq!(b[0], 2);
+        assert_eq!(b[0], 3);
         let body = br#"{"ok":false,"error":"x","addr":null,"server_addr":null,"mtu":null}"#;
         assert_eq!(&b[1..3], &(body.len() as u16).to_be_bytes());
         assert_eq!(&b[3..], body);

@@ -265,6 +265,7 @@ impl Tunnel {
     ) {
         let now = Instant::now();
         scratch.clear();
+        let mut refused_copies: Vec<(PathId, usize, DropReason, bool)> = Vec::new();
         if self.per_packet {
             self.refresh_loads(&mut scratch.loads);
         }
@@ -285,6 +286,32 @@ impl Tunnel {
                 // the peer hands it on at once).
                 if let Some((slot, seq)) = route.seq {
                     batch.push_header(i, &wire::encode_bonded(slot, seq));
+                }
+                // `redundant`: a copy for the second path, numbered the same (the receiver
+                // keeps the first to arrive), as a datagram in that path's own FEC groups.
+                if let Some((also, t)) = route
+                    .also
+                    .and_then(|a| s.link(a).map(|l| (a, l.transport.clone())))
+                {
+                    let mut copy = batch.headed(i, 0).to_vec();
+                    let mut repairs = Vec::new();
+                    if self.fec != FecMode::Off {
+                        let enc = &mut s.fec[also.index()].enc;
+                        group_opened |= enc.deadline().is_none();
+                        if let Some(h) = enc.on_data(now, &copy, &mut repairs) {
+                            copy.splice(0..0, h);
+                        }
+                    }
+                    let second = |bytes, repair| SecondCopy {
+                        path: also,
+                        to: t.clone(),
+                        bytes,
+                        repair,
+                    };
+                    scratch.copies.push(second(copy, false));
+                    for r in repairs {
+                        scratch.copies.push(second(r, true));
+                    }
                 }
                 let Some(link) = s.link(path) else {
                     s.router.drop_tx(path, len, DropReason::NoPath);
@@ -307,8 +334,16 @@ impl Tunnel {
             self.wake_timers_if(s.router.take_woken() || group_opened);
         }
         let Routed {
-            per_path, refused, ..
+            per_path,
+            refused,
+            copies,
+            ..
         } = scratch;
+        for c in copies.drain(..) {
+            if let Err(reason) = c.to.send_control(&c.bytes) {
+                refused_copies.push((c.path, c.bytes.len(), reason, c.repair));
+            }
+        }
         // Every transport writes its headers before any takes packets (then they are shared).
         for share in per_path.iter() {
             if let Some((_, t)) = &share.to {
@@ -323,6 +358,15 @@ impl Tunnel {
                 });
                 share.repairs_refused = send_repairs(&**t, share.repairs.drain(..));
                 repairs_refused |= share.repairs_refused > 0;
+            }
+        }
+        if !refused_copies.is_empty() {
+            let mut s = self.lock();
+            for (path, len, reason, repair) in refused_copies {
+                match repair {
+                    true => s.fec[path.index()].enc.refused(1),
+                    false => s.router.drop_tx(path, len, reason),
+                }
             }
         }
         if !refused.is_empty() || repairs_refused {
@@ -920,6 +964,17 @@ pub struct Routed {
     refused: Vec<(PathId, usize, DropReason)>,
     /// Per-packet policies: the paths' loads read before routing.
     loads: Vec<(PathId, mpquic_core::PathLoad)>,
+    /// `redundant`: second copies, and the repair packets of the FEC groups they closed.
+    copies: Vec<SecondCopy>,
+}
+
+/// A datagram for `redundant`'s second path: a packet's copy, or a repair packet (`repair`) of
+/// that path's FEC group it closed.
+struct SecondCopy {
+    path: PathId,
+    to: Arc<dyn PathTransport>,
+    bytes: Vec<u8>,
+    repair: bool,
 }
 
 /// The packets of a batch that go on one path, and that path's transport (`None`: none).
@@ -941,6 +996,7 @@ fn send_repairs(t: &dyn PathTransport, repairs: impl Iterator<Item = Vec<u8>>) -
 
 impl Routed {
     fn clear(&mut self) {
+        self.copies.clear();
         for share in &mut self.per_path {
             share.to = None;
             share.picks.clear();
