@@ -159,6 +159,21 @@ impl Flow {
         self.next += 1;
     }
 
+    /// Hand on the held packets that are next in order, up to the first gap; returns how many.
+    fn release_in_order(&mut self, ready: &mut VecDeque<(usize, Vec<u8>)>) -> usize {
+        let mut n = 0;
+        while let Some(e) = self.held.first_entry() {
+            if *e.key() != self.next {
+                break;
+            }
+            let (_, path, pkt) = e.remove();
+            ready.push_back((path, pkt));
+            self.advance(true);
+            n += 1;
+        }
+        n
+    }
+
     /// Every path in `active` has delivered a later packet of this flow. A path that is up
     /// but has carried none of this flow's packets yet may be about to deliver the missing one
     /// (the scheduler just spilled the flow onto it), so it holds the gap open.
@@ -329,15 +344,7 @@ impl Resequencer {
             self.counters.skipped += 1;
         }
         loop {
-            while let Some(e) = flow.held.first_entry() {
-                if *e.key() != flow.next {
-                    break;
-                }
-                let (_, path, pkt) = e.remove();
-                self.held -= 1;
-                self.ready.push_back((path, pkt));
-                flow.advance(true);
-            }
+            self.held -= flow.release_in_order(&mut self.ready);
             if flow.held.is_empty() || !flow.gap_passed(&active) {
                 return;
             }
@@ -383,15 +390,7 @@ impl Resequencer {
             flow.advance(false);
         }
         // The first held is now in order; what follows it too, up to the next gap.
-        while let Some(e) = flow.held.first_entry() {
-            if *e.key() != flow.next {
-                break;
-            }
-            let (_, path, pkt) = e.remove();
-            self.held -= 1;
-            self.ready.push_back((path, pkt));
-            flow.advance(true);
-        }
+        self.held -= flow.release_in_order(&mut self.ready);
     }
 
     fn evict_idlest(&mut self) {

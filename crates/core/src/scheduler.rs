@@ -98,6 +98,14 @@ fn best_priority(paths: &PathSet) -> Option<u32> {
     paths.candidates().map(|i| paths.get(i).spec.priority).min()
 }
 
+/// The candidates of the best priority: the paths a spreading policy chooses among.
+fn best_candidates(paths: &PathSet) -> impl Iterator<Item = PathId> + '_ {
+    let prio = best_priority(paths);
+    paths
+        .candidates()
+        .filter(move |&i| Some(paths.get(i).spec.priority) == prio)
+}
+
 fn best_by_priority(paths: &PathSet) -> Option<PathId> {
     paths
         .candidates()
@@ -227,14 +235,10 @@ fn arrival(p: &Path, len: usize) -> Duration {
 
 /// The path of the best priority where a packet arrives first (ties: the lower index).
 fn earliest_arrival(paths: &PathSet, len: usize) -> Option<PathId> {
-    let prio = best_priority(paths)?;
-    paths
-        .candidates()
-        .filter(|&i| paths.get(i).spec.priority == prio)
-        .min_by_key(|&i| {
-            let p = paths.get(i);
-            (p.load.crowded(), arrival(p, len), i)
-        })
+    best_candidates(paths).min_by_key(|&i| {
+        let p = paths.get(i);
+        (p.load.crowded(), arrival(p, len), i)
+    })
 }
 
 /// Load balanced by rate: a packet goes where what waits beyond the window drains first at
@@ -260,15 +264,11 @@ impl Scheduler for Wlb {
         len: usize,
         _: Instant,
     ) -> Option<PathId> {
-        let prio = best_priority(paths)?;
-        paths
-            .candidates()
-            .filter(|&i| paths.get(i).spec.priority == prio)
-            .min_by_key(|&i| {
-                let p = paths.get(i);
-                let rtt = p.load.rtt.unwrap_or(DEFAULT_RTT);
-                (p.load.crowded(), drain_time(p, len), rtt, i)
-            })
+        best_candidates(paths).min_by_key(|&i| {
+            let p = paths.get(i);
+            let rtt = p.load.rtt.unwrap_or(DEFAULT_RTT);
+            (p.load.crowded(), drain_time(p, len), rtt, i)
+        })
     }
 }
 
@@ -292,14 +292,12 @@ impl Scheduler for MinRtt {
         len: usize,
         _: Instant,
     ) -> Option<PathId> {
-        let prio = best_priority(paths)?;
         let room = |p: &Path| {
             let room = p.load.room(ROOM_TIME, DEFAULT_RATE);
             room >= len as u64 || (p.load.window.is_none() && p.load.backlog == 0)
         };
-        paths
-            .candidates()
-            .filter(|&i| paths.get(i).spec.priority == prio && room(paths.get(i)))
+        best_candidates(paths)
+            .filter(|&i| room(paths.get(i)))
             .min_by_key(|&i| (paths.get(i).load.rtt.unwrap_or(DEFAULT_RTT), i))
             .or_else(|| earliest_arrival(paths, len))
     }
@@ -307,11 +305,7 @@ impl Scheduler for MinRtt {
 
 /// The up paths of the best priority, lowest RTT first.
 fn by_rtt(paths: &PathSet) -> impl Iterator<Item = PathId> + '_ {
-    let prio = best_priority(paths);
-    let mut v: Vec<PathId> = paths
-        .candidates()
-        .filter(|&i| Some(paths.get(i).spec.priority) == prio)
-        .collect();
+    let mut v: Vec<PathId> = best_candidates(paths).collect();
     v.sort_by_key(|&i| (paths.get(i).load.rtt.unwrap_or(DEFAULT_RTT), i));
     v.into_iter()
 }

@@ -560,9 +560,14 @@ proptest! {
         prop_assert_eq!(out_of_order, c.late);
         // Both copies of most packets arrived; the second was dropped, not delivered.
         prop_assert!(c.duplicates as f64 >= 0.5 * f64::from(n), "duplicates {}", c.duplicates);
+        // Packets sent while one path was down (a lossy path's probes can take it down for a
+        // moment) went on the other alone and are lost at its rate.
+        let tx: Vec<u64> = sim.client.paths().iter().map(|(_, p)| p.counters.tx_packets).collect();
+        let single = f64::from(n) - tx.iter().copied().min().unwrap_or(0) as f64;
+        prop_assert!(single <= 0.5 * f64::from(n), "copies on both paths: {tx:?}");
         let lost = f64::from(n) - seen.len() as f64;
-        let expected = f64::from(n) * loss.0 * loss.1;
-        prop_assert!(lost <= 2.0 * expected + 8.0, "lost {lost}, both paths lose {expected:.1}");
+        let expected = f64::from(n) * loss.0 * loss.1 + single * loss.0.max(loss.1);
+        prop_assert!(lost <= 2.0 * expected + 8.0, "lost {lost}, expected {expected:.1} (single {single})");
     }
 
     /// Links that lose, duplicate, reorder and jitter never make a packet arrive twice (the
