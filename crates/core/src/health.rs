@@ -126,6 +126,9 @@ pub struct PathHealth {
     /// When a quiet tunnel last woke: silence is measured from here at the latest, so the
     /// fast interval's shorter bound does not count the quiet spell against the path.
     woke_at: Option<Instant>,
+    /// Follower: its tunnel carries traffic (not quiet). A probe that says the prober is quiet
+    /// was then sent before our traffic reached it; it must not slow our bound down again.
+    awake: bool,
     sent_at: [Option<(u32, Instant)>; PROBE_RING],
     last_reply_at: Option<Instant>,
     last_reply_seq: Option<u32>,
@@ -154,6 +157,7 @@ impl PathHealth {
             next_probe_at: now,
             interval: cfg.probe_interval,
             woke_at: None,
+            awake: true,
             sent_at: [None; PROBE_RING],
             last_reply_at: None,
             last_reply_seq: None,
@@ -243,6 +247,7 @@ impl PathHealth {
     /// was lost), so a healthy path is not taken down in between.
     pub fn set_quiet(&mut self, quiet: bool, now: Instant) {
         if self.cfg.mode == HealthMode::Follow {
+            self.awake = !quiet;
             if !quiet && self.interval > self.cfg.probe_interval {
                 let next_quiet_probe = self.silence_reference() + self.interval;
                 self.woke_at = Some(now.max(next_quiet_probe - self.cfg.probe_interval));
@@ -376,10 +381,22 @@ impl PathHealth {
         self.min_rtt = v.min_rtt;
         self.peer_loss = f64::from(v.loss_permille.min(1000)) / 1000.0;
         self.loss_when_heard = self.peer_loss;
-        self.interval = v
+        let interval = v
             .probe_interval
             .unwrap_or(self.cfg.probe_interval)
             .min(MAX_PEER_INTERVAL);
+        if self.awake && interval > self.cfg.probe_interval {
+            // The prober had not woken when it sent this (a quiet probe in flight when our
+            // traffic started): keep the fast bound, counted from when its next quiet probe
+            // is due (as when we woke). Taking its interval back made a follower send into
+            // a path that died during the quiet spell for 1.8 s (simulator,
+            // `a_quiet_tunnel_woken_onto_a_dead_path_recovers_within_a_second`, 41 ms path).
+            let next_quiet_probe = now + interval;
+            let from = next_quiet_probe - self.cfg.probe_interval;
+            self.woke_at = Some(self.woke_at.map_or(from, |w| w.max(from)));
+        } else {
+            self.interval = interval;
+        }
         // The prober decides: it sees both directions (a dead return path shows there only).
         if v.state != self.state {
             if v.state == PathState::Down {
@@ -675,6 +692,8 @@ mod tests {
         prober.poll(t0 + ms(600));
         let quiet = prober.view();
         assert_eq!(quiet.probe_interval, Some(ms(500)));
+        // The follower's tunnel is quiet too (its PathSet says so): it takes the interval.
+        f.set_quiet(true, t0);
         f.on_peer_probe(0, Some(&quiet), t0);
         // Two quiet intervals without a probe are not a dead path...
         f.poll(t0 + ms(1000));
@@ -702,5 +721,13 @@ mod tests {
         };
         f.on_peer_probe(2, Some(&fast), t0 + ms(1100));
         assert_eq!(f.down_after(), cfg.down_after_min);
+        // Woken, a quiet probe sent before the prober woke keeps the fast bound, counted from
+        // when the prober's next quiet probe is due less a fast interval.
+        woken.on_peer_probe(3, Some(&quiet), t0 + ms(300));
+        assert_eq!(woken.down_after(), cfg.down_after_min);
+        assert_eq!(
+            woken.next_deadline(),
+            t0 + ms(300) + ms(500) - ms(100) + cfg.down_after_min + Duration::from_nanos(1)
+        );
     }
 }
