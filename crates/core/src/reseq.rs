@@ -265,14 +265,12 @@ impl Resequencer {
         if !flow.anchored && start {
             // The start of a flow whose later packets came first (held for it); any held
             // below it belong to an earlier run of the slot and go on now.
-            let older: Vec<u64> = flow.held.range(..ext).map(|(k, _)| *k).collect();
-            for k in older {
-                if let Some((_, path, p)) = flow.held.remove(&k) {
-                    self.held -= 1;
-                    self.counters.late += 1;
-                    self.ready.push_back((path, p));
-                }
-            }
+            let newer = flow.held.split_off(&ext);
+            let older = std::mem::replace(&mut flow.held, newer);
+            self.held -= older.len();
+            self.counters.late += older.len() as u64;
+            self.ready
+                .extend(older.into_values().map(|(_, path, p)| (path, p)));
             flow.next = ext;
             flow.anchored = true;
         } else if !flow.anchored && ext < flow.next {

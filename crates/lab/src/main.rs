@@ -91,6 +91,9 @@ enum Cmd {
         priorities: Option<Vec<u32>>,
         #[arg(long, value_delimiter = ',')]
         weights: Option<Vec<u32>>,
+        /// Pipes per path, e.g. 4,4.
+        #[arg(long, value_delimiter = ',')]
+        pipes: Option<Vec<u32>>,
         /// Top-level YAML added to every configuration, e.g. "worker_threads: 2".
         #[arg(long, default_value = "")]
         extra_yaml: String,
@@ -165,6 +168,7 @@ fn main() -> ExitCode {
             congestion,
             priorities,
             weights,
+            pipes,
             extra_yaml,
         } => configs(
             &name,
@@ -175,6 +179,7 @@ fn main() -> ExitCode {
                 congestion,
                 priorities,
                 weights,
+                pipes,
                 extra_yaml: if extra_yaml.is_empty() || extra_yaml.ends_with('\n') {
                     extra_yaml
                 } else {

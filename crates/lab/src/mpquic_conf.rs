@@ -173,6 +173,9 @@ fn client_yaml(lab: &LabState, c: usize, m: &MpquicOpts, pki: &str, me: &Instanc
             prio = pick(&m.priorities, path.client_path as u32),
             weight = pick(&m.weights, 1),
         );
+        if m.pipes.is_some() {
+            let _ = writeln!(y, "  pipes: {}", pick(&m.pipes, 1));
+        }
     }
     y
 }

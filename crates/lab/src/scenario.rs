@@ -13,7 +13,7 @@ use crate::emu::LinkSpec;
 
 /// Features mpquic does not have yet; a scenario that requires one reports "unsupported" for
 /// mpquic and still runs its other systems.
-pub const NOT_YET: &[&str] = &["stripe", "pipes", "classes"];
+pub const NOT_YET: &[&str] = &["stripe", "classes"];
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -69,6 +69,8 @@ pub struct MpquicOpts {
     pub congestion: Option<String>,
     pub priorities: Option<Vec<u32>>,
     pub weights: Option<Vec<u32>>,
+    /// `pipes` per path (mpquic's default, 1, when absent).
+    pub pipes: Option<Vec<u32>>,
     /// Features this scenario needs (see `NOT_YET`).
     #[serde(default)]
     pub requires: Vec<String>,
@@ -89,6 +91,7 @@ impl Default for MpquicOpts {
             congestion: None,
             priorities: None,
             weights: None,
+            pipes: None,
             requires: Vec::new(),
             extra_yaml: String::new(),
             fec: None,
@@ -107,6 +110,7 @@ pub struct Variant {
     pub mode: Option<String>,
     pub congestion: Option<String>,
     pub fec: Option<String>,
+    pub pipes: Option<Vec<u32>>,
     #[serde(default)]
     pub requires: Vec<String>,
 }
@@ -410,6 +414,7 @@ impl Scenario {
                         o.mode = v.mode.clone().or(o.mode);
                         o.congestion = v.congestion.clone().or(o.congestion);
                         o.fec = v.fec.clone().or(o.fec);
+                        o.pipes = v.pipes.clone().or(o.pipes);
                         o.requires.extend(v.requires.iter().cloned());
                         out.push((format!("mpquic-{}", v.label), System::Mpquic(o)));
                     }

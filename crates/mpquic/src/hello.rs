@@ -28,6 +28,17 @@ pub struct Hello {
     /// FEC for the tunnel, both directions (`off`, `auto`, `K/M`); absent: off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fec: Option<String>,
+    /// This connection is one of the path's pipes (`pipes: N`); absent: the path's only one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipe: Option<PipeOf>,
+}
+
+/// Which pipe of how many. Pipe 0 joins the session like a path; the others join pipe 0's
+/// path (same client identity, session and path name) and are refused without it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PipeOf {
+    pub index: u8,
+    pub count: u8,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]

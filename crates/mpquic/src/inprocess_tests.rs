@@ -36,6 +36,11 @@ fn server_config(dir: &Path) -> Config {
 }
 
 fn client_config(dir: &Path, mode: &str) -> Config {
+    client_config_with(dir, mode, "")
+}
+
+/// `path1`: more keys for path 1 (`  key: value\n` lines).
+fn client_config_with(dir: &Path, mode: &str, path1: &str) -> Config {
     let d = dir.display();
     let mut y = format!(
         "role: client\ntransport_mode: {mode}\nmultipath_enabled: true\nmultipath_policy: failover\ntun_name: cli0\n\
@@ -49,6 +54,9 @@ fn client_config(dir: &Path, mode: &str) -> Config {
             i + 1,
             i + 1
         );
+        if i == 0 {
+            y += path1;
+        }
     }
     config(dir, "client.yaml", &y)
 }
@@ -98,6 +106,28 @@ fn drain(host: &mut Host, into: &mut Vec<(u32, Instant)>) {
     }
 }
 
+/// Wait until the client has its address and a packet has gone through each way.
+async fn warm_up(cli_host: &mut Host, srv_host: &mut Host) {
+    // The client gets its address from the server through the hello.
+    let t0 = Instant::now();
+    while cli_host.address().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no tunnel address");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(cli_host.address(), Some((CLIENT_TUN, 24)));
+    // The server installs the path just after its answer: until then a packet for the client
+    // finds no path (counted as no_path). Start once a packet has gone through each way.
+    let (mut up, mut down) = (Vec::new(), Vec::new());
+    while up.is_empty() || down.is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no packet through");
+        let wait = Duration::from_millis(20);
+        exchange(cli_host, srv_host, u32::MAX, wait, &mut up, &mut down).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drain(srv_host, &mut up);
+    drain(cli_host, &mut down);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_and_server_in_process_exchange_and_fail_over() {
     exchange_and_fail_over("datagram").await;
@@ -130,34 +160,8 @@ async fn exchange_and_fail_over(mode: &str) {
     let server = tokio::spawn(server::run(scfg, s, Platform::memory(net.clone())));
     let client = tokio::spawn(client::run(ccfg, c, Platform::memory(net.clone())));
 
-    // The client gets its address from the server through the hello.
-    let t0 = Instant::now();
-    while cli_host.address().is_none() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "no tunnel address");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(cli_host.address(), Some((CLIENT_TUN, 24)));
-    // The server installs the path just after its answer: until then a packet for the client
-    // finds no path (counted as no_path). Start once a packet has gone through each way.
+    warm_up(&mut cli_host, &mut srv_host).await;
     let (mut up, mut down) = (Vec::new(), Vec::new());
-    while up.is_empty() || down.is_empty() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "no packet through");
-        let wait = Duration::from_millis(20);
-        exchange(
-            &mut cli_host,
-            &mut srv_host,
-            u32::MAX,
-            wait,
-            &mut up,
-            &mut down,
-        )
-        .await;
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    drain(&mut srv_host, &mut up);
-    drain(&mut cli_host, &mut down);
-    up.clear();
-    down.clear();
 
     // Traffic both ways, one packet every 5 ms, while path 1 (the primary) is black-holed for
     // about 2 s and then repaired.
@@ -206,6 +210,115 @@ async fn exchange_and_fail_over(mode: &str) {
         assert!(lost < 200, "{dir}: {lost} packets lost across the failover");
         println!("[measure] in-process {mode} {dir}: {} of 1000 delivered ({twice} twice), {lost} lost across the 2 s black hole of the primary path", seqs.len());
     }
+
+    net.stop();
+    for (who, task) in [("server", server), ("client", client)] {
+        let r = tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap_or_else(|_| panic!("{who} did not stop"))
+            .unwrap();
+        assert!(r.is_ok(), "{who}: {r:?}");
+    }
+}
+
+/// `pipes: 3` on path 1: three QUIC connections (three client ports) that the server joins into
+/// one path; packets go over all three, none lost or doubled; status and metrics show each pipe.
+/// A pipe whose pipe 0 the server does not have is refused with a reason, and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
+    use crate::hello::{Hello, PipeOf};
+    use crate::transport::Dialer;
+
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    pki::init(d, false).unwrap();
+    pki::issue(d, "mpquic-server", pki::Kind::Server { sans: vec![] }).unwrap();
+    pki::issue(d, "site1", pki::Kind::Client).unwrap();
+    let net = Network::new();
+    let mut srv_host = net.host("srv0");
+    let mut cli_host = net.host("cli0");
+    let scfg = server_config(d);
+    let ccfg = client_config_with(d, "datagram", "  pipes: 3\n");
+    let (RoleConfig::Server(s), RoleConfig::Client(c)) = (scfg.role.clone(), ccfg.role.clone())
+    else {
+        panic!("roles");
+    };
+    let server = tokio::spawn(server::run(scfg, s, Platform::memory(net.clone())));
+    let client = tokio::spawn(client::run(
+        ccfg.clone(),
+        c.clone(),
+        Platform::memory(net.clone()),
+    ));
+    warm_up(&mut cli_host, &mut srv_host).await;
+
+    let (mut up, mut down) = (Vec::new(), Vec::new());
+    for seq in 0..300u32 {
+        let wait = Duration::from_millis(2);
+        exchange(&mut cli_host, &mut srv_host, seq, wait, &mut up, &mut down).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drain(&mut srv_host, &mut up);
+    drain(&mut cli_host, &mut down);
+    for (dir, got) in [("up", &up), ("down", &down)] {
+        let mut seqs: Vec<u32> = got.iter().map(|(s, _)| *s).filter(|s| *s < 300).collect();
+        seqs.sort_unstable();
+        assert_eq!(seqs, (0..300).collect::<Vec<_>>(), "{dir}: lost or doubled");
+    }
+
+    let status = |who: &str| {
+        let body =
+            crate::control::get_over_socket(&d.join(format!("{who}.sock")), "/status").unwrap();
+        serde_json::from_str::<mpquic_status::StatusReport>(&body).unwrap()
+    };
+    for who in ["client", "server"] {
+        let st = status(who);
+        let path = |name: &str| st.tunnels[0].paths.iter().find(|p| p.name == name).unwrap();
+        let wan1 = path("wan1");
+        let mut ports: Vec<u16> = wan1.pipes.iter().map(|p| p.port).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), 3, "{who}: {:?}", wan1.pipes);
+        for p in &wan1.pipes {
+            // 300 packets each way went round the pipes (and the probes with them).
+            assert!(
+                p.tx_bytes > 5_000 && p.rx_bytes > 5_000,
+                "{who}: {:?}",
+                wan1.pipes
+            );
+        }
+        assert!(path("wan2").pipes.is_empty(), "wan2 has one pipe");
+        println!(
+            "[measure] in-process pipes, {who}: {}",
+            wan1.pipes_summary().unwrap()
+        );
+        let metrics = st.to_openmetrics();
+        assert!(
+            metrics.contains("mpquic_pipe_tx_bytes_total{") && metrics.contains("pipe=\"wan1.2\""),
+            "{metrics}"
+        );
+    }
+
+    // Pipe 1 of a path the server has no pipe 0 of.
+    let dialer =
+        crate::transport::quic::QuicDialer::new(&ccfg, &c, 1500, Platform::memory(net.clone()))
+            .unwrap();
+    let stray = Hello {
+        session: 7,
+        path: "wan9".into(),
+        priority: 1,
+        weight: 1,
+        policy: "failover".into(),
+        mode: ccfg.mode,
+        addr: None,
+        fec: None,
+        pipe: Some(PipeOf { index: 1, count: 2 }),
+    };
+    let (t, ack) = dialer.dial(&c.paths[1], &stray, None).await.unwrap();
+    t.close(0, "done");
+    assert!(!ack.ok);
+    let why = ack.error.unwrap();
+    assert!(why.contains("pipe 0 is not connected"), "{why}");
+    assert_eq!(status("server").refused.get("pipe_without_path"), Some(&1));
 
     net.stop();
     for (who, task) in [("server", server), ("client", client)] {

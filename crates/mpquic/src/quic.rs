@@ -3,7 +3,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -50,21 +51,31 @@ pub fn transport(cc: Congestion, link_mtu: u32) -> Arc<TransportConfig> {
     t.send_window(32 << 20);
     t.max_concurrent_bidi_streams(4u32.into());
     t.max_concurrent_uni_streams(0u32.into());
-    let factory: Arc<dyn quinn::congestion::ControllerFactory + Send + Sync> = match cc {
+    t.congestion_controller_factory(Arc::new(Tracked(factory(cc))));
+    Arc::new(t)
+}
+
+type Factory = Arc<dyn quinn::congestion::ControllerFactory + Send + Sync>;
+
+/// The configured controller, bare (`Tracked` wraps it for a connection).
+fn factory(cc: Congestion) -> Factory {
+    match cc {
         Congestion::Cubic => Arc::new(CubicConfig::default()),
         Congestion::Newreno => Arc::new(NewRenoConfig::default()),
         Congestion::QuinnBbr => Arc::new(BbrConfig::default()),
         Congestion::Bbr => core(|mtu| Box::new(cc::Bbr::new(mtu))),
         Congestion::Bbr3 => core(|mtu| Box::new(cc::Bbr3::new(mtu))),
-    };
-    t.congestion_controller_factory(Arc::new(Tracked(factory)));
-    Arc::new(t)
+    }
 }
 
-/// Any controller, with the bytes in flight kept beside it: the per-packet schedulers need to
-/// know whether a path's window has room (`window - in_flight`), and quinn tells only its
-/// controller (`on_end_acks`). Read through `window_room`.
-struct Tracked(Arc<dyn quinn::congestion::ControllerFactory + Send + Sync>);
+/// Any controller, with its window and the bytes in flight published beside it: the
+/// per-packet schedulers need to know whether a path's window has room before every batch, and
+/// quinn tells the bytes in flight only to its controller (`on_end_acks`). Read through the
+/// connection's `WindowMeter` (`window_meter`), a pair of atomics: no lock on the connection and
+/// no copy of the controller per batch (`congestion_state` clones it, our bbr's delivery records
+/// with it). Through the meter a connection can also join a `PipeGroup`: from then on its
+/// controller's events go to the group's one controller.
+struct Tracked(Factory);
 
 impl quinn::congestion::ControllerFactory for Tracked {
     fn build(
@@ -72,10 +83,145 @@ impl quinn::congestion::ControllerFactory for Tracked {
         now: std::time::Instant,
         current_mtu: u16,
     ) -> Box<dyn quinn::congestion::Controller> {
+        let inner = self.0.clone().build(now, current_mtu);
+        let meter = Arc::new(WindowMeter::default());
+        meter.window.store(inner.window(), Ordering::Relaxed);
         Box::new(TrackedController {
-            inner: self.0.clone().build(now, current_mtu),
+            inner,
             in_flight: 0,
+            meter,
         })
+    }
+}
+
+/// A connection's congestion window and bytes in flight, as its controller last saw them, and
+/// the pipe group it has joined, if any.
+#[derive(Default)]
+pub struct WindowMeter {
+    window: AtomicU64,
+    in_flight: AtomicU64,
+    group: OnceLock<(Arc<PipeGroup>, usize)>,
+}
+
+impl WindowMeter {
+    /// (window, bytes in flight). In a pipe group: this connection's part of the group's
+    /// window (what the others left free at its last event) and its own bytes in flight.
+    pub fn read(&self) -> (u64, u64) {
+        (
+            self.window.load(Ordering::Relaxed),
+            self.in_flight.load(Ordering::Relaxed),
+        )
+    }
+
+    fn publish(&self, window: u64, in_flight: u64) {
+        self.window.store(window, Ordering::Relaxed);
+        self.in_flight.store(in_flight, Ordering::Relaxed);
+    }
+}
+
+/// The meter of `conn`'s controller (one clone of the controller, once per connection).
+pub fn window_meter(conn: &quinn::Connection) -> Option<Arc<WindowMeter>> {
+    conn.congestion_state()
+        .into_any()
+        .downcast::<TrackedController>()
+        .ok()
+        .map(|t| t.meter.clone())
+}
+
+/// One congestion controller for the connections of a path's pipes (`pipes: N`, several UDP
+/// 5-tuples over one link). They share the link's capacity, so one controller owns its window:
+/// with a controller each, every pipe takes the link for its own and the losses they cause
+/// each other slow them all (seed 000 section 13: four QUIC pipes got 33 Mbit/s where one got
+/// 74). A member connection's controller forwards its events here, and tells its connection
+/// the group's window less what the other members have in flight, so together they never
+/// exceed it. A group lives as long as its members.
+pub struct PipeGroup {
+    state: Mutex<GroupState>,
+    /// (window, bytes in flight) of the whole group.
+    total: WindowMeter,
+}
+
+/// Two full-size packets: the least window a member has (`GroupState::window_for`).
+const MEMBER_FLOOR: u64 = 2 * 1500;
+
+struct GroupState {
+    inner: Box<dyn quinn::congestion::Controller>,
+    /// Bytes in flight per member, in joining order.
+    in_flight: Vec<u64>,
+}
+
+impl GroupState {
+    fn total(&self) -> u64 {
+        self.in_flight.iter().sum()
+    }
+
+    /// Member `m`'s window: the group's, less what the others have in flight, but never below
+    /// its fair share of the group's window (nor `MEMBER_FLOOR`). quinn re-checks a blocked
+    /// connection's window only on that connection's own events (its ACKs, a new datagram),
+    /// not when another member's ACK frees the group's window: without the fair share, members
+    /// that got ahead kept the window (their ACKs come back, and they send again at once) and a
+    /// squeezed one sent a couple of packets per round trip. Under our bbr, whose window has
+    /// little slack, four pipes through 20 Mbit/s per-session caps then carried 17/33/17/33% of
+    /// 49 Mbit/s. With the share, a member below it may always fill it; one above it only takes
+    /// what is free, so the members settle at their shares. The group may exceed its window
+    /// while they do (at most by what the members below their share add).
+    fn window_for(&self, m: usize) -> u64 {
+        let window = self.inner.window();
+        let others = self.total() - self.in_flight[m];
+        let share = window / self.in_flight.len() as u64;
+        window.saturating_sub(others).max(share).max(MEMBER_FLOOR)
+    }
+}
+
+impl PipeGroup {
+    /// A group with a fresh controller of kind `cc` for packets of `mtu` bytes.
+    pub fn new(cc: Congestion, mtu: u16) -> Arc<PipeGroup> {
+        let inner = factory(cc).build(std::time::Instant::now(), mtu);
+        let total = WindowMeter::default();
+        total.publish(inner.window(), 0);
+        Arc::new(PipeGroup {
+            state: Mutex::new(GroupState {
+                inner,
+                in_flight: Vec::new(),
+            }),
+            total,
+        })
+    }
+
+    /// Make the connection behind `meter` a member; false when it already is one (of any
+    /// group). Its packets in flight so far (the handshake's) are left out of the group's.
+    pub fn join(self: &Arc<Self>, meter: &WindowMeter) -> bool {
+        let mut st = self.lock();
+        let m = st.in_flight.len();
+        if meter.group.set((self.clone(), m)).is_err() {
+            return false;
+        }
+        st.in_flight.push(0);
+        let window = st.window_for(m);
+        drop(st);
+        meter.publish(window, 0);
+        true
+    }
+
+    /// The group's (window, bytes in flight).
+    pub fn read(&self) -> (u64, u64) {
+        self.total.read()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, GroupState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Run `f` on the group's state for member `m`, then publish the figures.
+    fn with<R>(&self, m: usize, meter: &WindowMeter, f: impl FnOnce(&mut GroupState) -> R) -> R {
+        let mut st = self.lock();
+        let r = f(&mut st);
+        let (window, total, mine) = (st.window_for(m), st.total(), st.in_flight[m]);
+        let group_window = st.inner.window();
+        drop(st);
+        self.total.publish(group_window, total);
+        meter.publish(window, mine);
+        r
     }
 }
 
@@ -83,23 +229,32 @@ struct TrackedController {
     inner: Box<dyn quinn::congestion::Controller>,
     /// As of the last ACK batch, less what was declared lost, plus what was sent since.
     in_flight: u64,
+    /// Shared with clones (quinn clones a controller for status): they are not driven.
+    meter: Arc<WindowMeter>,
 }
 
-/// What `conn`'s controller says now: its window and the bytes in flight in it.
-pub fn controller_view(conn: &quinn::Connection) -> (u64, u64) {
-    let cc = conn.congestion_state();
-    let window = cc.window();
-    let in_flight = cc
-        .into_any()
-        .downcast::<TrackedController>()
-        .map_or(0, |t| t.in_flight);
-    (window, in_flight)
+impl TrackedController {
+    fn publish(&self) {
+        self.meter.publish(self.inner.window(), self.in_flight);
+    }
+
+    /// The group this connection has joined, and its member number.
+    fn group(&self) -> Option<(&PipeGroup, usize)> {
+        self.meter.group.get().map(|(g, m)| (&**g, *m))
+    }
 }
 
 impl quinn::congestion::Controller for TrackedController {
     fn on_sent(&mut self, now: std::time::Instant, bytes: u64, last_packet_number: u64) {
+        if let Some((g, m)) = self.group() {
+            return g.with(m, &self.meter, |st| {
+                st.in_flight[m] += bytes;
+                st.inner.on_sent(now, bytes, last_packet_number)
+            });
+        }
         self.in_flight += bytes;
         self.inner.on_sent(now, bytes, last_packet_number);
+        self.publish();
     }
     fn on_ack(
         &mut self,
@@ -109,8 +264,16 @@ impl quinn::congestion::Controller for TrackedController {
         app_limited: bool,
         rtt: &quinn_proto::RttEstimator,
     ) {
+        if let Some((g, m)) = self.group() {
+            return g.with(m, &self.meter, |st| {
+                st.inner.on_ack(now, sent, bytes, app_limited, rtt)
+            });
+        }
         self.inner.on_ack(now, sent, bytes, app_limited, rtt);
     }
+    /// In a group the controller is told the group's bytes in flight. Packet numbers are each
+    /// connection's own, so the largest acknowledged is passed as the member's: only quinn's
+    /// bbr reads it (rounds), and a group under it counts rounds per member.
     fn on_end_acks(
         &mut self,
         now: std::time::Instant,
@@ -118,9 +281,18 @@ impl quinn::congestion::Controller for TrackedController {
         app_limited: bool,
         largest_packet_num_acked: Option<u64>,
     ) {
+        if let Some((g, m)) = self.group() {
+            return g.with(m, &self.meter, |st| {
+                st.in_flight[m] = in_flight;
+                let total = st.total();
+                st.inner
+                    .on_end_acks(now, total, app_limited, largest_packet_num_acked)
+            });
+        }
         self.in_flight = in_flight;
         self.inner
             .on_end_acks(now, in_flight, app_limited, largest_packet_num_acked);
+        self.publish();
     }
     fn on_congestion_event(
         &mut self,
@@ -129,27 +301,60 @@ impl quinn::congestion::Controller for TrackedController {
         is_persistent_congestion: bool,
         lost_bytes: u64,
     ) {
+        if let Some((g, m)) = self.group() {
+            // One loss episode seen by several members reduces the window once: the
+            // controllers ignore losses of packets sent before their recovery began.
+            return g.with(m, &self.meter, |st| {
+                st.in_flight[m] = st.in_flight[m].saturating_sub(lost_bytes);
+                st.inner
+                    .on_congestion_event(now, sent, is_persistent_congestion, lost_bytes)
+            });
+        }
         self.in_flight = self.in_flight.saturating_sub(lost_bytes);
         self.inner
             .on_congestion_event(now, sent, is_persistent_congestion, lost_bytes);
+        self.publish();
     }
     fn on_mtu_update(&mut self, new_mtu: u16) {
+        if let Some((g, m)) = self.group() {
+            return g.with(m, &self.meter, |st| st.inner.on_mtu_update(new_mtu));
+        }
         self.inner.on_mtu_update(new_mtu);
+        self.publish();
     }
     fn window(&self) -> u64 {
-        self.inner.window()
+        match self.group() {
+            Some((g, m)) => g.lock().window_for(m),
+            None => self.inner.window(),
+        }
     }
+    /// In a group: the group's figures, its pacing rate scaled to this member's part of the
+    /// window (a reliable-mode stream writer paces each pipe by it).
     fn metrics(&self) -> quinn::congestion::ControllerMetrics {
-        self.inner.metrics()
+        let Some((g, m)) = self.group() else {
+            return self.inner.metrics();
+        };
+        let st = g.lock();
+        let mut metrics = st.inner.metrics();
+        let (all, mine) = (st.inner.window().max(1), st.window_for(m));
+        metrics.congestion_window = mine;
+        metrics.pacing_rate = metrics
+            .pacing_rate
+            .map(|r| (u128::from(r) * u128::from(mine) / u128::from(all)) as u64);
+        metrics
     }
     fn clone_box(&self) -> Box<dyn quinn::congestion::Controller> {
         Box::new(TrackedController {
             inner: self.inner.clone_box(),
             in_flight: self.in_flight,
+            meter: self.meter.clone(),
         })
     }
     fn initial_window(&self) -> u64 {
-        self.inner.initial_window()
+        match self.group() {
+            Some((g, _)) => g.lock().inner.initial_window(),
+            None => self.inner.initial_window(),
+        }
     }
     fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
         self
@@ -343,5 +548,67 @@ pub fn link_mtu(bind: &Bind) -> u32 {
     match bind {
         Bind::Interface(name) => tun::interface_mtu(name).unwrap_or(DEFAULT_LINK_MTU),
         _ => DEFAULT_LINK_MTU,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quinn::congestion::{Controller, ControllerFactory};
+    use std::time::{Duration, Instant};
+
+    /// A tracked controller of kind `cc`, and its meter.
+    fn tracked(cc: Congestion) -> (Box<dyn Controller>, Arc<WindowMeter>) {
+        let c = Arc::new(Tracked(factory(cc))).build(Instant::now(), 1200);
+        let meter = c
+            .clone_box()
+            .into_any()
+            .downcast::<TrackedController>()
+            .unwrap()
+            .meter
+            .clone();
+        (c, meter)
+    }
+
+    /// Pipes under one controller: each is allowed the group's window less what the others
+    /// have in flight (never below its fair share), the group counts every member's bytes, and
+    /// one loss episode seen by two members shrinks the window once.
+    #[test]
+    fn pipe_group_shares_one_window() {
+        let group = PipeGroup::new(Congestion::Newreno, 1200);
+        let t0 = Instant::now() + Duration::from_millis(1);
+        let (mut a, ma) = tracked(Congestion::Newreno);
+        let (mut b, mb) = tracked(Congestion::Newreno);
+        assert!(group.join(&ma) && group.join(&mb));
+        assert!(!group.join(&ma), "a member joins once");
+        let w = group.read().0;
+        assert_eq!(a.window(), w);
+        a.on_sent(t0, 6000, 1);
+        assert_eq!(group.read(), (w, 6000));
+        assert_eq!(b.window(), w - 6000);
+        b.on_sent(t0, w, 1);
+        assert_eq!(
+            mb.read(),
+            (w - 6000, w),
+            "b's meter: its part, its own bytes"
+        );
+        assert_eq!(a.window(), w / 2, "nothing free: its fair share");
+        // a's packets acknowledged: a has none in flight, b's part grows back.
+        a.on_end_acks(t0 + Duration::from_millis(10), 0, false, Some(1));
+        assert_eq!(group.read().1, w);
+        assert_eq!(b.window(), group.read().0);
+        // A loss on b, then one on a of a packet sent before the first: one reduction.
+        let now = t0 + Duration::from_millis(20);
+        b.on_congestion_event(now, t0 + Duration::from_millis(1), false, 1200);
+        let reduced = group.read().0;
+        assert!(reduced < w, "{reduced} < {w}");
+        a.on_congestion_event(
+            now + Duration::from_millis(1),
+            t0 + Duration::from_millis(2),
+            false,
+            1200,
+        );
+        assert_eq!(group.read().0, reduced);
+        assert_eq!(group.read().1, w - 1200);
     }
 }

@@ -267,7 +267,7 @@ impl Tunnel {
         scratch.clear();
         let mut refused_copies: Vec<(PathId, usize, DropReason, bool)> = Vec::new();
         if self.per_packet {
-            self.refresh_loads(&mut scratch.loads);
+            self.refresh_loads(scratch);
         }
         {
             let mut s = self.lock();
@@ -398,18 +398,18 @@ impl Tunnel {
         }
     }
 
-    /// Each connected path's load as its transport sees it now (`PathLoad`), read outside the
-    /// tunnel's lock (it takes the QUIC connection's).
-    fn refresh_loads(&self, out: &mut Vec<(PathId, mpquic_core::PathLoad)>) {
-        let transports: Vec<(PathId, Arc<dyn PathTransport>)> = {
+    /// Each connected path's load as its transport sees it now (`PathLoad`) into
+    /// `scratch.loads`, read outside the tunnel's lock (it takes the QUIC connection's).
+    fn refresh_loads(&self, scratch: &mut Routed) {
+        {
             let s = self.lock();
-            s.router
-                .paths()
-                .ids()
-                .filter_map(|id| s.link(id).map(|l| (id, l.transport.clone())))
-                .collect()
-        };
-        out.extend(transports.into_iter().map(|(id, t)| (id, t.load())));
+            let links = s.router.paths().ids();
+            scratch
+                .links
+                .extend(links.filter_map(|id| s.link(id).map(|l| (id, l.transport.clone()))));
+        }
+        let loads = scratch.links.drain(..).map(|(id, t)| (id, t.load()));
+        scratch.loads.extend(loads);
     }
 
     /// Connecting `path` with packets of `payload` failed (a larger size tried, or any size
@@ -492,10 +492,19 @@ impl Tunnel {
     /// stream frame): bare, or numbered for the resequencer (`BOND_DATA`).
     fn receive_inner(&self, path: PathId, bytes: &[u8]) {
         match wire::decode(bytes) {
-            Some(Datagram::Packet(p)) => self.deliver(path, p),
-            Some(Datagram::Bonded { slot, seq, packet }) => {
-                self.deliver_bonded(path, slot, seq, packet)
+            Some(d @ (Datagram::Packet(_) | Datagram::Bonded { .. })) => {
+                self.deliver_inner(path, d)
             }
+            _ => self.lock().router.drop_on(path, DropReason::Malformed, 1),
+        }
+    }
+
+    /// An inner packet, bare or numbered: to the TUN device, or through the resequencer.
+    fn deliver_inner(&self, path: PathId, d: Datagram<'_>) {
+        match d {
+            Datagram::Packet(p) => self.deliver(path, p),
+            Datagram::Bonded { slot, seq, packet } => self.deliver_bonded(path, slot, seq, packet),
+            // Callers pass inner packets only; anything else is counted, never a panic.
             _ => self.lock().router.drop_on(path, DropReason::Malformed, 1),
         }
     }
@@ -534,9 +543,8 @@ impl Tunnel {
 
     fn on_datagram(&self, path: PathId, transport: &dyn PathTransport, d: &[u8]) {
         match wire::decode(d) {
-            Some(Datagram::Packet(p)) => self.deliver(path, p),
-            Some(Datagram::Bonded { slot, seq, packet }) => {
-                self.deliver_bonded(path, slot, seq, packet)
+            Some(d @ (Datagram::Packet(_) | Datagram::Bonded { .. })) => {
+                self.deliver_inner(path, d)
             }
             Some(Datagram::Probe { seq, view }) => {
                 // Not sent when the buffer is full, like our own probes: never evict data.
@@ -884,6 +892,7 @@ impl Tunnel {
                     ps.quic_sent_packets = st.sent_packets;
                     ps.udp_payload = st.udp_payload.map(u64::from);
                     ps.quic_lost_packets = st.lost_packets;
+                    ps.pipes = l.transport.pipes();
                     if st.sent_packets > 0 {
                         ps.quic_loss_pct = st.lost_packets as f64 * 100.0 / st.sent_packets as f64;
                     }
@@ -962,8 +971,10 @@ pub struct Routed {
     per_path: Vec<PathShare>,
     /// Packets a transport refused: (path, packet, reason).
     refused: Vec<(PathId, usize, DropReason)>,
-    /// Per-packet policies: the paths' loads read before routing.
+    /// Per-packet policies: the paths' loads read before routing, and the transports they are
+    /// read from (kept from batch to batch: no allocation per batch).
     loads: Vec<(PathId, mpquic_core::PathLoad)>,
+    links: Vec<(PathId, Arc<dyn PathTransport>)>,
     /// `redundant`: second copies, and the repair packets of the FEC groups they closed.
     copies: Vec<SecondCopy>,
 }

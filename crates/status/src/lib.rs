@@ -100,6 +100,25 @@ pub struct PathStatus {
     /// FEC packets that contradict their group: dropped.
     #[serde(default)]
     pub fec_inconsistent: u64,
+    /// A path over several pipes (`pipes: N`): each pipe's figures; empty for one pipe.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pipes: Vec<PipeStatus>,
+}
+
+/// One pipe of a path: a UDP 5-tuple (its own QUIC connection) under the path's shared
+/// congestion controller.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct PipeStatus {
+    /// The local (client) or remote (server) UDP port that tells the pipes apart.
+    pub port: u16,
+    pub rtt_ms: f64,
+    /// Its part of the path's window in use.
+    pub in_flight_bytes: u64,
+    pub sent_packets: u64,
+    pub lost_packets: u64,
+    /// UDP payload bytes sent and received on this pipe.
+    pub tx_bytes: u64,
+    pub rx_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
@@ -174,6 +193,39 @@ impl PathStatus {
             self.fec_recovered,
             self.fec_unrecoverable_groups,
             self.fec_unrecovered_packets,
+        ))
+    }
+
+    /// One line of the path's pipes (`None` for one pipe): each pipe's port, share of the
+    /// bytes sent, RTT and loss.
+    pub fn pipes_summary(&self) -> Option<String> {
+        if self.pipes.is_empty() {
+            return None;
+        }
+        let total: u64 = self.pipes.iter().map(|p| p.tx_bytes).sum::<u64>().max(1);
+        let each: Vec<String> = self
+            .pipes
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let loss = if p.sent_packets > 0 {
+                    p.lost_packets as f64 * 100.0 / p.sent_packets as f64
+                } else {
+                    0.0
+                };
+                format!(
+                    "{}.{i} :{} {:.0}% {:.1}ms {loss:.1}%",
+                    self.name,
+                    p.port,
+                    p.tx_bytes as f64 * 100.0 / total as f64,
+                    p.rtt_ms
+                )
+            })
+            .collect();
+        Some(format!(
+            "{} (port share rtt loss): {}",
+            self.pipes.len(),
+            each.join("  ")
         ))
     }
 }

@@ -41,6 +41,14 @@ struct ReorderLabels {
     event: String,
 }
 
+/// A pipe of a path: `pipe` is "path.N", as in the seed (`wan5.0`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PipeLabels {
+    tunnel: String,
+    path: String,
+    pipe: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TunnelLabels {
     tunnel: String,
@@ -357,10 +365,78 @@ impl StatusReport {
             }
         }
 
+        self.register_pipes(&mut registry);
+
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
         out
+    }
+}
+
+impl StatusReport {
+    /// Per-pipe metrics of paths with several pipes.
+    fn register_pipes(&self, registry: &mut Registry) {
+        type Read = fn(&crate::PipeStatus) -> u64;
+        let counters: [(&str, &str, Read); 4] = [
+            (
+                "mpquic_pipe_tx_bytes",
+                "UDP payload bytes sent on the pipe",
+                |p| p.tx_bytes,
+            ),
+            (
+                "mpquic_pipe_rx_bytes",
+                "UDP payload bytes received on the pipe",
+                |p| p.rx_bytes,
+            ),
+            (
+                "mpquic_pipe_sent_packets",
+                "QUIC packets sent on the pipe",
+                |p| p.sent_packets,
+            ),
+            (
+                "mpquic_pipe_lost_packets",
+                "QUIC packets lost on the pipe",
+                |p| p.lost_packets,
+            ),
+        ];
+        let pipes = || {
+            self.tunnels.iter().flat_map(|t| {
+                t.paths.iter().flat_map(move |path| {
+                    path.pipes.iter().enumerate().map(move |(i, p)| {
+                        let l = PipeLabels {
+                            tunnel: t.peer.clone(),
+                            path: path.name.clone(),
+                            pipe: format!("{}.{i}", path.name),
+                        };
+                        (l, p)
+                    })
+                })
+            })
+        };
+        for (name, help, read) in counters {
+            let fam = Family::<PipeLabels, Counter>::default();
+            for (l, p) in pipes() {
+                fam.get_or_create(&l).inc_by(read(p));
+            }
+            registry.register(name, help, fam);
+        }
+        let rtt = Family::<PipeLabels, FloatGauge>::default();
+        let in_flight = Family::<PipeLabels, Gauge>::default();
+        for (l, p) in pipes() {
+            rtt.get_or_create(&l).set(p.rtt_ms);
+            in_flight.get_or_create(&l).set(p.in_flight_bytes as i64);
+        }
+        registry.register(
+            "mpquic_pipe_rtt_ms",
+            "The pipe's QUIC RTT estimate (ms)",
+            rtt,
+        );
+        registry.register(
+            "mpquic_pipe_in_flight_bytes",
+            "Bytes the pipe has in flight, of the path's shared window",
+            in_flight,
+        );
     }
 }
 

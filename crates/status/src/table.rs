@@ -63,6 +63,9 @@ impl StatusReport {
                 if let Some(mtu) = p.mtu_summary() {
                     let _ = writeln!(o, "  mtu {:<6} {mtu}", p.name);
                 }
+                if let Some(pipes) = p.pipes_summary() {
+                    let _ = writeln!(o, "  pipes {:<4} {pipes}", p.name);
+                }
                 if let Some(d) = p.playout_ms.filter(|d| *d > 0.0) {
                     let _ = writeln!(
                         o,

@@ -151,6 +151,9 @@ pub struct PathConfig {
     pub remote_port: u16,
     pub priority: u32,
     pub weight: u32,
+    /// UDP 5-tuples (QUIC connections, distinct source ports) the path runs over, sharing one
+    /// congestion controller (`transport/pipes.rs`): past carriers' per-session caps.
+    pub pipes: u8,
 }
 
 #[derive(Debug, Clone)]
@@ -455,18 +458,34 @@ multipath_paths:
     }
 
     #[test]
-    fn stripe_and_pipes_are_not_supported_yet() {
+    fn stripe_is_not_supported_yet_and_pipes_are_bounded() {
         let text = SEED_CLIENT.replace(
             "  weight: 1\n- name: wan5",
             "  weight: 1\n  pipes: 4\n  transport: stripe\n- name: wan5",
         ) + "stripe_port: 46017\n";
         let e = parse(&text).unwrap_err();
-        assert_eq!(e.problems.len(), 3, "{e}");
+        assert_eq!(e.problems.len(), 2, "{e}");
         for p in &e.problems {
             assert!(p.message.contains("not supported yet"), "{e}");
         }
-        assert_eq!(e.problems[0].line, 21); // pipes
-        assert_eq!(e.problems[2].line, 29); // stripe_port
+        assert_eq!(e.problems[0].line, 22); // transport
+        assert_eq!(e.problems[1].line, 29); // stripe_port
+        let four = SEED_CLIENT.replace(
+            "  weight: 1\n- name: wan5",
+            "  weight: 1\n  pipes: 4\n- name: wan5",
+        );
+        let c = parse(&four).unwrap();
+        let RoleConfig::Client(cc) = &c.role else {
+            panic!()
+        };
+        assert_eq!(cc.paths.iter().map(|p| p.pipes).collect::<Vec<_>>(), [4, 1]);
+        let e = parse(&SEED_CLIENT.replace(
+            "  weight: 1\n- name: wan5",
+            "  weight: 1\n  pipes: 17\n- name: wan5",
+        ))
+        .unwrap_err();
+        assert_eq!(e.problems[0].line, 21, "{e}");
+        assert!(e.to_string().contains("1 to 16 pipes"), "{e}");
     }
 
     #[test]

@@ -10,6 +10,9 @@ use mpquic_core::sessions::MAX_PATHS_PER_SESSION;
 use mpquic_core::Policy;
 
 use super::positions::Positions;
+
+/// Pipes per path: each is a QUIC connection and a socket.
+const MAX_PIPES: u32 = 16;
 use super::{
     closest, mask, parse_cidr, Bind, ClientConfig, Config, Congestion, PathConfig, Problem,
     RawConfig, Role, RoleConfig, ServerConfig, TransportMode, DEFAULT_PORT,
@@ -442,6 +445,7 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
             remote_port: raw.remote_port.unwrap_or(DEFAULT_PORT),
             priority: 1,
             weight: 1,
+            pipes: 1,
         });
         return out;
     }
@@ -471,11 +475,18 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
                 None,
             );
         }
-        match p.pipes {
-            Some(n) if n > 1 => c.unsupported(&at("pipes"), "more than one pipe per path"),
-            Some(0) => c.at(&at("pipes"), "`pipes` must be at least 1".into(), None),
-            _ => {}
-        }
+        let pipes = match p.pipes {
+            None => 1,
+            Some(n @ 1..=MAX_PIPES) => n as u8,
+            Some(n) => {
+                c.at(
+                    &at("pipes"),
+                    format!("`pipes: {n}`: a path has 1 to {MAX_PIPES} pipes"),
+                    None,
+                );
+                1
+            }
+        };
         match p.transport.as_deref() {
             None | Some("quic") => {}
             Some("stripe") => c.unsupported(&at("transport"), "`transport: stripe`"),
@@ -503,6 +514,7 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
             remote_port: p.remote_port.or(raw.remote_port).unwrap_or(DEFAULT_PORT),
             priority: p.priority.unwrap_or(1),
             weight: p.weight.unwrap_or(1),
+            pipes,
         });
     }
     out

@@ -90,6 +90,10 @@ pub trait PathTransport: Send + Sync + 'static {
     /// inner packets it sent since `since` that may not have arrived, to be sent on a live
     /// path. A transport that keeps no copies returns nothing.
     fn abandon(&self, since: std::time::Instant) -> Vec<bytes::Bytes>;
+    /// A path over several pipes: each pipe's figures. One pipe: nothing.
+    fn pipes(&self) -> Vec<mpquic_status::PipeStatus> {
+        Vec::new()
+    }
 }
 
 /// Client side of session setup: open a path to the server and exchange the hello.

@@ -27,6 +27,9 @@ use crate::platform::Platform;
 use crate::tunnel::close;
 use crate::{quic, tls};
 
+mod pipes;
+use pipes::{PipeKey, PipeSets, QuicPipes};
+
 /// Packets a reliable-mode path may queue for its stream writer before new ones are dropped
 /// (counted `queue_full`). Only a hand-over between the TUN reader and the writer: the stream's
 /// own backlog is bounded by its send window (`reliable::stream_window`), and every packet
@@ -62,6 +65,8 @@ pub struct QuicTransport {
     _endpoint: Option<quinn::Endpoint>,
     /// The client's link payload (`TransportStats::link_payload`).
     link_payload: Option<u16>,
+    /// The controller's window and bytes in flight (`load`).
+    meter: Option<Arc<quic::WindowMeter>>,
 }
 
 struct StartParts {
@@ -88,6 +93,7 @@ impl QuicTransport {
             TransportMode::Datagram => (None, None),
         };
         Arc::new(QuicTransport {
+            meter: quic::window_meter(&conn),
             conn,
             stream_tx,
             recent: Arc::default(),
@@ -182,7 +188,10 @@ impl PathTransport for QuicTransport {
     /// waiting for the stream writer (at a full packet each: an estimate, the sizes are not
     /// kept).
     fn load(&self) -> PathLoad {
-        let (window, in_flight) = quic::controller_view(&self.conn);
+        let (window, in_flight) = match &self.meter {
+            Some(m) => m.read(),
+            None => (self.conn.congestion_state().window(), 0),
+        };
         let rtt = self.conn.rtt();
         let per_rtt = (window * 8).saturating_mul(1_000_000) / (rtt.as_micros().max(1) as u64);
         let (backlog, limit) = match &self.stream_tx {
@@ -323,12 +332,68 @@ impl QuicDialer {
             .with_context(|| format!("cannot resolve {}", p.remote_addr))?
             .next()
             .ok_or_else(|| anyhow!("{} has no address", p.remote_addr))?;
-        let socket = self.platform.client_socket(&p.bind, remote)?;
         // A smaller payload is announced to the server (it caps what the server sends) and is
         // this side's packet size and floor: the route carries no more.
         let link_mtu = payload.map_or(self.link_mtu, |p| {
             mpquic_core::mtu::link_mtu_for_payload(p).min(self.link_mtu)
         });
+        if p.pipes <= 1 {
+            let (t, ack) = self.dial_one(p, remote, link_mtu, h).await?;
+            return Ok((t, ack));
+        }
+        // Pipe 0 joins the session like a path; the others then join pipe 0 (`pipes.rs`).
+        let hello_for = |index: u8| Hello {
+            pipe: Some(hello::PipeOf {
+                index,
+                count: p.pipes,
+            }),
+            ..h.clone()
+        };
+        let (first, ack) = self.dial_one(p, remote, link_mtu, &hello_for(0)).await?;
+        if !ack.ok {
+            return Ok((first, ack));
+        }
+        let group = quic::PipeGroup::new(self.congestion, mpquic_core::mtu::udp_payload(link_mtu));
+        let set = QuicPipes::new(group, p.pipes, ack.clone(), first);
+        let hellos: Vec<Hello> = (1..p.pipes).map(hello_for).collect();
+        let rest = futures_util::future::join_all(
+            hellos
+                .iter()
+                .map(|hk| self.dial_one(p, remote, link_mtu, hk)),
+        )
+        .await;
+        let mut failed = None;
+        for (k, r) in (1..p.pipes).zip(rest) {
+            match r {
+                Ok((t, a)) if a.ok => {
+                    set.add(t);
+                }
+                Ok((t, a)) => {
+                    t.close(close::SHUTDOWN, "refused");
+                    let why = a.error.unwrap_or_else(|| "refused".into());
+                    failed.get_or_insert_with(|| anyhow!("pipe {k}: {why}"));
+                }
+                Err(e) => {
+                    failed.get_or_insert(e.context(format!("pipe {k}")));
+                }
+            }
+        }
+        if let Some(e) = failed {
+            set.close(close::SHUTDOWN, "a pipe of the path failed");
+            return Err(e);
+        }
+        Ok((set, ack))
+    }
+
+    /// One QUIC connection to `remote` over its own socket, and its hello exchange.
+    async fn dial_one(
+        &self,
+        p: &PathConfig,
+        remote: SocketAddr,
+        link_mtu: u32,
+        h: &Hello,
+    ) -> Result<(Arc<QuicTransport>, HelloAck)> {
+        let socket = self.platform.client_socket(&p.bind, remote)?;
         let mut client = self.client.clone();
         if link_mtu != self.link_mtu {
             client.transport_config(quic::transport(self.congestion, link_mtu));
@@ -375,6 +440,14 @@ pub struct QuicListener {
     offers: tokio::sync::Mutex<mpsc::Receiver<Offer>>,
 }
 
+/// What the listener's connection tasks share: the refusal counter, the pipe sets, and the
+/// controller a pipe set's group gets.
+struct Accepting {
+    refused: Refused,
+    pipes: PipeSets,
+    congestion: crate::config::Congestion,
+}
+
 /// Counts a refused connection by reason (the server's status and metrics).
 pub type Refused = Arc<dyn Fn(&'static str) + Send + Sync>;
 
@@ -401,11 +474,16 @@ impl QuicListener {
         )?;
         let (tx, rx) = mpsc::channel(OFFER_QUEUE);
         let ep = endpoint.clone();
+        let accepting = Arc::new(Accepting {
+            refused,
+            pipes: PipeSets::default(),
+            congestion: cfg.congestion,
+        });
         tokio::spawn(async move {
             while let Some(incoming) = ep.accept().await {
-                let (tx, refused) = (tx.clone(), refused.clone());
+                let (tx, accepting) = (tx.clone(), accepting.clone());
                 tokio::spawn(async move {
-                    if let Some(offer) = offer(incoming, &refused).await {
+                    if let Some(offer) = offer(incoming, accepting).await {
                         // The server is gone when the queue is closed; nothing to answer.
                         let _ = tx.send(offer).await;
                     }
@@ -433,8 +511,10 @@ impl Listener for QuicListener {
     }
 }
 
-/// One incoming connection up to its offer: handshake, identity, hello.
-async fn offer(incoming: quinn::Incoming, refused: &Refused) -> Option<Offer> {
+/// One incoming connection up to its offer: handshake, identity, hello. A pipe after a path's
+/// first joins that pipe's set here, without an offer (`pipes.rs`).
+async fn offer(incoming: quinn::Incoming, accepting: Arc<Accepting>) -> Option<Offer> {
+    let refused = &accepting.refused;
     let remote = incoming.remote_address();
     let conn = match incoming.await {
         Ok(c) => c,
@@ -471,6 +551,23 @@ async fn offer(incoming: quinn::Incoming, refused: &Refused) -> Option<Offer> {
             return None;
         }
     };
+    let pipe = match hello.pipe {
+        None => None,
+        Some(p) if p.count < 2 || p.index >= p.count => {
+            warn!(client = %identity, %remote, index = p.index, count = p.count, "bad pipe numbers in hello; connection closed");
+            refused("bad_hello");
+            conn.close(close::PROTOCOL.into(), b"bad pipe numbers");
+            return None;
+        }
+        Some(p) => {
+            let key = (identity.clone(), hello.session, hello.path.clone());
+            if p.index > 0 {
+                join_pipe(&accepting, key, p, conn, send, recv, hello.mode).await;
+                return None;
+            }
+            Some((accepting.clone(), key, p.count))
+        }
+    };
     Some(Offer {
         identity,
         remote,
@@ -479,9 +576,46 @@ async fn offer(incoming: quinn::Incoming, refused: &Refused) -> Option<Offer> {
             send,
             recv,
             mode: hello.mode,
+            pipe,
         }),
         hello,
     })
+}
+
+/// A later pipe of a path: joins the set its pipe 0 made, answered as pipe 0 was; refused
+/// (and counted) when there is no such set.
+async fn join_pipe(
+    accepting: &Accepting,
+    key: PipeKey,
+    p: hello::PipeOf,
+    conn: quinn::Connection,
+    mut send: quinn::SendStream,
+    recv: quinn::RecvStream,
+    mode: TransportMode,
+) {
+    let set = accepting.pipes.get(&key).filter(|s| s.count() == p.count);
+    let Some(set) = set else {
+        let (client, _, path) = &key;
+        warn!(%client, %path, pipe = p.index, "pipe without its path's first pipe; refused");
+        (accepting.refused)("pipe_without_path");
+        let ack = HelloAck {
+            ok: false,
+            error: Some(format!(
+                "pipe {} of path `{path}`: the path's pipe 0 is not connected",
+                p.index
+            )),
+            ..Default::default()
+        };
+        let _ = hello::write(&mut send, &ack).await;
+        let _ = send.finish();
+        let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
+        conn.close(close::REFUSED.into(), b"pipe without path");
+        return;
+    };
+    if hello::write(&mut send, &set.ack).await.is_err() {
+        return;
+    }
+    set.add(QuicTransport::new(conn, send, recv, None, mode, None));
 }
 
 /// The connection behind an offer, waiting for the server's answer.
@@ -490,6 +624,8 @@ struct QuicOffer {
     send: quinn::SendStream,
     recv: quinn::RecvStream,
     mode: TransportMode,
+    /// Pipe 0 of a path with pipes: where its set is kept, under which key, and how many.
+    pipe: Option<(Arc<Accepting>, PipeKey, u8)>,
 }
 
 impl OfferReply for QuicOffer {
@@ -503,12 +639,24 @@ impl OfferReply for QuicOffer {
                 mut send,
                 recv,
                 mode,
+                pipe,
             } = *self;
             hello::write(&mut send, &ack)
                 .await
                 .context("cannot answer the hello")?;
-            let t: Arc<dyn PathTransport> = QuicTransport::new(conn, send, recv, None, mode, None);
-            Ok(t)
+            let t = QuicTransport::new(conn, send, recv, None, mode, None);
+            let Some((accepting, key, count)) = pipe else {
+                return Ok(t as Arc<dyn PathTransport>);
+            };
+            // Kept as soon as the answer is queued: the client dials the other pipes when it has
+            // the answer, a handshake later.
+            let group = quic::PipeGroup::new(
+                accepting.congestion,
+                mpquic_core::mtu::udp_payload(quic::DEFAULT_LINK_MTU),
+            );
+            let set = QuicPipes::new(group, count, ack, t);
+            accepting.pipes.insert(key, &set);
+            Ok(set as Arc<dyn PathTransport>)
         })
     }
 
