@@ -66,10 +66,18 @@ impl FlowTable {
 
     /// The path a flow is pinned to, refreshing its idle timer.
     pub fn lookup(&mut self, key: u64, now: Instant) -> Option<PathId> {
+        self.lookup_idle(key, now).map(|(p, _)| p)
+    }
+
+    /// The path a flow is pinned to and how long it had been idle, refreshing its idle timer.
+    pub fn lookup_idle(&mut self, key: u64, now: Instant) -> Option<(PathId, Duration)> {
         let i = *self.index.get(&key)?;
-        self.nodes[i as usize].last_seen = now;
+        let n = &mut self.nodes[i as usize];
+        let idle = now.saturating_duration_since(n.last_seen);
+        n.last_seen = now;
+        let path = n.path;
         self.move_to_tail(i);
-        Some(self.nodes[i as usize].path)
+        Some((path, idle))
     }
 
     pub fn assign(&mut self, key: u64, path: PathId, now: Instant) {

@@ -239,10 +239,23 @@ impl PathSet {
             .map(|(i, _)| i)
     }
 
-    /// A new connection now carries `id`: health starts afresh.
+    /// A new connection now carries `id`: health starts afresh, unless the path is up and the
+    /// new connection replaces its live one (make before break: the client reconnecting at
+    /// another packet size, whose handshake just crossed the path). The path then stays up:
+    /// starting afresh took it out of use for a probe's round trip, and `balanced` moved its
+    /// flows for good (scenario 14: path 1, repaired, lost its flows again 2 s later when it
+    /// went back to full-size packets).
     pub fn connected(&mut self, id: PathId, now: Instant) -> Transition {
         let p = &mut self.paths[id.index()];
         let from = p.state();
+        if from == Some(PathState::Up) {
+            p.connects += 1;
+            return Transition {
+                path: id,
+                from,
+                to: from,
+            };
+        }
         let mut h = PathHealth::new(self.health_cfg, now);
         if self.quiet {
             h.set_quiet(true, now);

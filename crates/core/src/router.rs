@@ -215,6 +215,7 @@ impl Router {
 mod tests {
     use super::*;
     use crate::packet::tests::tcp4;
+    use crate::PathState;
 
     fn spec(name: &str, priority: u32, weight: u32) -> PathSpec {
         PathSpec {
@@ -313,6 +314,79 @@ mod tests {
         // A path that goes away loses its flows; they are placed afresh on what is left.
         r.disconnected(a);
         assert_eq!(r.bond().flows_on(a), 0);
+    }
+
+    /// Flows moved off a failed path come back once it is up again, each at a pause longer
+    /// than the paths' RTT (so none is reordered); a flow that keeps sending stays put.
+    #[test]
+    fn balanced_flows_return_to_a_repaired_path_at_a_pause() {
+        let t0 = Instant::now();
+        let (mut r, a, b) = two_up(Policy::Balanced, spec("a", 1, 1), spec("b", 1, 1), t0);
+        let flow = |port: u16| {
+            let pkt = tcp4([10, 0, 0, 1], [10, 0, 0, 2], port, 80, None);
+            PacketInfo::parse(&pkt).unwrap()
+        };
+        let route = |r: &mut Router, port: u16, now: Instant| {
+            r.route(Some(&flow(port)), 100, now)
+                .map(|x| x.path)
+                .unwrap()
+        };
+        // a is gone: all four flows on b.
+        r.disconnected(a);
+        for port in 0..4 {
+            assert_eq!(route(&mut r, port, t0), b);
+        }
+        // a is back.
+        r.connected(a, t0);
+        up_all(&mut r, t0);
+        // Busy flows (a packet every millisecond) stay on b.
+        let mut now = t0;
+        for _ in 0..500 {
+            now += Duration::from_millis(1);
+            for port in 0..4 {
+                assert_eq!(route(&mut r, port, now), b, "a busy flow does not move");
+            }
+        }
+        // After a pause of a second, half of them go back to a, one at a time, and stay.
+        now += Duration::from_secs(1);
+        let placed: Vec<PathId> = (0..4).map(|port| route(&mut r, port, now)).collect();
+        assert_eq!(placed.iter().filter(|&&p| p == a).count(), 2, "{placed:?}");
+        for port in 0..4 {
+            now += Duration::from_millis(1);
+            assert_eq!(
+                route(&mut r, port, now),
+                placed[port as usize],
+                "pinned again"
+            );
+        }
+        assert_eq!((r.bond().flows_on(a), r.bond().flows_on(b)), (2, 2));
+        // Balanced now: another pause moves nobody.
+        now += Duration::from_secs(1);
+        for port in 0..4 {
+            assert_eq!(route(&mut r, port, now), placed[port as usize]);
+        }
+    }
+
+    /// A new connection replacing an up path's live one (a reconnect at another packet size)
+    /// keeps the path up and its flows where they are.
+    #[test]
+    fn replacing_an_up_paths_connection_keeps_it_up_and_its_flows() {
+        let t0 = Instant::now();
+        let (mut r, a, _) = two_up(Policy::Balanced, spec("a", 1, 1), spec("b", 1, 1), t0);
+        for port in 0..4u16 {
+            let pkt = tcp4([10, 0, 0, 1], [10, 0, 0, 2], port, 80, None);
+            r.route(Some(&PacketInfo::parse(&pkt).unwrap()), 100, t0);
+        }
+        assert_eq!(r.bond().flows_on(a), 2);
+        let t = r.connected(a, t0 + Duration::from_secs(1));
+        assert_eq!((t.from, t.to), (Some(PathState::Up), Some(PathState::Up)));
+        assert!(r.paths().get(a).is_up());
+        assert_eq!(r.bond().flows_on(a), 2);
+        assert_eq!(r.paths().get(a).connects, 2);
+        // A path that is not up starts afresh.
+        r.disconnected(a);
+        r.connected(a, t0 + Duration::from_secs(2));
+        assert_eq!(r.paths().get(a).state(), Some(PathState::Probing));
     }
 
     #[test]

@@ -152,6 +152,61 @@ impl Default for Balanced {
     }
 }
 
+impl Balanced {
+    /// The eligible path of priority `prio` furthest below its weighted share of the flows
+    /// (counting the one being placed): w_i/W * (F+1) - f_i, scaled by W to stay in integers.
+    /// This keeps every path within one flow of its exact share, which "fewest flows per
+    /// weight" does not. `moving`: the path of a flow being reconsidered, counted without it;
+    /// the flow stays unless another path is strictly further below its share.
+    fn place(&self, paths: &PathSet, prio: u32, moving: Option<PathId>) -> Option<PathId> {
+        let flows = &self.flows;
+        let eligible: Vec<PathId> = paths
+            .candidates()
+            .filter(|&i| paths.get(i).spec.priority == prio)
+            .collect();
+        let weight = |i: PathId| i128::from(paths.get(i).spec.weight.max(1));
+        let on = |i: PathId| flows.flows_on(i) as i128 - i128::from(moving == Some(i));
+        let total_w: i128 = eligible.iter().map(|&i| weight(i)).sum();
+        let total_f: i128 = eligible.iter().map(|&i| on(i)).sum();
+        let deficit = |i: PathId| weight(i) * (total_f + 1) - on(i) * total_w;
+        let best = eligible.iter().copied().max_by(|&a, &b| {
+            // Ties go to the heavier weight, then to the lower index.
+            deficit(a)
+                .cmp(&deficit(b))
+                .then(weight(a).cmp(&weight(b)))
+                .then(b.cmp(&a))
+        })?;
+        match moving {
+            // (A flow on a path of another priority, a backup, goes to the best priority.)
+            Some(p) if eligible.contains(&p) && deficit(best) <= deficit(p) => Some(p),
+            _ => Some(best),
+        }
+    }
+}
+
+/// How long a flow must have been quiet before it may change paths without being reordered:
+/// the largest smoothed RTT among the paths of priority `prio` (what was in flight on the
+/// slowest has arrived by then; `DEFAULT_RTT` for a path not measured yet), and at least
+/// `SETTLE_MIN`, so that flows do not hop between paths at every short pause of a LAN's RTT.
+fn settle_time(paths: &PathSet, prio: u32) -> Duration {
+    paths
+        .candidates()
+        .filter(|&i| paths.get(i).spec.priority == prio)
+        .map(|i| {
+            paths
+                .get(i)
+                .health
+                .as_ref()
+                .and_then(|h| h.srtt())
+                .unwrap_or(DEFAULT_RTT)
+        })
+        .max()
+        .unwrap_or(DEFAULT_RTT)
+        .max(SETTLE_MIN)
+}
+
+const SETTLE_MIN: Duration = Duration::from_millis(100);
+
 impl Scheduler for Balanced {
     fn policy(&self) -> Policy {
         Policy::Balanced
@@ -169,32 +224,24 @@ impl Scheduler for Balanced {
             return best_by_priority(paths);
         };
         let key = info.flow_hash();
-        if let Some(p) = self.flows.lookup(key, now) {
+        let mut moving = None;
+        if let Some((p, idle)) = self.flows.lookup_idle(key, now) {
             if paths.candidates().any(|c| c == p) {
-                return Some(p);
+                // A flow that paused for longer than any path's RTT has nothing in flight, so
+                // it can move without being reordered: back to a repaired path, or to one
+                // below its share (a flow moved away when its path failed otherwise stayed on
+                // the survivor for good). One that keeps sending stays (a busy TCP flow never
+                // moves; per-packet policies move packets, not flows).
+                if idle < settle_time(paths, prio) {
+                    return Some(p);
+                }
+                moving = Some(p);
             }
         }
-        // Place a new flow on the eligible path furthest below its weighted share of the flows
-        // (counting the new one): w_i/W * (F+1) - f_i, scaled by W to stay in integers. This keeps
-        // every path within one flow of its exact share, which "fewest flows per weight" does not.
-        let flows = &self.flows;
-        let eligible: Vec<PathId> = paths
-            .candidates()
-            .filter(|&i| paths.get(i).spec.priority == prio)
-            .collect();
-        let weight = |i: PathId| i128::from(paths.get(i).spec.weight.max(1));
-        let total_w: i128 = eligible.iter().map(|&i| weight(i)).sum();
-        let total_f: i128 = eligible.iter().map(|&i| flows.flows_on(i) as i128).sum();
-        let chosen = eligible.iter().copied().max_by(|&a, &b| {
-            let deficit =
-                |i: PathId| weight(i) * (total_f + 1) - flows.flows_on(i) as i128 * total_w;
-            // Ties go to the heavier weight, then to the lower index.
-            deficit(a)
-                .cmp(&deficit(b))
-                .then(weight(a).cmp(&weight(b)))
-                .then(b.cmp(&a))
-        })?;
-        self.flows.assign(key, chosen, now);
+        let chosen = self.place(paths, prio, moving)?;
+        if moving != Some(chosen) {
+            self.flows.assign(key, chosen, now);
+        }
         Some(chosen)
     }
 
