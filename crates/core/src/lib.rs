@@ -24,6 +24,7 @@ pub mod router;
 pub mod scheduler;
 pub mod sendq;
 pub mod sessions;
+pub mod stripe;
 pub mod wire;
 
 pub use bond::{Bond, Route};
