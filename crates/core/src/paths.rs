@@ -43,6 +43,36 @@ pub struct PathCounters {
     pub handed_over: u64,
 }
 
+/// A path's recent throughput (bits/s each way), from its counters over windows of at least
+/// `THROUGHPUT_WINDOW` (sampled by `PathSet::poll`): what `mpquic status` shows as the path's
+/// rate and share now, where the counters only tell totals since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Throughput {
+    pub tx_bps: u64,
+    pub rx_bps: u64,
+    /// The window's start: when, and the tx and rx byte counters then.
+    mark: Option<(Instant, u64, u64)>,
+}
+
+pub const THROUGHPUT_WINDOW: Duration = Duration::from_secs(1);
+
+impl Throughput {
+    fn sample(&mut self, now: Instant, c: &PathCounters) {
+        let Some((at, tx, rx)) = self.mark else {
+            self.mark = Some((now, c.tx_bytes, c.rx_bytes));
+            return;
+        };
+        let dt = now.saturating_duration_since(at);
+        if dt < THROUGHPUT_WINDOW {
+            return;
+        }
+        let bps = |bytes: u64| (u128::from(bytes) * 8 * 1_000_000 / dt.as_micros().max(1)) as u64;
+        self.tx_bps = bps(c.tx_bytes.saturating_sub(tx));
+        self.rx_bps = bps(c.rx_bytes.saturating_sub(rx));
+        self.mark = Some((now, c.tx_bytes, c.rx_bytes));
+    }
+}
+
 /// What the transport says of a path's capacity, for the schedulers that spread packets by it
 /// (`scheduler::Wlb`, `scheduler::MinRtt`). The shell refreshes it before routing each batch;
 /// routing a packet adds it to `backlog` until the next refresh.
@@ -91,6 +121,8 @@ pub struct Path {
     /// `None` while the path has no live connection.
     pub health: Option<PathHealth>,
     pub counters: PathCounters,
+    /// Recent bits/s each way (`Throughput`).
+    pub throughput: Throughput,
     pub drops: Drops,
     /// Times a new connection was installed on this path.
     pub connects: u64,
@@ -202,6 +234,7 @@ impl PathSet {
             load: PathLoad::default(),
             health: None,
             counters: PathCounters::default(),
+            throughput: Throughput::default(),
             drops: Drops::default(),
             connects: 0,
         });
@@ -290,6 +323,7 @@ impl PathSet {
     ) {
         self.update_quiet(now);
         for (i, p) in self.paths.iter_mut().enumerate() {
+            p.throughput.sample(now, &p.counters);
             let Some(h) = p.health.as_mut() else { continue };
             let id = PathId(i as u16);
             let before = h.state();
@@ -425,5 +459,29 @@ impl PathSet {
                 }
             })
             .map(|(i, _)| i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throughput_is_measured_over_windows_of_a_second() {
+        let t0 = Instant::now();
+        let mut t = Throughput::default();
+        let mut c = PathCounters::default();
+        t.sample(t0, &c);
+        c.tx_bytes = 1_000_000;
+        c.rx_bytes = 10_000;
+        // Too soon: the last figures stand (none yet).
+        t.sample(t0 + Duration::from_millis(500), &c);
+        assert_eq!((t.tx_bps, t.rx_bps), (0, 0));
+        c.tx_bytes = 2_000_000;
+        t.sample(t0 + Duration::from_secs(2), &c);
+        assert_eq!((t.tx_bps, t.rx_bps), (8_000_000, 40_000));
+        // Quiet since: zero after the next window.
+        t.sample(t0 + Duration::from_secs(3), &c);
+        assert_eq!((t.tx_bps, t.rx_bps), (0, 0));
     }
 }

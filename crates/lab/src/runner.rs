@@ -130,13 +130,13 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
         lab.hosts.internet_addr.clone(),
     );
     let (sut_pids, tunnel_if, (src_ns, dst_ns, dst_addr)) = match sys {
-        System::Direct => (
+        System::Direct(path) => (
             Vec::new(),
             None,
             (
                 lab.namespaces.client.clone(),
                 lab.namespaces.server.clone(),
-                lab.paths[0].server_addr.clone(),
+                lab.paths[*path].server_addr.clone(),
             ),
         ),
         System::Mpquic(opts) => {

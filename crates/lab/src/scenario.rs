@@ -235,8 +235,8 @@ fn located(path: &Path, e: &serde_yaml_ng::Error) -> anyhow::Error {
 /// A system under test.
 #[derive(Debug, Clone)]
 pub enum System {
-    /// No VPN: client to server over path 1.
-    Direct,
+    /// No VPN: client to server over this path (0-based; `direct` is path 1, `direct-N` path N).
+    Direct(usize),
     Mpquic(MpquicOpts),
     Vpn(VpnDef),
 }
@@ -298,8 +298,15 @@ impl Scenario {
             LinkSpec::parse(p).map_err(|e| anyhow!("paths[{i}]: {e}"))?;
         }
         for s in &self.systems {
-            if !matches!(s.as_str(), "direct" | "mpquic") && !self.vpns.contains_key(s) {
-                bail!("systems: unknown `{s}` (direct, mpquic, or a VPN defined under `vpns`)");
+            if let Some(n) = direct_path(s) {
+                if n == 0 || n > self.paths.len() {
+                    bail!(
+                        "systems: `{s}`: the scenario has paths 1 to {}",
+                        self.paths.len()
+                    );
+                }
+            } else if s != "mpquic" && !self.vpns.contains_key(s) {
+                bail!("systems: unknown `{s}` (direct, direct-N for path N, mpquic, or a VPN defined under `vpns`)");
             }
         }
         for name in self.vpns.keys() {
@@ -400,13 +407,16 @@ impl Scenario {
         Ok(out)
     }
 
-    /// The systems to run, by label: `direct`; `mpquic`, or one `mpquic-LABEL` per variant;
-    /// and the other VPNs.
+    /// The systems to run, by label: `direct` (or `direct-N`: over path N); `mpquic`, or one
+    /// `mpquic-LABEL` per variant; and the other VPNs.
     pub fn systems(&self) -> Vec<(String, System)> {
         let mut out = Vec::new();
         for s in &self.systems {
+            if let Some(n) = direct_path(s) {
+                out.push((s.clone(), System::Direct(n.saturating_sub(1))));
+                continue;
+            }
             match s.as_str() {
-                "direct" => out.push((s.clone(), System::Direct)),
                 "mpquic" if !self.mpquic_variants.is_empty() => {
                     for v in &self.mpquic_variants {
                         let mut o = self.mpquic.clone();
@@ -428,6 +438,14 @@ impl Scenario {
             }
         }
         out
+    }
+}
+
+/// The path (1-based) a `direct` or `direct-N` system runs over; `None` for other systems.
+fn direct_path(system: &str) -> Option<usize> {
+    match system {
+        "direct" => Some(1),
+        s => s.strip_prefix("direct-")?.parse().ok(),
     }
 }
 

@@ -866,6 +866,9 @@ impl Tunnel {
                     ..Default::default()
                 };
                 if let Some(h) = &p.health {
+                    // Sampled while the path is connected (its probes keep the timers going).
+                    ps.tx_mbit = p.throughput.tx_bps as f64 / 1e6;
+                    ps.rx_mbit = p.throughput.rx_bps as f64 / 1e6;
                     ps.state_for_s = now.saturating_duration_since(h.since()).as_secs_f64();
                     ps.srtt_ms = h.srtt().map(ms);
                     ps.min_rtt_ms = h.min_rtt().map(ms);

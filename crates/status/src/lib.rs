@@ -47,6 +47,11 @@ pub struct PathStatus {
     pub tx_packets: u64,
     pub rx_bytes: u64,
     pub rx_packets: u64,
+    /// Inner traffic over the last second or so (Mbit/s), sent and received on this path.
+    #[serde(default)]
+    pub tx_mbit: f64,
+    #[serde(default)]
+    pub rx_mbit: f64,
     pub flows: u64,
     pub connects: u64,
     /// Reliable mode: packets this path had sent when it went down, sent again on a live path

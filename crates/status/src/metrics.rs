@@ -135,6 +135,16 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Gauge(|p| Some(p.quic_loss_pct)),
     ),
     (
+        "mpquic_path_tx_mbit",
+        "Inner traffic sent on the path over the last second or so (Mbit/s)",
+        PathValue::Gauge(|p| Some(p.tx_mbit)),
+    ),
+    (
+        "mpquic_path_rx_mbit",
+        "Inner traffic received on the path over the last second or so (Mbit/s)",
+        PathValue::Gauge(|p| Some(p.rx_mbit)),
+    ),
+    (
         "mpquic_path_flows",
         "Flows placed on the path",
         PathValue::Gauge(|p| Some(p.flows as f64)),

@@ -30,18 +30,24 @@ impl StatusReport {
             );
             let _ = writeln!(
                 o,
-                "  {:<10} {:<12} {:>3}/{:<3} {:>15} {:>7} {:>10} {:>12} {:>12} {:>10} {:>10}  drops",
-                "PATH", "STATE", "PRI", "W", "RTT ms(s/min)", "LOSS%", "CWND", "TX", "RX", "TX pkts", "RX pkts"
+                "  {:<10} {:<12} {:>3}/{:<3} {:>15} {:>7} {:>10} {:>20} {:>12} {:>12} {:>10} {:>10}  drops",
+                "PATH", "STATE", "PRI", "W", "RTT ms(s/min)", "LOSS%", "CWND", "Mbit/s tx/rx (share)", "TX", "RX", "TX pkts", "RX pkts"
             );
+            let total_tx: f64 = t.paths.iter().map(|p| p.tx_mbit).sum();
             for p in &t.paths {
                 let rtt = match (p.srtt_ms, p.min_rtt_ms) {
                     (Some(s), Some(m)) => format!("{s:.1}/{m:.1}"),
                     _ => "-".into(),
                 };
                 let drops = nonzero(&p.drops);
+                // The path's part of what the tunnel sends now.
+                let share = match total_tx > 0.0 {
+                    true => format!(" ({:.0}%)", p.tx_mbit * 100.0 / total_tx),
+                    false => String::new(),
+                };
                 let _ = writeln!(
                     o,
-                    "  {:<10} {:<12} {:>3}/{:<3} {:>15} {:>7.1} {:>10} {:>12} {:>12} {:>10} {:>10}  {}",
+                    "  {:<10} {:<12} {:>3}/{:<3} {:>15} {:>7.1} {:>10} {:>20} {:>12} {:>12} {:>10} {:>10}  {}",
                     p.name,
                     format!("{} {:.0}s", p.state, p.state_for_s),
                     p.priority,
@@ -49,6 +55,7 @@ impl StatusReport {
                     rtt,
                     p.probe_loss_pct.max(p.quic_loss_pct),
                     p.cwnd_bytes.map_or("-".into(), human_bytes),
+                    format!("{:.1}/{:.1}{share}", p.tx_mbit, p.rx_mbit),
                     human_bytes(p.tx_bytes),
                     human_bytes(p.rx_bytes),
                     p.tx_packets,
