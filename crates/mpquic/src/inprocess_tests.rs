@@ -41,14 +41,32 @@ fn client_config(dir: &Path, mode: &str) -> Config {
 
 /// `path1`: more keys for path 1 (`  key: value\n` lines).
 fn client_config_with(dir: &Path, mode: &str, path1: &str) -> Config {
+    nth_client_config(dir, 0, mode, "", path1)
+}
+
+/// Client `n`'s tunnel address: 10.200.17.(n+1).
+fn client_tun(n: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 200, 17, 1 + n as u8)
+}
+
+/// Client `n` (0: the one the other tests use): certificate site(n+1), TUN cli(n), its own
+/// path addresses and control socket; `top`: more top-level keys, `path1`: more keys for path 1.
+fn nth_client_config(dir: &Path, n: usize, mode: &str, top: &str, path1: &str) -> Config {
     let d = dir.display();
+    let (site, tun) = (format!("site{}", n + 1), client_tun(n));
+    let name = match n {
+        0 => "client".to_string(),
+        n => format!("client{n}"),
+    };
     let mut y = format!(
-        "role: client\ntransport_mode: {mode}\nmultipath_enabled: true\nmultipath_policy: failover\ntun_name: cli0\n\
-         tun_cidr: {CLIENT_TUN}/24\ntls_ca_file: {d}/ca.crt\n\
-         tls_cert_file: {d}/site1.crt\ntls_key_file: {d}/site1.key\n\
-         tls_server_name: mpquic-server\ncontrol_socket: {d}/client.sock\nmultipath_paths:\n"
+        "role: client\ntransport_mode: {mode}\nmultipath_enabled: true\nmultipath_policy: failover\ntun_name: cli{n}\n\
+         tun_cidr: {tun}/24\ntls_ca_file: {d}/ca.crt\n\
+         tls_cert_file: {d}/{site}.crt\ntls_key_file: {d}/{site}.key\n\
+         tls_server_name: mpquic-server\ncontrol_socket: {d}/{name}.sock\n{top}multipath_paths:\n"
     );
     for (i, ip) in PATH_IPS.iter().enumerate() {
+        let o = ip.octets();
+        let ip = Ipv4Addr::new(o[0], o[1], o[2], o[3] + n as u8);
         y += &format!(
             "- name: wan{}\n  bind_ip: {ip}\n  remote_addr: 10.10.0.1\n  remote_port: 4433\n  priority: {}\n",
             i + 1,
@@ -58,7 +76,7 @@ fn client_config_with(dir: &Path, mode: &str, path1: &str) -> Config {
             y += path1;
         }
     }
-    config(dir, "client.yaml", &y)
+    config(dir, &format!("{name}.yaml"), &y)
 }
 
 /// An IPv4/UDP packet carrying `seq` (header checksum filled in).
@@ -106,6 +124,31 @@ fn drain(host: &mut Host, into: &mut Vec<(u32, Instant)>) {
     }
 }
 
+/// A fresh PKI in a temporary directory: the CA, the server's certificate and `clients` client
+/// certificates (site1, site2, ...).
+fn pki_dir(clients: usize) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    pki::init(d, false).unwrap();
+    pki::issue(d, "mpquic-server", pki::Kind::Server { sans: vec![] }).unwrap();
+    for n in 1..=clients {
+        pki::issue(d, &format!("site{n}"), pki::Kind::Client).unwrap();
+    }
+    dir
+}
+
+/// Stop the network (the instances' stop signal) and check that each ends cleanly, in time.
+async fn stop_all(net: &Network, tasks: Vec<(&str, tokio::task::JoinHandle<anyhow::Result<()>>)>) {
+    net.stop();
+    for (who, task) in tasks {
+        let r = tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap_or_else(|_| panic!("{who} did not stop"))
+            .unwrap();
+        assert!(r.is_ok(), "{who}: {r:?}");
+    }
+}
+
 /// Wait until the client has its address and a packet has gone through each way.
 async fn warm_up(cli_host: &mut Host, srv_host: &mut Host) {
     // The client gets its address from the server through the hello.
@@ -142,11 +185,8 @@ async fn reliable_mode_in_process_exchange_and_fail_over() {
 }
 
 async fn exchange_and_fail_over(mode: &str) {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = pki_dir(1);
     let d = dir.path();
-    pki::init(d, false).unwrap();
-    pki::issue(d, "mpquic-server", pki::Kind::Server { sans: vec![] }).unwrap();
-    pki::issue(d, "site1", pki::Kind::Client).unwrap();
 
     let net = Network::new();
     let mut srv_host = net.host("srv0");
@@ -211,14 +251,7 @@ async fn exchange_and_fail_over(mode: &str) {
         println!("[measure] in-process {mode} {dir}: {} of 1000 delivered ({twice} twice), {lost} lost across the 2 s black hole of the primary path", seqs.len());
     }
 
-    net.stop();
-    for (who, task) in [("server", server), ("client", client)] {
-        let r = tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .unwrap_or_else(|_| panic!("{who} did not stop"))
-            .unwrap();
-        assert!(r.is_ok(), "{who}: {r:?}");
-    }
+    stop_all(&net, vec![("server", server), ("client", client)]).await;
 }
 
 /// `pipes: 3` on path 1: three QUIC connections (three client ports) that the server joins into
@@ -229,11 +262,8 @@ async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
     use crate::hello::{Hello, PipeOf};
     use crate::transport::Dialer;
 
-    let dir = tempfile::tempdir().unwrap();
+    let dir = pki_dir(1);
     let d = dir.path();
-    pki::init(d, false).unwrap();
-    pki::issue(d, "mpquic-server", pki::Kind::Server { sans: vec![] }).unwrap();
-    pki::issue(d, "site1", pki::Kind::Client).unwrap();
     let net = Network::new();
     let mut srv_host = net.host("srv0");
     let mut cli_host = net.host("cli0");
@@ -320,12 +350,92 @@ async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
     assert!(why.contains("pipe 0 is not connected"), "{why}");
     assert_eq!(status("server").refused.get("pipe_without_path"), Some(&1));
 
-    net.stop();
-    for (who, task) in [("server", server), ("client", client)] {
-        let r = tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .unwrap_or_else(|_| panic!("{who} did not stop"))
-            .unwrap();
-        assert!(r.is_ok(), "{who}: {r:?}");
+    stop_all(&net, vec![("server", server), ("client", client)]).await;
+}
+
+/// Two clients with FEC: the server reads batches holding packets for both, and each session's
+/// packets still get their FEC header. (Before the server routed every session's share before
+/// sending any, a batch was shared once the first session sent, and the second session's packets
+/// in it went out unprotected, and unnumbered under a per-packet policy.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_batch_for_two_clients_gets_every_header() {
+    let dir = pki_dir(2);
+    let d = dir.path();
+    let net = Network::new();
+    let mut srv_host = net.host("srv0");
+    let scfg = server_config(d);
+    let RoleConfig::Server(s) = scfg.role.clone() else {
+        panic!("role")
+    };
+    let server = tokio::spawn(server::run(scfg, s, Platform::memory(net.clone())));
+    let mut hosts = Vec::new();
+    let mut clients = Vec::new();
+    for n in 0..2 {
+        hosts.push(net.host(&format!("cli{n}")));
+        let cfg = nth_client_config(d, n, "datagram", "fec: 10/2\n", "");
+        let RoleConfig::Client(c) = cfg.role.clone() else {
+            panic!("role")
+        };
+        clients.push(tokio::spawn(client::run(
+            cfg,
+            c,
+            Platform::memory(net.clone()),
+        )));
     }
+    // Both sessions up: a packet from each client reaches the server.
+    let t0 = Instant::now();
+    let mut seen = [false; 2];
+    while seen != [true, true] {
+        assert!(t0.elapsed() < Duration::from_secs(10), "clients not up");
+        for (n, h) in hosts.iter().enumerate() {
+            if h.address().is_some() {
+                let _ = h
+                    .to_dev
+                    .try_send(udp_packet(client_tun(n), SERVER_TUN, u32::MAX));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        while let Ok(p) = srv_host.from_dev.try_recv() {
+            let src = Ipv4Addr::new(p[12], p[13], p[14], p[15]);
+            for (n, seen) in seen.iter_mut().enumerate() {
+                *seen |= src == client_tun(n);
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Bursts of packets for both clients, interleaved, so the server reads them together.
+    for burst in 0..20u32 {
+        for seq in 0..16u32 {
+            for n in 0..2 {
+                let pkt = udp_packet(SERVER_TUN, client_tun(n), burst * 16 + seq);
+                srv_host.to_dev.send(pkt).await.unwrap();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let body = crate::control::get_over_socket(&d.join("server.sock"), "/status").unwrap();
+    let st: mpquic_status::StatusReport = serde_json::from_str(&body).unwrap();
+    assert_eq!(st.tunnels.len(), 2);
+    for t in &st.tunnels {
+        let sent: u64 = t.paths.iter().map(|p| p.tx_packets).sum();
+        let protected: u64 = t.paths.iter().map(|p| p.fec_protected_packets).sum();
+        println!("[measure] in-process, two clients, one server batch: {} sent {sent} packets, {protected} with FEC", t.peer);
+        assert!(sent >= 320, "{}: {sent}", t.peer);
+        assert_eq!(
+            protected, sent,
+            "{}: packets sent without their FEC header",
+            t.peer
+        );
+    }
+    for (n, h) in hosts.iter_mut().enumerate() {
+        let mut got = 0;
+        while let Ok(p) = h.from_dev.try_recv() {
+            got += usize::from(seq_of(&p) < 320);
+        }
+        assert_eq!(got, 320, "client {n}");
+    }
+    let mut all = vec![("server", server)];
+    all.extend(clients.into_iter().map(|c| ("client", c)));
+    stop_all(&net, all).await;
 }

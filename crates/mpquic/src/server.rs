@@ -197,9 +197,9 @@ impl Server {
     /// Inner packets from the TUN device, a batch per wake-up, to the sessions that own their
     /// destinations (each session's share of the batch routed in one call).
     async fn tun_reader(&self) {
-        let mut routed = Routed::default();
-        // The batch's packets grouped by session; the vectors are reused from batch to batch.
-        let mut by_session: Vec<(Arc<Session>, Vec<usize>)> = Vec::new();
+        // The batch's packets grouped by session, and each session's routing; reused from batch
+        // to batch.
+        let mut by_session: Vec<(Arc<Session>, Vec<usize>, Routed)> = Vec::new();
         self.tun
             .read_loop(
                 self.mtu,
@@ -208,7 +208,7 @@ impl Server {
                     for _ in 0..oversized {
                         self.drop_packet(DropReason::Oversized);
                     }
-                    for (_, picks) in &mut by_session {
+                    for (_, picks, _) in &mut by_session {
                         picks.clear();
                     }
                     {
@@ -226,19 +226,26 @@ impl Server {
                                 self.drop_packet(DropReason::NoRoute);
                                 continue;
                             };
-                            match by_session.iter_mut().find(|(x, _)| Arc::ptr_eq(x, s)) {
-                                Some((_, picks)) => picks.push(i),
-                                None => by_session.push((s.clone(), vec![i])),
+                            match by_session.iter_mut().find(|(x, ..)| Arc::ptr_eq(x, s)) {
+                                Some((_, picks, _)) => picks.push(i),
+                                None => by_session.push((s.clone(), vec![i], Routed::default())),
                             }
                         }
                     }
-                    for (s, picks) in &by_session {
+                    // Every session writes its headers into the batch before any sends (sending
+                    // shares the batch, and it takes no header after that).
+                    for (s, picks, routed) in &mut by_session {
                         if !picks.is_empty() {
-                            s.tunnel.send_batch(batch, picks, infos, &mut routed);
+                            s.tunnel.route_batch(batch, picks, infos, routed);
+                        }
+                    }
+                    for (s, picks, routed) in &mut by_session {
+                        if !picks.is_empty() {
+                            s.tunnel.send_routed(batch, routed);
                         }
                     }
                     // Forget sessions that took nothing this time (ended ones go with them).
-                    by_session.retain(|(_, picks)| !picks.is_empty());
+                    by_session.retain(|(_, picks, _)| !picks.is_empty());
                 },
             )
             .await

@@ -252,11 +252,27 @@ impl Tunnel {
     }
 
     /// Send the packets `which` of `batch` (already MSS-clamped, `infos` their parsed headers,
-    /// indexed like the batch), each on the path the policy picks. One lock covers the decisions
-    /// for the whole batch; the sends run outside it (grouped per path), so the receive side
-    /// never waits behind them. `scratch` is the caller's, kept from batch to batch so routing
-    /// allocates nothing in the steady state.
+    /// indexed like the batch), each on the path the policy picks: `route_batch`, then
+    /// `send_routed`. `scratch` is the caller's, kept from batch to batch so routing allocates
+    /// nothing in the steady state.
     pub fn send_batch(
+        &self,
+        batch: &mut PacketBatch,
+        which: &[usize],
+        infos: &[Option<PacketInfo>],
+        scratch: &mut Routed,
+    ) {
+        self.route_batch(batch, which, infos, scratch);
+        self.send_routed(batch, scratch);
+    }
+
+    /// The first half of `send_batch`: pick each packet's path and write every header (the
+    /// bond's numbering, FEC's, the transports' framing) into the batch, recording the picks in
+    /// `scratch`. One lock covers the decisions for the whole batch. Nothing is sent, so the
+    /// batch stays writable: the server routes one batch for each of its client sessions before
+    /// any is sent (a transport that takes packets shares the batch, and no header can be
+    /// written after that; later sessions' packets went unnumbered and without FEC).
+    pub fn route_batch(
         &self,
         batch: &mut PacketBatch,
         which: &[usize],
@@ -265,7 +281,6 @@ impl Tunnel {
     ) {
         let now = Instant::now();
         scratch.clear();
-        let mut refused_copies: Vec<(PathId, usize, DropReason, bool)> = Vec::new();
         if self.per_packet {
             self.refresh_loads(scratch);
         }
@@ -281,9 +296,7 @@ impl Tunnel {
                     continue; // counted as no_path by the bond
                 };
                 let path = route.path;
-                // The bond's numbering goes first, next to the packet; a batch another
-                // session already shares cannot take it (the packet then goes unnumbered and
-                // the peer hands it on at once).
+                // The bond's numbering goes first, next to the packet.
                 if let Some((slot, seq)) = route.seq {
                     batch.push_header(i, &wire::encode_bonded(slot, seq));
                 }
@@ -318,10 +331,9 @@ impl Tunnel {
                     continue;
                 };
                 let share = scratch.add(path, &link.transport, i);
-                // A batch shared with another tunnel (the server's TUN reader hands one batch
-                // to each client session in turn) is frozen once the first sent: the FEC header
-                // cannot go in front any more, so later sessions' packets go unprotected rather
-                // than into a group whose data packet would lack its header.
+                // (A batch is writable until a transport takes packets: `route_batch` runs
+                // before any send. Should that ever not hold, the packet goes unprotected
+                // rather than into a group whose data packet would lack its header.)
                 if self.fec != FecMode::Off && batch.headers_writable() {
                     let enc = &mut s.fec[path.index()].enc;
                     let idle = enc.deadline().is_none();
@@ -333,6 +345,19 @@ impl Tunnel {
             }
             self.wake_timers_if(s.router.take_woken() || group_opened);
         }
+        // Every transport writes its headers before any takes packets (then they are shared).
+        for share in scratch.per_path.iter() {
+            if let Some((_, t)) = &share.to {
+                t.prepare(batch, &share.picks);
+            }
+        }
+    }
+
+    /// The second half of `send_batch`: send what `route_batch` put in `scratch`, outside the
+    /// tunnel's lock (grouped per path, so the receive side never waits behind the sends), and
+    /// count what the transports refused.
+    pub fn send_routed(&self, batch: &mut PacketBatch, scratch: &mut Routed) {
+        let mut refused_copies: Vec<(PathId, usize, DropReason, bool)> = Vec::new();
         let Routed {
             per_path,
             refused,
@@ -342,12 +367,6 @@ impl Tunnel {
         for c in copies.drain(..) {
             if let Err(reason) = c.to.send_control(&c.bytes) {
                 refused_copies.push((c.path, c.bytes.len(), reason, c.repair));
-            }
-        }
-        // Every transport writes its headers before any takes packets (then they are shared).
-        for share in per_path.iter() {
-            if let Some((_, t)) = &share.to {
-                t.prepare(batch, &share.picks);
             }
         }
         let mut repairs_refused = false;
