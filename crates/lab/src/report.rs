@@ -262,6 +262,29 @@ fn markdown(r: &Value, plots: &crate::plot::Plots) -> String {
         for t in s["traffic"].as_array().into_iter().flatten() {
             let line = if let Some(e) = t.get("error") {
                 format!("error: {e}")
+            } else if let Some(steps) = t["sweep"].as_array() {
+                let each: Vec<String> = steps
+                    .iter()
+                    .map(|v| match v.get("error") {
+                        Some(e) => format!("{}: error {e}", v["rate"].as_str().unwrap_or("?")),
+                        None => format!(
+                            "{}: {:.1} ({:.2}% lost)",
+                            v["rate"].as_str().unwrap_or("?"),
+                            v["mbit"].as_f64().unwrap_or(0.0),
+                            v["undelivered_percent"].as_f64().unwrap_or(0.0)
+                        ),
+                    })
+                    .collect();
+                format!(
+                    "**{:.1} Mbit/s** delivered below 1% loss (UDP sweep{}: {})",
+                    t["mbit"].as_f64().unwrap_or(0.0),
+                    if t["reverse"] == true {
+                        ", reverse"
+                    } else {
+                        ""
+                    },
+                    each.join(", ")
+                )
             } else if t["kind"] == "iperf3" {
                 let extra = if t["protocol"] == "udp" {
                     format!(

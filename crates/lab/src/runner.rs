@@ -293,76 +293,35 @@ fn traffic(t: &Traffic, i: usize, src_ns: &str, dst: &str, t0: Instant, t0_unix:
         .clone()
         .unwrap_or_else(|| format!("{:?} {i}", t.kind).to_lowercase());
     match t.kind {
-        Kind::Iperf3 => {
-            let port = (5201 + i).to_string();
-            let secs = format!("{}", dur.as_secs().max(1));
-            let streams = t.streams.to_string();
-            let mut args = vec![
-                "iperf3", "-c", dst, "-p", &port, "-t", &secs, "-P", &streams, "-J", "-i", "1",
-            ];
-            if t.reverse {
-                args.push("-R");
-            }
-            if t.protocol == "udp" {
-                args.push("-u");
-            }
-            let rate = t.rate.clone().unwrap_or_else(|| {
-                if t.protocol == "udp" {
-                    "100M".into()
-                } else {
-                    String::new()
+        Kind::Iperf3 => match &t.rates {
+            Some(rates) => {
+                // Rising rates: the sweep ends at the first that fails or loses 1% or more (an
+                // unreachable server would otherwise cost a connect timeout per rate).
+                let mut steps: Vec<Value> = Vec::new();
+                for r in rates {
+                    let v = iperf3(t, i, src_ns, dst, Some(r), &label, start);
+                    let fine = v.get("error").is_none()
+                        && v["undelivered_percent"].as_f64().is_some_and(|u| u < 1.0);
+                    steps.push(v);
+                    if !fine {
+                        break;
+                    }
                 }
-            });
-            if !rate.is_empty() {
-                args.extend(["-b", &rate]);
-            }
-            let len = t.length.map(|l| l.to_string());
-            if let Some(l) = &len {
-                args.extend(["-l", l]);
-            }
-            if let Some(cc) = &t.tcp_congestion {
-                args.extend(["-C", cc]);
-            }
-            let out = ns_cmd(src_ns, &args).output();
-            let v: Value = out
-                .ok()
-                .and_then(|o| serde_json::from_slice(&o.stdout).ok())
-                .unwrap_or_else(|| json!({"error": "iperf3 produced no JSON"}));
-            if let Some(e) = v.get("error") {
-                return json!({"label": label, "kind": "iperf3", "error": e});
-            }
-            let end = &v["end"];
-            let recv = if end.get("sum_received").is_some() {
-                &end["sum_received"]
-            } else {
-                &end["sum"]
-            };
-            let intervals: Vec<f64> = v["intervals"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .map(|i| i["sum"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6)
-                        .collect()
+                // The most delivered with less than 1% of what was sent lost.
+                let best = steps
+                    .iter()
+                    .filter(|v| v.get("error").is_none())
+                    .filter(|v| v["undelivered_percent"].as_f64().is_some_and(|u| u < 1.0))
+                    .filter_map(|v| v["mbit"].as_f64())
+                    .fold(0.0f64, f64::max);
+                json!({
+                    "label": label, "kind": "iperf3", "protocol": t.protocol, "streams": t.streams,
+                    "reverse": t.reverse, "start_s": start.as_secs_f64(), "mbit": best,
+                    "sweep": steps,
                 })
-                .unwrap_or_default();
-            json!({
-                "label": label, "kind": "iperf3", "protocol": t.protocol, "streams": t.streams, "reverse": t.reverse,
-                "tcp_congestion": v["start"]["tcp_congestion"],
-                "start_s": start.as_secs_f64(),
-                "mbit": recv["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6,
-                "retransmits": end["sum_sent"]["retransmits"],
-                "lost_percent": recv["lost_percent"],
-                // UDP: iperf3's loss counts gaps below the highest number received, so packets
-                // a tunnel still holds (or dropped at its tail) when the test ends are not in
-                // it; sent vs received packets counts them.
-                "sent_mbit": end["sum_sent"]["bits_per_second"].as_f64().map(|b| b / 1e6),
-                "undelivered_percent": match (end["sum_sent"]["packets"].as_f64(), recv["packets"].as_f64(), recv["lost_packets"].as_f64()) {
-                    (Some(sent), Some(n), Some(lost)) if sent > 0.0 => Some(100.0 * (sent - (n - lost)).max(0.0) / sent),
-                    _ => None,
-                },
-                "intervals_mbit": intervals,
-            })
-        }
+            }
+            None => iperf3(t, i, src_ns, dst, t.rate.as_deref(), &label, start),
+        },
         Kind::Idle => {
             std::thread::sleep(dur);
             json!({"label": label, "kind": "idle", "start_s": start.as_secs_f64(), "duration_s": dur.as_secs_f64()})
@@ -586,4 +545,101 @@ fn mean_rates(samples: &[Value], npaths: usize) -> Value {
             json!({"path": i + 1, "up_mbit": d("tx_bytes"), "down_mbit": d("rx_bytes")})
         })
         .collect()
+}
+
+/// One iperf3 run of traffic item `i` at `rate` (iperf3 -b; UDP defaults to 100M).
+fn iperf3(
+    t: &Traffic,
+    i: usize,
+    src_ns: &str,
+    dst: &str,
+    rate: Option<&str>,
+    label: &str,
+    start: Duration,
+) -> Value {
+    let dur = parse_duration(&t.duration).unwrap_or_default();
+    let port = (5201 + i).to_string();
+    let secs = format!("{}", dur.as_secs().max(1));
+    let streams = t.streams.to_string();
+    // A server it cannot reach (its path black-holed) fails in 5 s, not at the kernel's SYN
+    // timeout of about two minutes.
+    let mut args = vec![
+        "iperf3",
+        "-c",
+        dst,
+        "-p",
+        &port,
+        "-t",
+        &secs,
+        "-P",
+        &streams,
+        "-J",
+        "-i",
+        "1",
+        "--connect-timeout",
+        "5000",
+    ];
+    if t.reverse {
+        args.push("-R");
+    }
+    if t.protocol == "udp" {
+        args.push("-u");
+    }
+    let rate = rate.map(str::to_string).unwrap_or_else(|| {
+        if t.protocol == "udp" {
+            "100M".into()
+        } else {
+            String::new()
+        }
+    });
+    if !rate.is_empty() {
+        args.extend(["-b", &rate]);
+    }
+    let len = t.length.map(|l| l.to_string());
+    if let Some(l) = &len {
+        args.extend(["-l", l]);
+    }
+    if let Some(cc) = &t.tcp_congestion {
+        args.extend(["-C", cc]);
+    }
+    let out = ns_cmd(src_ns, &args).output();
+    let v: Value = out
+        .ok()
+        .and_then(|o| serde_json::from_slice(&o.stdout).ok())
+        .unwrap_or_else(|| json!({"error": "iperf3 produced no JSON"}));
+    if let Some(e) = v.get("error") {
+        return json!({"label": label, "kind": "iperf3", "error": e});
+    }
+    let end = &v["end"];
+    let recv = if end.get("sum_received").is_some() {
+        &end["sum_received"]
+    } else {
+        &end["sum"]
+    };
+    let intervals: Vec<f64> = v["intervals"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|i| i["sum"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6)
+                .collect()
+        })
+        .unwrap_or_default();
+    json!({
+        "label": label, "kind": "iperf3", "protocol": t.protocol, "streams": t.streams, "reverse": t.reverse,
+        "rate": rate,
+        "tcp_congestion": v["start"]["tcp_congestion"],
+        "start_s": start.as_secs_f64(),
+        "mbit": recv["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6,
+        "retransmits": end["sum_sent"]["retransmits"],
+        "lost_percent": recv["lost_percent"],
+        // UDP: iperf3's loss counts gaps below the highest number received, so packets
+        // a tunnel still holds (or dropped at its tail) when the test ends are not in
+        // it; sent vs received packets counts them.
+        "sent_mbit": end["sum_sent"]["bits_per_second"].as_f64().map(|b| b / 1e6),
+        "undelivered_percent": match (end["sum_sent"]["packets"].as_f64(), recv["packets"].as_f64(), recv["lost_packets"].as_f64()) {
+            (Some(sent), Some(n), Some(lost)) if sent > 0.0 => Some(100.0 * (sent - (n - lost)).max(0.0) / sent),
+            _ => None,
+        },
+        "intervals_mbit": intervals,
+    })
 }

@@ -142,6 +142,11 @@ pub struct Traffic {
     pub reverse: bool,
     /// iperf3 -b (UDP rate, or a TCP cap), e.g. 100M.
     pub rate: Option<String>,
+    /// UDP: a sweep instead of one `rate`: iperf3 at each rate in turn (rising), each for
+    /// `duration`, up to the first that loses 1% or more; the result is the most delivered with
+    /// less than 1% of what was sent lost.
+    #[serde(default)]
+    pub rates: Option<Vec<String>>,
     /// iperf3 -l (payload length).
     pub length: Option<u32>,
     /// ping interval.
