@@ -4,6 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, RoleConfig};
@@ -137,8 +138,27 @@ fn pki_dir(clients: usize) -> tempfile::TempDir {
     dir
 }
 
+type Instance = tokio::task::JoinHandle<anyhow::Result<()>>;
+
+/// The server (`server_config`) running on `net`.
+fn spawn_server(dir: &Path, net: &Arc<Network>) -> Instance {
+    let cfg = server_config(dir);
+    let RoleConfig::Server(s) = cfg.role.clone() else {
+        panic!("not a server configuration")
+    };
+    tokio::spawn(server::run(cfg, s, Platform::memory(net.clone())))
+}
+
+/// A client running on `net` with `cfg`.
+fn spawn_client(net: &Arc<Network>, cfg: Config) -> Instance {
+    let RoleConfig::Client(c) = cfg.role.clone() else {
+        panic!("not a client configuration")
+    };
+    tokio::spawn(client::run(cfg, c, Platform::memory(net.clone())))
+}
+
 /// Stop the network (the instances' stop signal) and check that each ends cleanly, in time.
-async fn stop_all(net: &Network, tasks: Vec<(&str, tokio::task::JoinHandle<anyhow::Result<()>>)>) {
+async fn stop_all(net: &Network, tasks: Vec<(&str, Instance)>) {
     net.stop();
     for (who, task) in tasks {
         let r = tokio::time::timeout(Duration::from_secs(5), task)
@@ -191,14 +211,8 @@ async fn exchange_and_fail_over(mode: &str) {
     let net = Network::new();
     let mut srv_host = net.host("srv0");
     let mut cli_host = net.host("cli0");
-    let scfg = server_config(d);
-    let ccfg = client_config(d, mode);
-    let (RoleConfig::Server(s), RoleConfig::Client(c)) = (scfg.role.clone(), ccfg.role.clone())
-    else {
-        panic!("roles");
-    };
-    let server = tokio::spawn(server::run(scfg, s, Platform::memory(net.clone())));
-    let client = tokio::spawn(client::run(ccfg, c, Platform::memory(net.clone())));
+    let server = spawn_server(d, &net);
+    let client = spawn_client(&net, client_config(d, mode));
 
     warm_up(&mut cli_host, &mut srv_host).await;
     let (mut up, mut down) = (Vec::new(), Vec::new());
@@ -267,18 +281,12 @@ async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
     let net = Network::new();
     let mut srv_host = net.host("srv0");
     let mut cli_host = net.host("cli0");
-    let scfg = server_config(d);
     let ccfg = client_config_with(d, "datagram", "  pipes: 3\n");
-    let (RoleConfig::Server(s), RoleConfig::Client(c)) = (scfg.role.clone(), ccfg.role.clone())
-    else {
-        panic!("roles");
+    let RoleConfig::Client(c) = ccfg.role.clone() else {
+        panic!("role")
     };
-    let server = tokio::spawn(server::run(scfg, s, Platform::memory(net.clone())));
-    let client = tokio::spawn(client::run(
-        ccfg.clone(),
-        c.clone(),
-        Platform::memory(net.clone()),
-    ));
+    let server = spawn_server(d, &net);
+    let client = spawn_client(&net, ccfg.clone());
     warm_up(&mut cli_host, &mut srv_host).await;
 
     let (mut up, mut down) = (Vec::new(), Vec::new());
@@ -363,24 +371,13 @@ async fn one_batch_for_two_clients_gets_every_header() {
     let d = dir.path();
     let net = Network::new();
     let mut srv_host = net.host("srv0");
-    let scfg = server_config(d);
-    let RoleConfig::Server(s) = scfg.role.clone() else {
-        panic!("role")
-    };
-    let server = tokio::spawn(server::run(scfg, s, Platform::memory(net.clone())));
+    let server = spawn_server(d, &net);
     let mut hosts = Vec::new();
     let mut clients = Vec::new();
     for n in 0..2 {
         hosts.push(net.host(&format!("cli{n}")));
         let cfg = nth_client_config(d, n, "datagram", "fec: 10/2\n", "");
-        let RoleConfig::Client(c) = cfg.role.clone() else {
-            panic!("role")
-        };
-        clients.push(tokio::spawn(client::run(
-            cfg,
-            c,
-            Platform::memory(net.clone()),
-        )));
+        clients.push(spawn_client(&net, cfg));
     }
     // Both sessions up: a packet from each client reaches the server.
     let t0 = Instant::now();

@@ -61,8 +61,9 @@ pub struct QuicTransport {
     /// Taken by `start`: the hello stream (reliable mode carries the packets on it), and the
     /// stream writer's queue.
     start: std::sync::Mutex<Option<StartParts>>,
-    /// Kept so the client's per-path socket lives as long as the connection.
-    _endpoint: Option<quinn::Endpoint>,
+    /// Kept so the client's per-path socket lives as long as the connection (and its local
+    /// port tells a path's pipes apart in status).
+    endpoint: Option<quinn::Endpoint>,
     /// The client's link payload (`TransportStats::link_payload`).
     link_payload: Option<u16>,
     /// The controller's window and bytes in flight (`load`).
@@ -103,7 +104,7 @@ impl QuicTransport {
                 recv,
                 stream_rx,
             })),
-            _endpoint: endpoint,
+            endpoint,
             link_payload,
         })
     }

@@ -130,7 +130,7 @@ impl QuicPipes {
             .iter()
             .map(|p| {
                 let st = p.conn.stats();
-                let port = match &p._endpoint {
+                let port = match &p.endpoint {
                     Some(e) => e.local_addr().map_or(0, |a| a.port()),
                     None => p.conn.remote_address().port(),
                 };
