@@ -232,7 +232,8 @@ impl Scheduler for Balanced {
                 // below its share (a flow moved away when its path failed otherwise stayed on
                 // the survivor for good). One that keeps sending stays (a busy TCP flow never
                 // moves; per-packet policies move packets, not flows).
-                if idle < settle_time(paths, prio) {
+                // (The floor first: a busy flow, the common case, does not look at the paths.)
+                if idle < SETTLE_MIN || idle < settle_time(paths, prio) {
                     return Some(p);
                 }
                 moving = Some(p);

@@ -119,6 +119,11 @@ impl WindowMeter {
     }
 }
 
+/// A window's worth per round trip, in bits/s: what quinn's pacer lets out.
+pub fn rate_per_rtt(window: u64, rtt: std::time::Duration) -> u64 {
+    (window * 8).saturating_mul(1_000_000) / (rtt.as_micros().max(1) as u64)
+}
+
 /// The meter of `conn`'s controller (one clone of the controller, once per connection).
 pub fn window_meter(conn: &quinn::Connection) -> Option<Arc<WindowMeter>> {
     conn.congestion_state()

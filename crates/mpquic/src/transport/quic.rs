@@ -110,6 +110,31 @@ impl QuicTransport {
     }
 }
 
+impl QuicTransport {
+    /// Bytes waiting to be sent and how many may wait: datagram mode, QUIC's datagram queue;
+    /// reliable mode, the frames waiting for the stream writer (at a full packet each: an
+    /// estimate, the sizes are not kept).
+    fn backlog(&self) -> (u64, u64) {
+        let (backlog, limit) = match &self.stream_tx {
+            Some(tx) => (
+                (tx.max_capacity() - tx.capacity()) * 1400,
+                STREAM_QUEUE * 1400,
+            ),
+            None => (
+                quic::DATAGRAM_SEND_BUFFER.saturating_sub(self.conn.datagram_send_buffer_space()),
+                quic::DATAGRAM_SEND_BUFFER,
+            ),
+        };
+        (backlog as u64, limit as u64)
+    }
+
+    /// Bytes in flight (as the controller last saw them) and waiting to be sent.
+    fn outstanding(&self) -> u64 {
+        let in_flight = self.meter.as_ref().map_or(0, |m| m.read().1);
+        in_flight + self.backlog().0
+    }
+}
+
 impl PathTransport for QuicTransport {
     /// Reliable mode frames each packet with its length (docs/PROTOCOL.md) in its headroom, so
     /// the stream takes the packet where it lies; the send time is stamped when the stream
@@ -185,34 +210,21 @@ impl PathTransport for QuicTransport {
     /// Rate: the window per RTT, which is what the pacer lets out whatever the controller
     /// (a BBR's own pacing rate under-reads a path it has seen little traffic on, and the
     /// scheduler then starves it: scenario 05 at one stream, 282 vs 308 Mbit/s).
-    /// Backlog: datagram mode, what waits in QUIC's datagram queue; reliable mode, the frames
-    /// waiting for the stream writer (at a full packet each: an estimate, the sizes are not
-    /// kept).
+    /// Backlog: `backlog`.
     fn load(&self) -> PathLoad {
         let (window, in_flight) = match &self.meter {
             Some(m) => m.read(),
             None => (self.conn.congestion_state().window(), 0),
         };
         let rtt = self.conn.rtt();
-        let per_rtt = (window * 8).saturating_mul(1_000_000) / (rtt.as_micros().max(1) as u64);
-        let (backlog, limit) = match &self.stream_tx {
-            Some(tx) => (
-                ((tx.max_capacity() - tx.capacity()) * 1400) as u64,
-                STREAM_QUEUE * 1400,
-            ),
-            None => (
-                quic::DATAGRAM_SEND_BUFFER.saturating_sub(self.conn.datagram_send_buffer_space())
-                    as u64,
-                quic::DATAGRAM_SEND_BUFFER,
-            ),
-        };
+        let (backlog, limit) = self.backlog();
         PathLoad {
-            rate: Some(per_rtt),
+            rate: Some(quic::rate_per_rtt(window, rtt)),
             rtt: Some(rtt),
             backlog,
             window: Some(window),
             in_flight,
-            backlog_limit: Some(limit as u64),
+            backlog_limit: Some(limit),
         }
     }
 

@@ -148,12 +148,6 @@ impl QuicPipes {
     }
 }
 
-/// Bytes a pipe has outstanding: in flight and queued to send.
-fn outstanding(p: &QuicTransport) -> u64 {
-    let l = p.load();
-    l.in_flight + l.backlog
-}
-
 impl PathTransport for QuicPipes {
     /// The pipes share the mode, so pipe 0's framing is every pipe's.
     fn prepare(&self, batch: &mut PacketBatch, which: &[usize]) {
@@ -175,7 +169,7 @@ impl PathTransport for QuicPipes {
         let (each, load) = &mut *scratch;
         each.resize_with(pipes.len(), Vec::new);
         load.clear();
-        load.extend(pipes.iter().map(|p| outstanding(p)));
+        load.extend(pipes.iter().map(|p| p.outstanding()));
         // Ties go round the pipes from batch to batch, so light traffic (all pipes idle) uses
         // every pipe too, and keeps each one's NAT mapping and RTT fresh.
         let n = pipes.len();
@@ -230,20 +224,25 @@ impl PathTransport for QuicPipes {
         self.pipe_status()
     }
 
-    /// The group's window and bytes in flight; the pipes' queues summed; the lowest RTT.
+    /// The group's window and bytes in flight; the pipes' queues summed; the lowest RTT. Read
+    /// before every batch: no allocation.
     fn load(&self) -> PathLoad {
-        let loads: Vec<PathLoad> = self.list().iter().map(|p| p.load()).collect();
+        let pipes = self.pipes.read().unwrap_or_else(|e| e.into_inner());
+        let (mut backlog, mut limit) = (0, 0);
+        for p in pipes.iter() {
+            let (b, l) = p.backlog();
+            backlog += b;
+            limit += l;
+        }
+        let rtt = pipes.iter().map(|p| p.conn.rtt()).min();
         let (window, in_flight) = self.group.read();
-        let rtt = loads.iter().filter_map(|l| l.rtt).min();
-        let rate =
-            rtt.map(|r| (window * 8).saturating_mul(1_000_000) / (r.as_micros().max(1) as u64));
         PathLoad {
-            rate,
+            rate: rtt.map(|r| crate::quic::rate_per_rtt(window, r)),
             rtt,
-            backlog: loads.iter().map(|l| l.backlog).sum(),
+            backlog,
             window: Some(window),
             in_flight,
-            backlog_limit: loads.iter().map(|l| l.backlog_limit).sum(),
+            backlog_limit: Some(limit),
         }
     }
 
