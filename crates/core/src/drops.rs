@@ -19,10 +19,15 @@ pub enum DropReason {
     SendFailed,
     /// The kernel refused a packet written to the TUN device (not a packet it accepts there).
     TunRefused,
+    /// A packet of the path's session whose tag did not verify (forged, corrupted, or sealed
+    /// with another key: `stripe.rs`).
+    Unauthenticated,
+    /// A packet of the path's session seen before, or too old for the replay window.
+    Replayed,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 8] = [
+    pub const ALL: [DropReason; 10] = [
         DropReason::Oversized,
         DropReason::NoPath,
         DropReason::NoRoute,
@@ -31,6 +36,8 @@ impl DropReason {
         DropReason::Malformed,
         DropReason::SendFailed,
         DropReason::TunRefused,
+        DropReason::Unauthenticated,
+        DropReason::Replayed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -43,6 +50,8 @@ impl DropReason {
             DropReason::Malformed => "malformed",
             DropReason::SendFailed => "send_failed",
             DropReason::TunRefused => "tun_refused",
+            DropReason::Unauthenticated => "unauthenticated",
+            DropReason::Replayed => "replayed",
         }
     }
 

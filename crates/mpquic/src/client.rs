@@ -318,8 +318,10 @@ impl Client {
             mode: self.cfg.mode,
             addr: requested.map(|(a, l)| format!("{a}/{l}")),
             fec: (self.ccfg.fec != FecMode::Off).then(|| self.ccfg.fec.to_string()),
-            // The dialer numbers the pipes of a path that has several.
+            // The dialer numbers the pipes of a path that has several, and says which are
+            // stripe paths.
             pipe: None,
+            stripe: None,
         };
         let (transport, ack) = self.dialer.dial(p, &h, self.payload(idx)).await?;
         if !ack.ok {

@@ -31,6 +31,16 @@ pub struct Hello {
     /// This connection is one of the path's pipes (`pipes: N`); absent: the path's only one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pipe: Option<PipeOf>,
+    /// The path carries its datagrams in stripe packets over this many UDP sockets
+    /// (`transport: stripe`); absent: in the QUIC connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stripe: Option<StripeOf>,
+}
+
+/// A stripe path: how many pipes (UDP sockets) the client registers.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StripeOf {
+    pub pipes: u8,
 }
 
 /// Which pipe of how many. Pipe 0 joins the session like a path; the others join pipe 0's
@@ -49,6 +59,9 @@ pub struct HelloAck {
     pub addr: Option<String>,
     pub server_addr: Option<String>,
     pub mtu: Option<u32>,
+    /// A stripe path: the UDP port of the server's stripe socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stripe_port: Option<u16>,
 }
 
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>> {

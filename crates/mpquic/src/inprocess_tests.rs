@@ -22,7 +22,8 @@ fn config(dir: &Path, name: &str, text: &str) -> Config {
     Config::load(&path).unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn server_config(dir: &Path) -> Config {
+/// The server's config; `more`: more top-level keys (`key: value\n` lines).
+fn server_config_with(dir: &Path, more: &str) -> Config {
     let d = dir.display();
     config(
         dir,
@@ -31,7 +32,7 @@ fn server_config(dir: &Path) -> Config {
             "role: server\nbind_ip: 0.0.0.0\nremote_port: 4433\nmulti_conn_enabled: true\n\
              tun_name: srv0\ntun_cidr: {SERVER_TUN}/24\n\
              tls_cert_file: {d}/mpquic-server.crt\ntls_key_file: {d}/mpquic-server.key\n\
-             control_socket: {d}/server.sock\n"
+             control_socket: {d}/server.sock\n{more}"
         ),
     )
 }
@@ -142,7 +143,12 @@ type Instance = tokio::task::JoinHandle<anyhow::Result<()>>;
 
 /// The server (`server_config`) running on `net`.
 fn spawn_server(dir: &Path, net: &Arc<Network>) -> Instance {
-    let cfg = server_config(dir);
+    spawn_server_with(dir, net, "")
+}
+
+/// The server with `more` top-level keys.
+fn spawn_server_with(dir: &Path, net: &Arc<Network>, more: &str) -> Instance {
+    let cfg = server_config_with(dir, more);
     let RoleConfig::Server(s) = cfg.role.clone() else {
         panic!("not a server configuration")
     };
@@ -350,6 +356,7 @@ async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
         addr: None,
         fec: None,
         pipe: Some(PipeOf { index: 1, count: 2 }),
+        stripe: None,
     };
     let (t, ack) = dialer.dial(&c.paths[1], &stray, None).await.unwrap();
     t.close(0, "done");
@@ -435,4 +442,132 @@ async fn one_batch_for_two_clients_gets_every_header() {
     let mut all = vec![("server", server)];
     all.extend(clients.into_iter().map(|c| ("client", c)));
     stop_all(&net, all).await;
+}
+
+/// `transport: stripe` with 3 pipes on path 1: the path's datagrams go in sealed stripe packets
+/// over three client ports to the server's stripe socket; nothing lost or doubled; status shows
+/// each pipe and the controller's figures; packets to the stripe port that name no session are
+/// refused and counted; a server without `stripe_enabled` refuses a stripe path with a reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stripe_path_carries_the_tunnel_and_refuses_strangers() {
+    use std::net::SocketAddr;
+    let dir = pki_dir(1);
+    let d = dir.path();
+    let net = Network::new();
+    let mut srv_host = net.host("srv0");
+    let mut cli_host = net.host("cli0");
+    let ccfg = client_config_with(d, "datagram", "  pipes: 3\n  transport: stripe\n");
+    let server = spawn_server_with(d, &net, "stripe_enabled: true\nstripe_port: 5433\n");
+    let client = spawn_client(&net, ccfg.clone());
+    warm_up(&mut cli_host, &mut srv_host).await;
+
+    let (mut up, mut down) = (Vec::new(), Vec::new());
+    for seq in 0..300u32 {
+        let wait = Duration::from_millis(2);
+        exchange(&mut cli_host, &mut srv_host, seq, wait, &mut up, &mut down).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drain(&mut srv_host, &mut up);
+    drain(&mut cli_host, &mut down);
+    for (dir, got) in [("up", &up), ("down", &down)] {
+        let mut seqs: Vec<u32> = got.iter().map(|(s, _)| *s).filter(|s| *s < 300).collect();
+        seqs.sort_unstable();
+        assert_eq!(seqs, (0..300).collect::<Vec<_>>(), "{dir}: lost or doubled");
+    }
+
+    // Strangers at the stripe port: too short to name a session, and a session nobody has.
+    let stranger = net.bind("10.10.9.9:0".parse().unwrap()).unwrap();
+    let to: SocketAddr = "10.10.0.1:5433".parse().unwrap();
+    let mut forged = vec![1u8, 1];
+    forged.extend_from_slice(&[0xab; 8 + 8 + 40]);
+    for contents in [&[1u8, 2, 3][..], &forged] {
+        let t = quinn::udp::Transmit {
+            destination: to,
+            ecn: None,
+            contents,
+            segment_size: None,
+            src_ip: None,
+        };
+        stranger.try_send(&t).unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let status = |who: &str| {
+        let body =
+            crate::control::get_over_socket(&d.join(format!("{who}.sock")), "/status").unwrap();
+        serde_json::from_str::<mpquic_status::StatusReport>(&body).unwrap()
+    };
+    for who in ["client", "server"] {
+        let st = status(who);
+        let wan1 = st.tunnels[0]
+            .paths
+            .iter()
+            .find(|p| p.name == "wan1")
+            .unwrap();
+        let mut ports: Vec<u16> = wan1.pipes.iter().map(|p| p.port).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), 3, "{who}: {:?}", wan1.pipes);
+        for p in &wan1.pipes {
+            assert!(
+                p.tx_bytes > 5_000 && p.rx_bytes > 5_000,
+                "{who}: {:?}",
+                wan1.pipes
+            );
+        }
+        assert!(wan1.quic_rtt_ms.is_some_and(|r| r > 0.0), "{who}: {wan1:?}");
+        assert!(wan1.cwnd_bytes.is_some_and(|c| c > 0), "{who}: {wan1:?}");
+        println!(
+            "[measure] in-process stripe, {who}: {}",
+            wan1.pipes_summary().unwrap()
+        );
+    }
+    let refused = status("server").refused;
+    assert_eq!(refused.get("stripe_malformed"), Some(&1), "{refused:?}");
+    assert_eq!(
+        refused.get("stripe_unknown_session"),
+        Some(&1),
+        "{refused:?}"
+    );
+    stop_all(&net, vec![("server", server), ("client", client)]).await;
+}
+
+/// A server without `stripe_enabled` refuses a stripe path, with the reason, and counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stripe_path_to_a_server_without_stripe_is_refused() {
+    let dir = pki_dir(1);
+    let d = dir.path();
+    let ccfg = client_config_with(d, "datagram", "  transport: stripe\n");
+    let net = Network::new();
+    let _srv_host = net.host("srv0");
+    let server = spawn_server(d, &net);
+    let RoleConfig::Client(c) = ccfg.role.clone() else {
+        panic!("role")
+    };
+    let dialer =
+        crate::transport::quic::QuicDialer::new(&ccfg, &c, 1500, Platform::memory(net.clone()))
+            .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let hello = crate::hello::Hello {
+        session: 7,
+        path: "wan1".into(),
+        priority: 1,
+        weight: 1,
+        policy: "failover".into(),
+        mode: ccfg.mode,
+        addr: None,
+        fec: None,
+        pipe: None,
+        stripe: None,
+    };
+    use crate::transport::Dialer;
+    let (t, ack) = dialer.dial(&c.paths[0], &hello, None).await.unwrap();
+    t.close(0, "done");
+    let why = ack.error.unwrap_or_default();
+    assert!(!ack.ok && why.contains("stripe_enabled"), "{why}");
+    let body = crate::control::get_over_socket(&d.join("server.sock"), "/status").unwrap();
+    let st: mpquic_status::StatusReport = serde_json::from_str(&body).unwrap();
+    let refused = st.refused;
+    assert_eq!(refused.get("stripe_disabled"), Some(&1), "{refused:?}");
+    stop_all(&net, vec![("server", server)]).await;
 }

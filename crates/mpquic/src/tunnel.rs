@@ -1088,6 +1088,10 @@ impl Sink for LinkSink {
             .drop_tx_batch(self.path, packets, bytes, reason);
     }
 
+    fn on_received_dropped(&self, reason: DropReason) {
+        self.tunnel.lock().router.drop_on(self.path, reason, 1);
+    }
+
     fn on_closed(&self) {
         self.tunnel.remove(self.path, self.generation);
     }

@@ -65,6 +65,14 @@ impl Congestion {
     }
 }
 
+impl Congestion {
+    /// One of the core's controllers (`mpquic_core::cc`), which the stripe transport can run
+    /// outside the QUIC engine.
+    pub fn is_ours(self) -> bool {
+        matches!(self, Congestion::Bbr | Congestion::Bbr3)
+    }
+}
+
 impl TransportMode {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -151,9 +159,21 @@ pub struct PathConfig {
     pub remote_port: u16,
     pub priority: u32,
     pub weight: u32,
-    /// UDP 5-tuples (QUIC connections, distinct source ports) the path runs over, sharing one
-    /// congestion controller (`transport/pipes.rs`): past carriers' per-session caps.
+    /// UDP 5-tuples (distinct source ports) the path runs over, sharing one congestion
+    /// controller: past carriers' per-session caps. QUIC connections (`transport/quic/pipes.rs`),
+    /// or with `transport: stripe` the stripe sockets beside the path's one QUIC connection.
     pub pipes: u8,
+    pub transport: PathKind,
+}
+
+/// How a path carries the tunnel's datagrams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathKind {
+    /// In the path's QUIC connection(s) (`transport/quic.rs`).
+    Quic,
+    /// In sealed raw UDP packets beside the path's QUIC connection, which does the handshake,
+    /// the hello and the keys (`transport/stripe`, seed 000 section 14).
+    Stripe,
 }
 
 #[derive(Debug, Clone)]
@@ -167,6 +187,9 @@ pub struct ClientConfig {
     pub insecure_skip_verify: bool,
     /// FEC on every path, in both directions (the server applies the client's choice).
     pub fec: mpquic_core::fec::FecMode,
+    /// The server's stripe port for `transport: stripe` paths; `None`: the one the server
+    /// announces in its hello answer.
+    pub stripe_port: Option<u16>,
 }
 
 #[derive(Debug, Clone)]
@@ -177,6 +200,8 @@ pub struct ServerConfig {
     pub client_ca_file: PathBuf,
     /// Fixed tunnel addresses by client name (certificate CN).
     pub clients: Vec<(String, Ipv4Addr)>,
+    /// `stripe_enabled`: where the stripe transport's socket listens.
+    pub stripe: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone)]
@@ -458,18 +483,50 @@ multipath_paths:
     }
 
     #[test]
-    fn stripe_is_not_supported_yet_and_pipes_are_bounded() {
+    fn stripe_paths_fec_and_pipes() {
+        use mpquic_core::fec::FecMode;
         let text = SEED_CLIENT.replace(
             "  weight: 1\n- name: wan5",
             "  weight: 1\n  pipes: 4\n  transport: stripe\n- name: wan5",
         ) + "stripe_port: 46017\n";
-        let e = parse(&text).unwrap_err();
-        assert_eq!(e.problems.len(), 2, "{e}");
-        for p in &e.problems {
-            assert!(p.message.contains("not supported yet"), "{e}");
-        }
-        assert_eq!(e.problems[0].line, 22); // transport
-        assert_eq!(e.problems[1].line, 29); // stripe_port
+        let c = parse(&text).unwrap();
+        let RoleConfig::Client(cl) = &c.role else {
+            panic!()
+        };
+        assert_eq!(cl.paths[0].transport, PathKind::Stripe);
+        assert_eq!(cl.paths[1].transport, PathKind::Quic);
+        assert_eq!(cl.stripe_port, Some(46017));
+        // The seed's shards default to 10/2; stripe runs the tunnel in datagram mode, and says
+        // so when the file asks for reliable.
+        assert_eq!(cl.fec, FecMode::Fixed { k: 10, m: 2 });
+        assert_eq!(c.mode, TransportMode::Datagram);
+        assert!(
+            c.warnings.iter().any(|w| w.contains("datagram mode")),
+            "{:?}",
+            c.warnings
+        );
+        // Shards set: the FEC; bad shards: located errors.
+        let c =
+            parse(&(text.clone() + "stripe_data_shards: 20\nstripe_parity_shards: 4\n")).unwrap();
+        let RoleConfig::Client(cl) = &c.role else {
+            panic!()
+        };
+        assert_eq!(cl.fec, FecMode::Fixed { k: 20, m: 4 });
+        let e = parse(&(text.clone() + "stripe_parity_shards: 40\n")).unwrap_err();
+        assert_eq!(e.problems[0].line, 30, "{e}");
+        assert!(e.to_string().contains("repair shards"), "{e}");
+        // A loss-based controller cannot pace stripe; stripe keys without a stripe path are
+        // mistakes.
+        let e = parse(&text.replace("congestion_algorithm: bbr", "congestion_algorithm: cubic"))
+            .unwrap_err();
+        assert!(e.to_string().contains("bbr or bbr3"), "{e}");
+        let e = parse(&(SEED_CLIENT.to_string() + "stripe_port: 46017\n")).unwrap_err();
+        assert!(
+            e.to_string().contains("no path has `transport: stripe`"),
+            "{e}"
+        );
+        let e = parse(&text.replace("transport: stripe", "transport: stripey")).unwrap_err();
+        assert!(e.to_string().contains("did you mean `stripe`?"), "{e}");
         let four = SEED_CLIENT.replace(
             "  weight: 1\n- name: wan5",
             "  weight: 1\n  pipes: 4\n- name: wan5",
@@ -486,6 +543,36 @@ multipath_paths:
         .unwrap_err();
         assert_eq!(e.problems[0].line, 21, "{e}");
         assert!(e.to_string().contains("1 to 16 pipes"), "{e}");
+    }
+
+    #[test]
+    fn seed_stripe_examples_load() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/seed/");
+        let c = Config::load(&PathBuf::from(format!("{dir}client-stripe.yaml"))).unwrap();
+        let RoleConfig::Client(cl) = &c.role else {
+            panic!()
+        };
+        assert!(cl
+            .paths
+            .iter()
+            .all(|p| p.transport == PathKind::Stripe && p.pipes == 4));
+        let s = Config::load(&PathBuf::from(format!("{dir}server-stripe.yaml"))).unwrap();
+        let RoleConfig::Server(sv) = &s.role else {
+            panic!()
+        };
+        assert_eq!(sv.stripe, Some("0.0.0.0:46017".parse().unwrap()));
+        // The server's parity line is reported as having no effect, not silently dropped.
+        assert!(s
+            .warnings
+            .iter()
+            .any(|w| w.contains("stripe_parity_shards")));
+        // Without stripe_enabled, a stripe_port is a mistake.
+        let e = Config::parse(
+            "role: server\ntun_cidr: 10.0.0.1/24\ntls_cert_file: a\ntls_key_file: b\nstripe_port: 46017\n",
+            std::path::Path::new("s.yaml"),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("stripe_enabled"), "{e}");
     }
 
     #[test]

@@ -14,8 +14,8 @@ use super::positions::Positions;
 /// Pipes per path: each is a QUIC connection and a socket.
 const MAX_PIPES: u32 = 16;
 use super::{
-    closest, mask, parse_cidr, Bind, ClientConfig, Config, Congestion, PathConfig, Problem,
-    RawConfig, Role, RoleConfig, ServerConfig, TransportMode, DEFAULT_PORT,
+    closest, mask, parse_cidr, Bind, ClientConfig, Config, Congestion, PathConfig, PathKind,
+    Problem, RawConfig, Role, RoleConfig, ServerConfig, TransportMode, DEFAULT_PORT,
 };
 
 /// Collects located problems (errors) and warnings.
@@ -36,15 +36,6 @@ impl Checker {
             message,
             hint,
         });
-    }
-
-    fn unsupported(&mut self, path: &str, what: &str) {
-        let key = path.rsplit('.').next().unwrap_or(path);
-        self.at(
-            path,
-            format!("`{key}`: {what} is not supported yet"),
-            Some("remove this line; the feature is planned (see docs/CONFIG.md)".into()),
-        );
     }
 
     /// A value from a fixed list, with "did you mean" when it is close to one.
@@ -96,17 +87,16 @@ pub(super) fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem
         problems: Vec::new(),
         warnings: Vec::new(),
     };
-    not_built_yet(&raw, &mut c);
     let g = general(&raw, &mut c);
     let role = match raw.role {
         Role::Server => RoleConfig::Server(server(&raw, &g, &mut c)),
         Role::Client => RoleConfig::Client(client(&raw, &g, &mut c)),
     };
+    let mode = mode(&raw, &role, &mut c);
     if !c.problems.is_empty() {
         c.problems.sort_by_key(|p| (p.line, p.column));
         return Err(c.problems);
     }
-    let mode = raw.transport_mode.unwrap_or(default_mode(&raw));
     let control_socket = raw
         .control_socket
         .clone()
@@ -126,23 +116,6 @@ pub(super) fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem
         role,
         warnings: c.warnings,
     })
-}
-
-/// Features that do not exist yet are refused, never silently ignored.
-fn not_built_yet(raw: &RawConfig, c: &mut Checker) {
-    const STRIPE: &str = "the stripe transport (UDP pipes + FEC)";
-    if raw.stripe_enabled == Some(true) {
-        c.unsupported("stripe_enabled", STRIPE);
-    }
-    for (key, present) in [
-        ("stripe_port", raw.stripe_port.is_some()),
-        ("stripe_data_shards", raw.stripe_data_shards.is_some()),
-        ("stripe_parity_shards", raw.stripe_parity_shards.is_some()),
-    ] {
-        if present {
-            c.unsupported(key, STRIPE);
-        }
-    }
 }
 
 fn general(raw: &RawConfig, c: &mut Checker) -> General {
@@ -318,7 +291,47 @@ fn server(raw: &RawConfig, g: &General, c: &mut Checker) -> ServerConfig {
         prefix,
         client_ca_file,
         clients,
+        stripe: server_stripe(raw, c, SocketAddr::new(listen_ip, port)),
     }
+}
+
+/// `stripe_enabled`, `stripe_port` (default: the QUIC port + 1000, as in the seed: 45017 and
+/// 46017). The FEC of a stripe session is the client's choice, as on any path.
+fn server_stripe(raw: &RawConfig, c: &mut Checker, listen: SocketAddr) -> Option<SocketAddr> {
+    for (key, set) in [
+        ("stripe_data_shards", raw.stripe_data_shards.is_some()),
+        ("stripe_parity_shards", raw.stripe_parity_shards.is_some()),
+    ] {
+        if set {
+            c.warnings.push(format!(
+                "`{key}` on a server has no effect: each client's FEC (its stripe_data_shards/stripe_parity_shards or fec) applies to both directions of its tunnel"
+            ));
+        }
+    }
+    if raw.stripe_enabled != Some(true) {
+        if raw.stripe_port.is_some() {
+            c.at(
+                "stripe_port",
+                "`stripe_port` is set but `stripe_enabled` is not true".into(),
+                Some("add stripe_enabled: true to accept stripe paths".into()),
+            );
+        }
+        return None;
+    }
+    let port = raw
+        .stripe_port
+        .unwrap_or_else(|| listen.port().saturating_add(1000));
+    if port == listen.port() {
+        c.at(
+            "stripe_port",
+            format!("`stripe_port`: {port} is the QUIC port"),
+            Some(
+                "the stripe transport needs a UDP port of its own, e.g. the QUIC port + 1000"
+                    .into(),
+            ),
+        );
+    }
+    Some(SocketAddr::new(listen.ip(), port))
 }
 
 fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
@@ -354,8 +367,41 @@ fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
         c.warnings
             .push("tls_insecure_skip_verify: the server's certificate is NOT verified".into());
     }
+    if raw.stripe_enabled.is_some() {
+        c.at(
+            "stripe_enabled",
+            "`stripe_enabled` is a server option".into(),
+            Some("a client uses stripe on the paths marked `transport: stripe`".into()),
+        );
+    }
     let paths = client_paths(raw, c);
-    let fec = client_fec(raw, c);
+    let stripe = paths.iter().any(|p| p.transport == PathKind::Stripe);
+    let fec = match stripe {
+        true => stripe_fec(raw, c),
+        false => client_fec(raw, c),
+    };
+    if !stripe {
+        for (key, set) in [
+            ("stripe_port", raw.stripe_port.is_some()),
+            ("stripe_data_shards", raw.stripe_data_shards.is_some()),
+            ("stripe_parity_shards", raw.stripe_parity_shards.is_some()),
+        ] {
+            if set {
+                c.at(
+                    key,
+                    format!("`{key}` is set but no path has `transport: stripe`"),
+                    Some("add `transport: stripe` to the paths that use it (FEC on quic paths: fec: K/M)".into()),
+                );
+            }
+        }
+    }
+    if stripe && matches!(raw.congestion_algorithm, Some(cc) if !cc.is_ours()) {
+        c.at(
+            "congestion_algorithm",
+            "`transport: stripe` paces with bbr or bbr3".into(),
+            Some("use congestion_algorithm: bbr (the default) or bbr3".into()),
+        );
+    }
     let server_name = raw
         .tls_server_name
         .clone()
@@ -369,7 +415,51 @@ fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
         ca_file: raw.tls_ca_file.clone(),
         insecure_skip_verify: raw.tls_insecure_skip_verify,
         fec,
+        stripe_port: raw.stripe_port,
     }
+}
+
+/// FEC on a client with stripe paths: `stripe_data_shards`/`stripe_parity_shards` (seed 000
+/// section 14; default 10/2), or `fec` instead of them.
+fn stripe_fec(raw: &RawConfig, c: &mut Checker) -> FecMode {
+    let shards = raw.stripe_data_shards.is_some() || raw.stripe_parity_shards.is_some();
+    if raw.fec.is_some() {
+        if shards {
+            c.at(
+                "fec",
+                "`fec` and `stripe_data_shards`/`stripe_parity_shards` both set".into(),
+                Some("keep one: they set the same FEC".into()),
+            );
+        }
+        return client_fec(raw, c);
+    }
+    let k = raw.stripe_data_shards.unwrap_or(10);
+    let m = raw.stripe_parity_shards.unwrap_or(2);
+    FecMode::fixed(k as usize, m as usize).unwrap_or_else(|e| {
+        let key = match e.contains("data") {
+            true => "stripe_data_shards",
+            false => "stripe_parity_shards",
+        };
+        c.at(key, format!("`{key}`: {e}"), None);
+        FecMode::Off
+    })
+}
+
+/// `transport_mode`, or its default. A client with stripe paths runs in datagram mode: stripe
+/// packets are datagrams, and loss is repaired by FEC.
+fn mode(raw: &RawConfig, role: &RoleConfig, c: &mut Checker) -> TransportMode {
+    let stripe = matches!(role, RoleConfig::Client(cl)
+        if cl.paths.iter().any(|p| p.transport == PathKind::Stripe));
+    if !stripe {
+        return raw.transport_mode.unwrap_or(default_mode(raw));
+    }
+    if raw.transport_mode == Some(TransportMode::Reliable) {
+        c.warnings.push(
+            "transport_mode: reliable does not apply with stripe paths: the tunnel runs in datagram mode, FEC repairs loss"
+                .into(),
+        );
+    }
+    TransportMode::Datagram
 }
 
 /// Reliable mode, unless the client asks for FEC (which is for datagram mode).
@@ -401,7 +491,11 @@ fn client_fec(raw: &RawConfig, c: &mut Checker) -> FecMode {
             return FecMode::Off;
         }
     };
-    if mode != FecMode::Off && raw.transport_mode == Some(TransportMode::Reliable) {
+    let stripe = raw
+        .multipath_paths
+        .iter()
+        .any(|p| p.transport.as_deref() == Some("stripe"));
+    if mode != FecMode::Off && raw.transport_mode == Some(TransportMode::Reliable) && !stripe {
         c.at(
             "fec",
             "`fec` needs `transport_mode: datagram`".into(),
@@ -446,6 +540,7 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
             priority: 1,
             weight: 1,
             pipes: 1,
+            transport: PathKind::Quic,
         });
         return out;
     }
@@ -487,11 +582,14 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
                 1
             }
         };
-        match p.transport.as_deref() {
-            None | Some("quic") => {}
-            Some("stripe") => c.unsupported(&at("transport"), "`transport: stripe`"),
-            Some(other) => c.unknown_value(&at("transport"), "transport", other, &["quic"]),
-        }
+        let transport = match p.transport.as_deref() {
+            None | Some("quic") => PathKind::Quic,
+            Some("stripe") => PathKind::Stripe,
+            Some(other) => {
+                c.unknown_value(&at("transport"), "transport", other, &["quic", "stripe"]);
+                PathKind::Quic
+            }
+        };
         if p.weight == Some(0) {
             c.at(&at("weight"), "`weight` must be at least 1".into(), None);
         }
@@ -515,6 +613,7 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
             priority: p.priority.unwrap_or(1),
             weight: p.weight.unwrap_or(1),
             pipes,
+            transport,
         });
     }
     out

@@ -24,6 +24,7 @@ use crate::hello::{Hello, HelloAck};
 
 pub mod quic;
 mod stream_rx;
+pub mod stripe;
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -56,6 +57,9 @@ pub trait Sink: Send + Sync + 'static {
     /// Packets accepted by `send_batch` that the transport dropped after all (counted under
     /// `reason`): lost with a failed stream, or waited too long in its queue.
     fn on_send_dropped(&self, reason: DropReason, packets: u64, bytes: u64);
+    /// A packet that arrived for this path and was refused before it was a datagram (a stripe
+    /// packet that failed authentication or the replay check, or was malformed).
+    fn on_received_dropped(&self, reason: DropReason);
     /// The transport has ended (connection closed); nothing more arrives.
     fn on_closed(&self);
 }

@@ -21,7 +21,7 @@ use super::{
     stream_rx, BoxFuture, Dialer, Listener, Offer, OfferReply, PathTransport, Sink, TransportStats,
 };
 use crate::batch::PacketBatch;
-use crate::config::{Config, PathConfig, TransportMode};
+use crate::config::{Config, PathConfig, PathKind, TransportMode};
 use crate::hello::{self, Hello, HelloAck};
 use crate::platform::Platform;
 use crate::tunnel::close;
@@ -29,6 +29,8 @@ use crate::{quic, tls};
 
 mod pipes;
 use pipes::{PipeKey, PipeSets, QuicPipes};
+
+use super::stripe::server::StripeServer;
 
 /// Packets a reliable-mode path may queue for its stream writer before new ones are dropped
 /// (counted `queue_full`). Only a hand-over between the TUN reader and the writer: the stream's
@@ -111,6 +113,11 @@ impl QuicTransport {
 }
 
 impl QuicTransport {
+    /// The connection (a stripe path takes its keys from its TLS session, `stripe`).
+    pub(crate) fn connection(&self) -> &quinn::Connection {
+        &self.conn
+    }
+
     /// Bytes waiting to be sent and how many may wait: datagram mode, QUIC's datagram queue;
     /// reliable mode, the frames waiting for the stream writer (at a full packet each: an
     /// estimate, the sizes are not kept).
@@ -304,6 +311,8 @@ pub struct QuicDialer {
     link_mtu: u32,
     server_name: String,
     platform: Platform,
+    /// The client's `stripe_port`, over the one the server announces.
+    stripe_port: Option<u16>,
 }
 
 impl QuicDialer {
@@ -331,6 +340,7 @@ impl QuicDialer {
             link_mtu,
             server_name: ccfg.server_name.clone(),
             platform,
+            stripe_port: ccfg.stripe_port,
         })
     }
 
@@ -350,6 +360,9 @@ impl QuicDialer {
         let link_mtu = payload.map_or(self.link_mtu, |p| {
             mpquic_core::mtu::link_mtu_for_payload(p).min(self.link_mtu)
         });
+        if p.transport == PathKind::Stripe {
+            return self.dial_stripe(p, remote, link_mtu, h).await;
+        }
         if p.pipes <= 1 {
             let (t, ack) = self.dial_one(p, remote, link_mtu, h).await?;
             return Ok((t, ack));
@@ -396,6 +409,40 @@ impl QuicDialer {
             return Err(e);
         }
         Ok((set, ack))
+    }
+
+    /// A stripe path: one QUIC connection (hello, keys, control), then its stripe pipes
+    /// registered with the server's stripe socket (`stripe::client`).
+    async fn dial_stripe(
+        &self,
+        p: &PathConfig,
+        remote: SocketAddr,
+        link_mtu: u32,
+        h: &Hello,
+    ) -> Result<(Arc<dyn PathTransport>, HelloAck)> {
+        let h = Hello {
+            stripe: Some(hello::StripeOf { pipes: p.pipes }),
+            ..h.clone()
+        };
+        let (quic, ack) = self.dial_one(p, remote, link_mtu, &h).await?;
+        if !ack.ok {
+            return Ok((quic, ack));
+        }
+        let Some(port) = self.stripe_port.or(ack.stripe_port) else {
+            quic.close(close::SHUTDOWN, "no stripe port");
+            return Err(anyhow!(
+                "the server accepted the path but named no stripe port"
+            ));
+        };
+        let platform = &self.platform;
+        match super::stripe::client::connect(quic.clone(), p, platform, port, self.congestion).await
+        {
+            Ok(t) => Ok((t, ack)),
+            Err(e) => {
+                quic.close(close::SHUTDOWN, "stripe registration failed");
+                Err(e)
+            }
+        }
     }
 
     /// One QUIC connection to `remote` over its own socket, and its hello exchange.
@@ -459,6 +506,8 @@ struct Accepting {
     refused: Refused,
     pipes: PipeSets,
     congestion: crate::config::Congestion,
+    /// `stripe_enabled`: the stripe socket that stripe paths' sessions join.
+    stripe: Option<Arc<StripeServer>>,
 }
 
 /// Counts a refused connection by reason (the server's status and metrics).
@@ -487,10 +536,20 @@ impl QuicListener {
         )?;
         let (tx, rx) = mpsc::channel(OFFER_QUEUE);
         let ep = endpoint.clone();
+        let stripe = match scfg.stripe {
+            Some(addr) => Some(StripeServer::start(
+                platform,
+                addr,
+                cfg.congestion,
+                refused.clone(),
+            )?),
+            None => None,
+        };
         let accepting = Arc::new(Accepting {
             refused,
             pipes: PipeSets::default(),
             congestion: cfg.congestion,
+            stripe,
         });
         tokio::spawn(async move {
             while let Some(incoming) = ep.accept().await {
@@ -564,6 +623,27 @@ async fn offer(incoming: quinn::Incoming, accepting: Arc<Accepting>) -> Option<O
             return None;
         }
     };
+    let stripe = match (hello.stripe, &accepting.stripe) {
+        (None, _) => None,
+        (Some(_), _) if hello.pipe.is_some() => {
+            warn!(client = %identity, %remote, "hello asks for stripe and QUIC pipes at once; connection closed");
+            refused("bad_hello");
+            conn.close(close::PROTOCOL.into(), b"stripe and pipes");
+            return None;
+        }
+        (Some(s), Some(server)) => Some((server.clone(), s.pipes)),
+        (Some(_), None) => {
+            warn!(client = %identity, %remote, path = %hello.path, "stripe path refused: stripe_enabled is not set");
+            refused("stripe_disabled");
+            let ack = HelloAck {
+                ok: false,
+                error: Some("this server has no stripe transport (stripe_enabled: false)".into()),
+                ..Default::default()
+            };
+            refuse_on(conn, send, ack).await;
+            return None;
+        }
+    };
     let pipe = match hello.pipe {
         None => None,
         Some(p) if p.count < 2 || p.index >= p.count => {
@@ -590,6 +670,7 @@ async fn offer(incoming: quinn::Incoming, accepting: Arc<Accepting>) -> Option<O
             recv,
             mode: hello.mode,
             pipe,
+            stripe: stripe.map(|(server, pipes)| (server, hello.path.clone(), pipes)),
         }),
         hello,
     })
@@ -619,10 +700,7 @@ async fn join_pipe(
             )),
             ..Default::default()
         };
-        let _ = hello::write(&mut send, &ack).await;
-        let _ = send.finish();
-        let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
-        conn.close(close::REFUSED.into(), b"pipe without path");
+        refuse_on(conn, send, ack).await;
         return;
     };
     if hello::write(&mut send, &set.ack).await.is_err() {
@@ -639,6 +717,17 @@ struct QuicOffer {
     mode: TransportMode,
     /// Pipe 0 of a path with pipes: where its set is kept, under which key, and how many.
     pipe: Option<(Arc<Accepting>, PipeKey, u8)>,
+    /// A stripe path: the stripe socket, the path's name and its pipe count.
+    stripe: Option<(Arc<StripeServer>, String, u8)>,
+}
+
+/// Answer `ack` (a refusal) and close the connection once it has reached the client (bounded).
+async fn refuse_on(conn: quinn::Connection, mut send: quinn::SendStream, ack: HelloAck) {
+    let _ = hello::write(&mut send, &ack).await;
+    let _ = send.finish();
+    let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
+    let reason = ack.error.unwrap_or_default();
+    conn.close(close::REFUSED.into(), reason.as_bytes());
 }
 
 impl OfferReply for QuicOffer {
@@ -653,7 +742,22 @@ impl OfferReply for QuicOffer {
                 recv,
                 mode,
                 pipe,
+                stripe,
             } = *self;
+            if let Some((server, path, pipes)) = stripe {
+                // The session is known before the client hears the answer and registers.
+                let ack = HelloAck {
+                    stripe_port: Some(server.port()),
+                    ..ack
+                };
+                let link = server.session(&conn, &path, pipes)?;
+                if let Err(e) = hello::write(&mut send, &ack).await {
+                    server.forget_link(&link);
+                    return Err(e.context("cannot answer the hello"));
+                }
+                let t = QuicTransport::new(conn, send, recv, None, mode, None);
+                return Ok(server.transport(t, link) as Arc<dyn PathTransport>);
+            }
             hello::write(&mut send, &ack)
                 .await
                 .context("cannot answer the hello")?;
@@ -675,13 +779,8 @@ impl OfferReply for QuicOffer {
 
     fn refuse(self: Box<Self>, ack: HelloAck) -> BoxFuture<'static, ()> {
         Box::pin(async move {
-            let QuicOffer { conn, mut send, .. } = *self;
-            let _ = hello::write(&mut send, &ack).await;
-            let _ = send.finish();
-            // Let the refusal reach the client before the close frame.
-            let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
-            let reason = ack.error.unwrap_or_default();
-            conn.close(close::REFUSED.into(), reason.as_bytes());
+            let QuicOffer { conn, send, .. } = *self;
+            refuse_on(conn, send, ack).await;
         })
     }
 }

@@ -3,6 +3,9 @@
 //! authenticated on its own, with a replay window. Sans-IO: sealing and opening packets, the
 //! replay window and the keys; the sockets, registration timers and pacing live in the shell.
 //!
+//! The sender's congestion control runs on the receiver's acknowledgements (`feedback.rs`: which
+//! counters arrived) in `flight.rs`, which drives one of the core's controllers (`cc`).
+//!
 //! Keys come from the path's TLS session (`Keys::from_secret`, fed with a TLS exporter of the
 //! path's QUIC connection), so only the client that passed the handshake, and the server, can
 //! make or read a stripe packet, and a packet from one path's session is refused by another.
@@ -16,6 +19,12 @@
 //! 4 zero bytes and the counter. Each direction has its own key and its own counter, shared by
 //! all pipes of the session; the receiver accepts a counter once, within `WINDOW` of the highest
 //! it has authenticated (checked only after the tag, so a forged packet cannot move it).
+
+pub mod feedback;
+pub mod flight;
+
+pub use feedback::Feedback;
+pub use flight::Flight;
 
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305};
 
@@ -42,6 +51,9 @@ pub enum Kind {
     /// Either way, every few seconds on an idle pipe: keeps NAT mappings and the server's
     /// record of the pipe alive. Payload: the pipe's index.
     Keepalive = 4,
+    /// Either way: which of the peer's counters arrived (`feedback.rs`), for its congestion
+    /// controller. The only type that is not acknowledged itself.
+    Feedback = 5,
 }
 
 impl Kind {
@@ -51,6 +63,7 @@ impl Kind {
             2 => Some(Kind::Register),
             3 => Some(Kind::RegisterAck),
             4 => Some(Kind::Keepalive),
+            5 => Some(Kind::Feedback),
             _ => None,
         }
     }
@@ -158,6 +171,11 @@ pub struct Opener {
 }
 
 impl Opener {
+    /// The counters authenticated so far (what `Feedback::from_window` reports).
+    pub fn window(&self) -> &ReplayWindow {
+        &self.window
+    }
+
     /// Authenticate and decrypt `pkt` in place; the kind and the payload (a part of `pkt`).
     pub fn open<'a>(&mut self, pkt: &'a mut [u8]) -> Result<(Kind, &'a [u8]), Refused> {
         if pkt.len() < HEADER + TAG || pkt[0] != VERSION {
@@ -244,6 +262,19 @@ impl ReplayWindow {
         }
         let (w, b) = Self::slot(n);
         self.bits[w] |= 1 << b;
+    }
+
+    /// The highest counter seen, if any.
+    pub fn largest(&self) -> Option<u64> {
+        self.next.checked_sub(1)
+    }
+
+    /// Seen (and within the window)?
+    pub fn seen(&self, n: u64) -> bool {
+        n < self.next && self.next - n <= WINDOW && {
+            let (w, b) = Self::slot(n);
+            self.bits[w] & (1 << b) != 0
+        }
     }
 
     fn slot(n: u64) -> (usize, u32) {

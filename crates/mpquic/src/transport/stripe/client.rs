@@ -1,0 +1,122 @@
+//! The client's side of a stripe path: its pipes (one UDP socket each, bound as the path says,
+//! so each is its own 5-tuple), their registration with the server's stripe socket, and their
+//! receive loops.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use quinn::udp::RecvMeta;
+
+use super::{
+    controller, keys, Link, Pipe, StripeTransport, RECV_BATCH, RECV_BUF, REGISTER_DEADLINE,
+    REGISTER_RESEND,
+};
+use crate::config::{Congestion, PathConfig};
+use crate::platform::Platform;
+use crate::transport::quic::QuicTransport;
+use crate::transport::PathTransport;
+use mpquic_core::stripe::{Flight, Kind};
+
+/// Open `p.pipes` pipes to `port` on the server `quic` is connected to, and register them
+/// under the session of `quic`'s TLS session. Fails when no pipe is answered within
+/// `REGISTER_DEADLINE` (the server has no stripe socket there, or UDP to it is blocked);
+/// pipes answered later are used from then on.
+pub async fn connect(
+    quic: Arc<QuicTransport>,
+    p: &PathConfig,
+    platform: &Platform,
+    port: u16,
+    cc: Congestion,
+) -> Result<Arc<StripeTransport>> {
+    let keys = keys(quic.connection(), &p.name, true)?;
+    let server = SocketAddr::new(quic.remote().ip(), port);
+    let mut pipes = Vec::new();
+    for _ in 0..p.pipes.max(1) {
+        pipes.push(Pipe::new(
+            platform.client_socket(&p.bind, server)?,
+            Some(server),
+        ));
+    }
+    let payload = quic.stats().udp_payload.unwrap_or(1200);
+    let link = Link::new(true, keys, pipes, Flight::new(controller(cc, payload)));
+    let conn = quic.connection().clone();
+    let receivers: Vec<_> = (0..link.pipes.len())
+        .map(|i| tokio::spawn(receive(link.clone(), i, conn.clone())))
+        .collect();
+    let registered = register(&link).await;
+    // The transport's `start` runs the receive loops for good; these were for registration.
+    for r in receivers {
+        r.abort();
+    }
+    if !registered {
+        bail!(
+            "no answer from the stripe port {server} within {REGISTER_DEADLINE:?} (is stripe_enabled set on the server, and UDP to that port open?)"
+        );
+    }
+    Ok(StripeTransport::new(quic, link, None))
+}
+
+/// Send REGISTER on every pipe not yet answered, every `REGISTER_RESEND`, until all are
+/// answered or the deadline passes; true when at least one was.
+async fn register(link: &Arc<Link>) -> bool {
+    let deadline = Instant::now() + REGISTER_DEADLINE;
+    let count = link.pipes.len() as u8;
+    loop {
+        for (i, p) in link.pipes.iter().enumerate() {
+            if !p.registered.load(Ordering::Relaxed) {
+                let mut tx = link.tx();
+                let _ = link.send_one(&mut tx, Kind::Register, &[i as u8, count], i, None, false);
+            }
+        }
+        let answered = link
+            .pipes
+            .iter()
+            .filter(|p| p.registered.load(Ordering::Relaxed))
+            .count();
+        if answered == link.pipes.len() {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return answered > 0;
+        }
+        let wait = REGISTER_RESEND.min(deadline - now);
+        let _ = tokio::time::timeout(wait, link.registered.notified()).await;
+    }
+}
+
+/// Pipe `i`'s receive loop, until the path's connection ends.
+pub(super) async fn receive(link: Arc<Link>, i: usize, conn: quinn::Connection) {
+    let socket = link.pipes[i].socket.clone();
+    let mut bufs = vec![vec![0u8; RECV_BUF]; RECV_BATCH];
+    let mut meta = vec![RecvMeta::default(); RECV_BATCH];
+    loop {
+        let n = {
+            let mut slices: Vec<std::io::IoSliceMut<'_>> = bufs
+                .iter_mut()
+                .map(|b| std::io::IoSliceMut::new(b))
+                .collect();
+            let recv = std::future::poll_fn(|cx| socket.poll_recv(cx, &mut slices, &mut meta));
+            tokio::select! {
+                r = recv => match r {
+                    Ok(n) => n,
+                    Err(_) => continue,
+                },
+                _ = conn.closed() => return,
+            }
+        };
+        for (buf, m) in bufs.iter_mut().zip(&meta).take(n) {
+            let stride = m.stride.max(1);
+            for pkt in buf[..m.len].chunks_mut(stride) {
+                if pkt.len() < mpquic_core::stripe::HEADER + mpquic_core::stripe::TAG {
+                    link.drop_received(mpquic_core::DropReason::Malformed);
+                    continue;
+                }
+                link.on_packet(pkt, m.addr, Some(i));
+            }
+        }
+    }
+}

@@ -1,0 +1,850 @@
+//! The stripe transport (`transport: stripe`; seed 000 section 14): a path's datagrams travel in
+//! sealed raw UDP packets (`mpquic_core::stripe`: ChaCha20-Poly1305, replay window) over one or
+//! more UDP sockets, "pipes", beside the path's QUIC connection. The QUIC connection does what
+//! needs a handshake: the client's certificate, the hello, and the keys (a TLS exporter of that
+//! session, so only its two ends can make or read the path's stripe packets); it also carries
+//! control messages until a pipe is registered, and its end is the path's end.
+//!
+//! - **Registration** (`client.rs`): each client pipe sends REGISTER `[index, count]` to the
+//!   server's stripe port every 200 ms until its REGISTER ACK arrives; a path with no answer
+//!   within 1 s fails to connect (the client retries it like any path). The server learns each
+//!   pipe's address from its authenticated REGISTER (and KEEPALIVEs, every 5 s, which also keep
+//!   NAT mappings open).
+//! - **Congestion control**: one controller per path, over all its pipes (`Flight`, a core
+//!   controller): the receiver reports which counters arrived (`Feedback`, at most 5 ms or 8
+//!   packets after them), the sender paces at the controller's rate (`Pacer`) within its
+//!   window, and packets wait in a bounded queue in front of it (sparse flows first,
+//!   `SendQueue`). Data packets go round robin over the registered pipes.
+//! - **Loss** is not retransmitted here: the tunnel's FEC (`stripe_data_shards` /
+//!   `stripe_parity_shards`) repairs it, as on a datagram-mode QUIC path.
+//! - **Refused packets** are counted: a packet that names this path's session but fails its tag
+//!   or the replay window is a drop of the path (`unauthenticated`, `replayed`); on the server,
+//!   packets that name no session are counted by the stripe socket (`server.rs`).
+//! - A session that hears nothing on its pipes for 30 s is closed.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use mpquic_core::pacing::Pacer;
+use mpquic_core::sendq::SendQueue;
+use mpquic_core::stripe::feedback::Acks;
+use mpquic_core::stripe::{self, Feedback, Flight, Kind, Opener, Refused, Sealer};
+use mpquic_core::{DropReason, PacketInfo, PathLoad};
+use mpquic_status::PipeStatus;
+use quinn::udp::Transmit;
+use tokio::sync::{mpsc, Notify};
+
+use super::quic::QuicTransport;
+use super::{BoxFuture, PathTransport, Sink, TransportStats};
+use crate::batch::PacketBatch;
+use crate::config::Congestion;
+
+pub mod client;
+pub mod server;
+
+/// Packets waiting for the pacer, at most (a packet beyond is refused, `queue_full`).
+const QUEUE: usize = 512;
+/// A client pipe's keepalive, when it sent nothing else for this long.
+const KEEPALIVE: Duration = Duration::from_secs(5);
+/// A session whose pipes carried nothing authentic for this long is closed.
+const SESSION_TIMEOUT: Duration = Duration::from_secs(30);
+/// Registration: resent this often until answered; a path with no pipe answered after
+/// `REGISTER_DEADLINE` fails to connect.
+const REGISTER_RESEND: Duration = Duration::from_millis(200);
+const REGISTER_DEADLINE: Duration = Duration::from_secs(1);
+/// Datagrams read per receive call, and the buffer of each (a GRO batch fits).
+const RECV_BATCH: usize = 16;
+const RECV_BUF: usize = 64 * 1024;
+/// A packet's size for the pacer's wait: one full packet.
+const PACED_PACKET: usize = 1500;
+/// Outer IPv4 and UDP headers: the stripe payload is the link's UDP payload less its own.
+const OVERHEAD: usize = stripe::HEADER + stripe::TAG;
+
+/// A UDP 5-tuple of the path.
+struct Pipe {
+    socket: Arc<dyn quinn::AsyncUdpSocket>,
+    /// Client: the server's stripe address. Server: the client pipe's address, once registered.
+    dest: Mutex<Option<SocketAddr>>,
+    registered: AtomicBool,
+    /// When this side last sent on it (for keepalives), as µs since the link started.
+    last_sent_us: AtomicU64,
+    sent: AtomicU64,
+    tx_bytes: AtomicU64,
+    rx_bytes: AtomicU64,
+}
+
+impl Pipe {
+    fn new(socket: Arc<dyn quinn::AsyncUdpSocket>, dest: Option<SocketAddr>) -> Pipe {
+        Pipe {
+            socket,
+            dest: Mutex::new(dest),
+            registered: AtomicBool::new(false),
+            last_sent_us: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            tx_bytes: AtomicU64::new(0),
+            rx_bytes: AtomicU64::new(0),
+        }
+    }
+
+    fn dest(&self) -> Option<SocketAddr> {
+        *self.dest.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The sending half: one counter and one controller for all pipes.
+struct Tx {
+    seal: Sealer,
+    flight: Flight,
+    pacer: Pacer,
+    /// The pipe the next data packet tries first.
+    next: usize,
+    buf: Vec<u8>,
+}
+
+/// The receiving half.
+struct Rx {
+    open: Opener,
+    acks: Acks,
+    last: Instant,
+}
+
+/// Figures read without a lock (before every batch, `load`).
+#[derive(Default)]
+struct Meter {
+    window: AtomicU64,
+    in_flight: AtomicU64,
+    rtt_us: AtomicU64,
+    rate: AtomicU64,
+    backlog: AtomicU64,
+}
+
+/// One path's stripe session: shared by the transport, its tasks, and (server) the stripe
+/// socket's receive loop.
+pub(crate) struct Link {
+    client: bool,
+    session: u64,
+    pipes: Vec<Pipe>,
+    tx: Mutex<Tx>,
+    rx: Mutex<Rx>,
+    sink: OnceLock<Arc<dyn Sink>>,
+    meter: Meter,
+    started: Instant,
+    /// A feedback opened the window: the sender may go on.
+    window_opened: Notify,
+    /// Feedback became pending: the timer task schedules it.
+    ack_pending: Notify,
+    /// A pipe's registration was answered (client).
+    registered: Notify,
+    next_control: AtomicUsize,
+}
+
+/// Where a packet from a pipe went.
+enum Delivered<'a> {
+    Data(&'a [u8]),
+    Nothing,
+}
+
+impl Link {
+    fn new(client: bool, keys: stripe::Keys, pipes: Vec<Pipe>, flight: Flight) -> Arc<Link> {
+        let now = Instant::now();
+        Arc::new(Link {
+            client,
+            session: keys.session,
+            pipes,
+            tx: Mutex::new(Tx {
+                seal: keys.seal,
+                flight,
+                pacer: Pacer::default(),
+                next: 0,
+                buf: Vec::with_capacity(65_536),
+            }),
+            rx: Mutex::new(Rx {
+                open: keys.open,
+                acks: Acks::default(),
+                last: now,
+            }),
+            sink: OnceLock::new(),
+            meter: Meter::default(),
+            started: now,
+            window_opened: Notify::new(),
+            ack_pending: Notify::new(),
+            registered: Notify::new(),
+            next_control: AtomicUsize::new(0),
+        })
+    }
+
+    fn tx(&self) -> std::sync::MutexGuard<'_, Tx> {
+        self.tx.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn rx(&self) -> std::sync::MutexGuard<'_, Rx> {
+        self.rx.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn any_registered(&self) -> bool {
+        self.pipes
+            .iter()
+            .any(|p| p.registered.load(Ordering::Relaxed))
+    }
+
+    /// The registered pipe to use after `from` (round robin), if any.
+    fn pick(&self, from: usize) -> Option<usize> {
+        let n = self.pipes.len();
+        (0..n)
+            .map(|k| (from + k) % n)
+            .find(|&i| self.pipes[i].registered.load(Ordering::Relaxed))
+    }
+
+    /// Publish the controller's figures for `load` and `stats`.
+    fn publish(&self, tx: &Tx) {
+        let f = &tx.flight;
+        let m = &self.meter;
+        m.window.store(f.window(), Ordering::Relaxed);
+        m.in_flight.store(f.in_flight(), Ordering::Relaxed);
+        m.rtt_us.store(
+            f.rtt().map_or(0, |r| r.as_micros() as u64),
+            Ordering::Relaxed,
+        );
+        m.rate
+            .store(f.pacing_rate().unwrap_or(0) * 8, Ordering::Relaxed);
+    }
+
+    /// Seal `payload` as `kind` and send it on pipe `pipe` (to `to`, or the pipe's
+    /// destination). `track`: the controller counts it (it is acknowledged like data).
+    fn send_one(
+        &self,
+        tx: &mut Tx,
+        kind: Kind,
+        payload: &[u8],
+        pipe: usize,
+        to: Option<SocketAddr>,
+        track: bool,
+    ) -> Result<(), DropReason> {
+        let p = &self.pipes[pipe];
+        let dest = to.or_else(|| p.dest()).ok_or(DropReason::NoPath)?;
+        tx.buf.clear();
+        let counter = tx.seal.sealed();
+        tx.seal.seal(kind, payload, &mut tx.buf);
+        let t = Transmit {
+            destination: dest,
+            ecn: None,
+            contents: &tx.buf,
+            segment_size: None,
+            src_ip: None,
+        };
+        p.socket.try_send(&t).map_err(|_| DropReason::SendFailed)?;
+        let len = tx.buf.len();
+        p.sent.fetch_add(1, Ordering::Relaxed);
+        p.tx_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        p.last_sent_us.store(self.elapsed_us(), Ordering::Relaxed);
+        if track {
+            tx.flight
+                .on_sent(Instant::now(), counter, len, true, pipe as u8);
+        }
+        Ok(())
+    }
+
+    fn elapsed_us(&self) -> u64 {
+        self.started.elapsed().as_micros() as u64
+    }
+
+    /// A control message (probe, reply) on the next registered pipe.
+    fn send_control(&self, msg: &[u8]) -> Result<(), DropReason> {
+        let from = self.next_control.fetch_add(1, Ordering::Relaxed);
+        let pipe = self.pick(from).ok_or(DropReason::NoPath)?;
+        let mut tx = self.tx();
+        let r = self.send_one(&mut tx, Kind::Data, msg, pipe, None, true);
+        self.publish(&tx);
+        r
+    }
+
+    fn send_feedback(&self, fb: &Feedback) {
+        let mut payload = Vec::with_capacity(160);
+        fb.encode(&mut payload);
+        let from = self.next_control.fetch_add(1, Ordering::Relaxed);
+        if let Some(pipe) = self.pick(from) {
+            let mut tx = self.tx();
+            // Lost feedback is repaired by the next one, which repeats it.
+            let _ = self.send_one(&mut tx, Kind::Feedback, &payload, pipe, None, false);
+        }
+    }
+
+    /// A packet arrived on pipe `pipe` (client), or from `from` at the server's socket.
+    /// Opened, acknowledged, and handled; a data payload is handed to the sink.
+    pub(crate) fn on_packet(&self, pkt: &mut [u8], from: SocketAddr, pipe: Option<usize>) {
+        let now = Instant::now();
+        let len = pkt.len() as u64;
+        let counter =
+            u64::from_be_bytes(pkt[10..18].try_into().expect("opened packets are longer"));
+        let (opened, feedback) = {
+            let mut rx = self.rx();
+            match rx.open.open(pkt) {
+                Err(r) => {
+                    drop(rx);
+                    self.refused(r);
+                    return;
+                }
+                Ok((kind, payload)) => {
+                    rx.last = now;
+                    let was_idle = rx.acks.due().is_none();
+                    rx.acks.on_packet(now, counter, kind);
+                    let fb = {
+                        let Rx { open, acks, .. } = &mut *rx;
+                        acks.take(now, open.window())
+                    };
+                    if fb.is_none() && was_idle && rx.acks.due().is_some() {
+                        self.ack_pending.notify_one();
+                    }
+                    ((kind, payload), fb)
+                }
+            }
+        };
+        if let Some(fb) = feedback {
+            self.send_feedback(&fb);
+        }
+        let (kind, payload) = opened;
+        let pipe = pipe.or_else(|| self.pipes.iter().position(|p| p.dest() == Some(from)));
+        if let Some(p) = pipe.and_then(|i| self.pipes.get(i)) {
+            p.rx_bytes.fetch_add(len, Ordering::Relaxed);
+        }
+        match self.handle(kind, payload, from) {
+            Delivered::Data(d) => {
+                if let Some(sink) = self.sink.get() {
+                    sink.on_datagram(d);
+                }
+            }
+            Delivered::Nothing => {}
+        }
+    }
+
+    fn handle<'a>(&self, kind: Kind, payload: &'a [u8], from: SocketAddr) -> Delivered<'a> {
+        match kind {
+            Kind::Data => return Delivered::Data(payload),
+            Kind::Feedback => match Feedback::decode(payload) {
+                Some(fb) => {
+                    let mut tx = self.tx();
+                    tx.flight.on_feedback(Instant::now(), &fb);
+                    self.publish(&tx);
+                    drop(tx);
+                    self.window_opened.notify_one();
+                }
+                None => self.drop_received(DropReason::Malformed),
+            },
+            // The server learns (or re-learns, after a NAT rebinding) where a pipe is.
+            Kind::Register | Kind::Keepalive if !self.client => {
+                let index = payload.first().map(|&i| usize::from(i));
+                let count_ok = kind == Kind::Keepalive
+                    || payload.get(1).map(|&c| usize::from(c)) == Some(self.pipes.len());
+                match index.filter(|&i| i < self.pipes.len() && count_ok) {
+                    Some(i) => {
+                        let p = &self.pipes[i];
+                        *p.dest.lock().unwrap_or_else(|e| e.into_inner()) = Some(from);
+                        p.registered.store(true, Ordering::Relaxed);
+                        if kind == Kind::Register {
+                            let mut tx = self.tx();
+                            let _ = self.send_one(
+                                &mut tx,
+                                Kind::RegisterAck,
+                                &[i as u8],
+                                i,
+                                None,
+                                false,
+                            );
+                        }
+                    }
+                    None => self.drop_received(DropReason::Malformed),
+                }
+            }
+            Kind::RegisterAck if self.client => {
+                match payload
+                    .first()
+                    .and_then(|&i| self.pipes.get(usize::from(i)))
+                {
+                    Some(p) => {
+                        p.registered.store(true, Ordering::Relaxed);
+                        self.registered.notify_waiters();
+                    }
+                    None => self.drop_received(DropReason::Malformed),
+                }
+            }
+            Kind::Keepalive => {}
+            // A client never gets REGISTER, a server never REGISTER ACK: authentic but wrong.
+            Kind::Register | Kind::RegisterAck => self.drop_received(DropReason::Malformed),
+        }
+        Delivered::Nothing
+    }
+
+    fn refused(&self, r: Refused) {
+        self.drop_received(match r {
+            Refused::Unauthenticated => DropReason::Unauthenticated,
+            Refused::Replayed => DropReason::Replayed,
+            Refused::Malformed | Refused::UnknownSession => DropReason::Malformed,
+        });
+    }
+
+    fn drop_received(&self, reason: DropReason) {
+        if let Some(sink) = self.sink.get() {
+            sink.on_received_dropped(reason);
+        }
+    }
+
+    /// The timer's work: feedback that waited long enough, the controller's loss timeout,
+    /// keepalives and registration resends (client). Returns when it wants to run again, or
+    /// `None` when the session timed out.
+    fn on_timer(&self, now: Instant) -> Option<Instant> {
+        let (fb, last) = {
+            let mut rx = self.rx();
+            let Rx { open, acks, last } = &mut *rx;
+            (acks.take(now, open.window()), *last)
+        };
+        if let Some(fb) = fb {
+            self.send_feedback(&fb);
+        }
+        if now.saturating_duration_since(last) >= SESSION_TIMEOUT {
+            return None;
+        }
+        let loss_due = {
+            let mut tx = self.tx();
+            tx.flight.on_timeout(now);
+            self.publish(&tx);
+            tx.flight.next_timeout()
+        };
+        self.window_opened.notify_one();
+        let mut next = now + KEEPALIVE.min(SESSION_TIMEOUT);
+        if self.client {
+            let idle_us = self
+                .elapsed_us()
+                .saturating_sub(KEEPALIVE.as_micros() as u64);
+            let count = self.pipes.len() as u8;
+            for (i, p) in self.pipes.iter().enumerate() {
+                let registered = p.registered.load(Ordering::Relaxed);
+                if !registered {
+                    let mut tx = self.tx();
+                    let _ =
+                        self.send_one(&mut tx, Kind::Register, &[i as u8, count], i, None, false);
+                    next = next.min(now + REGISTER_RESEND);
+                } else if p.last_sent_us.load(Ordering::Relaxed) <= idle_us {
+                    let mut tx = self.tx();
+                    let _ = self.send_one(&mut tx, Kind::Keepalive, &[i as u8], i, None, false);
+                }
+            }
+        }
+        let ack_due = self.rx().acks.due();
+        Some(
+            [Some(next), loss_due, ack_due]
+                .into_iter()
+                .flatten()
+                .min()
+                .expect("one is set"),
+        )
+    }
+}
+
+/// A path whose datagrams go in stripe packets.
+pub struct StripeTransport {
+    quic: Arc<QuicTransport>,
+    link: Arc<Link>,
+    queue: mpsc::Sender<(Instant, Bytes)>,
+    start: Mutex<Option<mpsc::Receiver<(Instant, Bytes)>>>,
+    /// The server's socket, which forgets the session when the path ends.
+    server: Option<Arc<server::StripeServer>>,
+}
+
+/// The path's controller: one of the core's (`Congestion::is_ours`; the config refuses others
+/// for stripe paths).
+fn controller(cc: Congestion, payload: u16) -> Box<dyn mpquic_core::cc::Controller> {
+    match cc {
+        Congestion::Bbr3 => Box::new(mpquic_core::cc::Bbr3::new(payload)),
+        _ => Box::new(mpquic_core::cc::Bbr::new(payload)),
+    }
+}
+
+/// The keys of `conn`'s stripe session for path `path` (the TLS exporter, both ends alike).
+fn keys(conn: &quinn::Connection, path: &str, client: bool) -> anyhow::Result<stripe::Keys> {
+    let mut secret = [0u8; stripe::SECRET_LEN];
+    conn.export_keying_material(&mut secret, stripe::EXPORTER_LABEL, path.as_bytes())
+        .map_err(|_| anyhow::anyhow!("the TLS session gives no keying material"))?;
+    Ok(stripe::Keys::from_secret(&secret, client))
+}
+
+impl StripeTransport {
+    fn new(
+        quic: Arc<QuicTransport>,
+        link: Arc<Link>,
+        server: Option<Arc<server::StripeServer>>,
+    ) -> Arc<StripeTransport> {
+        let (queue, rx) = mpsc::channel(QUEUE);
+        {
+            let tx = link.tx();
+            link.publish(&tx);
+        }
+        Arc::new(StripeTransport {
+            quic,
+            link,
+            queue,
+            start: Mutex::new(Some(rx)),
+            server,
+        })
+    }
+
+    /// The largest datagram a stripe packet carries on this path.
+    fn max_datagram(&self) -> Option<usize> {
+        self.quic
+            .stats()
+            .link_payload
+            .or(self.quic.stats().udp_payload)
+            .map(|p| usize::from(p) - OVERHEAD)
+    }
+}
+
+impl PathTransport for StripeTransport {
+    fn send_batch(
+        &self,
+        batch: &mut PacketBatch,
+        which: &[usize],
+        refused: &mut dyn FnMut(usize, DropReason),
+    ) {
+        if !self.link.any_registered() {
+            // The server's first moments, before the client's pipes registered.
+            return self.quic.send_batch(batch, which, refused);
+        }
+        let now = Instant::now();
+        let max = self.max_datagram().unwrap_or(usize::MAX);
+        for &i in which {
+            let d = batch.framed(i);
+            if d.len() > max {
+                refused(i, DropReason::Oversized);
+                continue;
+            }
+            if let Err(e) = self.queue.try_send((now, d)) {
+                refused(
+                    i,
+                    match e {
+                        mpsc::error::TrySendError::Full(_) => DropReason::QueueFull,
+                        mpsc::error::TrySendError::Closed(_) => DropReason::SendFailed,
+                    },
+                );
+            }
+        }
+    }
+
+    fn send_control(&self, msg: &[u8]) -> Result<(), DropReason> {
+        match self.link.any_registered() {
+            true => self.link.send_control(msg),
+            false => self.quic.send_control(msg),
+        }
+    }
+
+    fn remote(&self) -> SocketAddr {
+        self.quic.remote()
+    }
+
+    fn stats(&self) -> TransportStats {
+        let q = self.quic.stats();
+        let m = &self.link.meter;
+        let counts = self.link.tx().flight.counts();
+        let rtt_us = m.rtt_us.load(Ordering::Relaxed);
+        TransportStats {
+            rtt: (rtt_us > 0)
+                .then(|| Duration::from_micros(rtt_us))
+                .or(q.rtt),
+            cwnd: Some(m.window.load(Ordering::Relaxed)),
+            pacing_rate: Some(m.rate.load(Ordering::Relaxed)).filter(|&r| r > 0),
+            sent_packets: counts.sent,
+            lost_packets: counts.lost,
+            udp_payload: q.udp_payload,
+            max_datagram: self.max_datagram(),
+            link_payload: q.link_payload,
+            playout: None,
+        }
+    }
+
+    fn load(&self) -> PathLoad {
+        let m = &self.link.meter;
+        let window = m.window.load(Ordering::Relaxed);
+        let rtt_us = m.rtt_us.load(Ordering::Relaxed);
+        let rtt = (rtt_us > 0).then(|| Duration::from_micros(rtt_us));
+        let rate = m.rate.load(Ordering::Relaxed);
+        let queued = (QUEUE - self.queue.capacity()) as u64 * PACED_PACKET as u64;
+        PathLoad {
+            rate: match rate {
+                0 => rtt.map(|r| crate::quic::rate_per_rtt(window, r)),
+                r => Some(r),
+            },
+            rtt,
+            backlog: m.backlog.load(Ordering::Relaxed) + queued,
+            window: Some(window),
+            in_flight: m.in_flight.load(Ordering::Relaxed),
+            backlog_limit: Some((QUEUE * PACED_PACKET) as u64),
+        }
+    }
+
+    fn close(&self, code: u32, reason: &str) {
+        self.quic.close(code, reason);
+    }
+
+    fn closed(&self) -> BoxFuture<'static, String> {
+        self.quic.closed()
+    }
+
+    fn start(self: Arc<Self>, sink: Arc<dyn Sink>) {
+        let Some(rx) = self.start.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return;
+        };
+        let _ = self.link.sink.set(sink.clone());
+        // The QUIC connection: control messages before registration, and the path's end.
+        self.quic.clone().start(sink.clone());
+        let conn = self.quic.connection().clone();
+        tokio::spawn(sender(self.link.clone(), rx, sink, conn.clone()));
+        tokio::spawn(timer(self.link.clone(), conn.clone()));
+        if self.link.client {
+            for i in 0..self.link.pipes.len() {
+                tokio::spawn(client::receive(self.link.clone(), i, conn.clone()));
+            }
+        }
+        if let Some(server) = self.server.clone() {
+            let (link, session) = (Arc::downgrade(&self.link), self.link.session);
+            tokio::spawn(async move {
+                conn.closed().await;
+                server.forget(session, &link);
+            });
+        }
+    }
+
+    fn abandon(&self, since: Instant) -> Vec<Bytes> {
+        self.quic.abandon(since)
+    }
+
+    fn pipes(&self) -> Vec<PipeStatus> {
+        let m = &self.link.meter;
+        let n = self.link.pipes.len() as u64;
+        let tx = self.link.tx();
+        let lost: Vec<u64> = (0..n).map(|i| tx.flight.lost_by_tag(i as u8)).collect();
+        drop(tx);
+        let rtt_ms = m.rtt_us.load(Ordering::Relaxed) as f64 / 1000.0;
+        self.link
+            .pipes
+            .iter()
+            .zip(lost)
+            .map(|(p, lost_packets)| {
+                let port = match self.link.client {
+                    true => p.socket.local_addr().map_or(0, |a| a.port()),
+                    false => p.dest().map_or(0, |a| a.port()),
+                };
+                PipeStatus {
+                    port,
+                    rtt_ms,
+                    // One controller for all pipes: each pipe is its share of the window.
+                    in_flight_bytes: m.in_flight.load(Ordering::Relaxed) / n,
+                    sent_packets: p.sent.load(Ordering::Relaxed),
+                    lost_packets,
+                    tx_bytes: p.tx_bytes.load(Ordering::Relaxed),
+                    rx_bytes: p.rx_bytes.load(Ordering::Relaxed),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The send side: packets from `send_batch` wait in a `SendQueue` (sparse flows first,
+/// bounded, nothing older than `reliable::queue_wait`) and leave at the controller's pacing
+/// rate while its window has room, round robin over the registered pipes.
+async fn sender(
+    link: Arc<Link>,
+    mut rx: mpsc::Receiver<(Instant, Bytes)>,
+    sink: Arc<dyn Sink>,
+    conn: quinn::Connection,
+) {
+    let mut queue: SendQueue<Bytes> = SendQueue::new(QUEUE, mpquic_core::reliable::HANDOFF_TIME);
+    let (mut stale, mut full, mut failed) = (Count::default(), Count::default(), Count::default());
+    let mut pollers: Vec<_> = link
+        .pipes
+        .iter()
+        .map(|p| p.socket.clone().create_io_poller())
+        .collect();
+    loop {
+        if queue.is_empty() {
+            tokio::select! {
+                got = rx.recv() => match got {
+                    Some((at, d)) => enqueue(&mut queue, &mut full, at, d),
+                    None => return,
+                },
+                _ = conn.closed() => return,
+            }
+        }
+        while let Ok((at, d)) = rx.try_recv() {
+            enqueue(&mut queue, &mut full, at, d);
+        }
+        full.report(&*sink, DropReason::QueueFull);
+        let now = Instant::now();
+        let mut blocked = None;
+        let wait = {
+            let mut tx = link.tx();
+            let rate = tx.flight.pacing_rate();
+            tx.pacer.set_rate(rate);
+            queue.set_max_wait(mpquic_core::reliable::queue_wait(
+                tx.flight.rtt().unwrap_or(Duration::from_millis(100)),
+            ));
+            let wait = if tx.flight.room() < PACED_PACKET as u64 {
+                Wait::Window
+            } else {
+                let at = tx.pacer.ready_at(now, PACED_PACKET);
+                if at > now {
+                    Wait::Until(at)
+                } else {
+                    let mut budget = tx.pacer.budget(now);
+                    while budget > 0 && tx.flight.room() >= PACED_PACKET as u64 {
+                        let Some(d) = queue.pop(now, &mut |d: Bytes| stale.add(&d)) else {
+                            break;
+                        };
+                        let Some(pipe) = link.pick(tx.next) else {
+                            failed.add(&d);
+                            continue;
+                        };
+                        tx.next = pipe + 1;
+                        let p = &link.pipes[pipe];
+                        let Some(dest) = p.dest() else {
+                            failed.add(&d);
+                            continue;
+                        };
+                        let counter = tx.seal.sealed();
+                        let Tx { seal, buf, .. } = &mut *tx;
+                        buf.clear();
+                        seal.seal(Kind::Data, &d, buf);
+                        let t = Transmit {
+                            destination: dest,
+                            ecn: None,
+                            contents: &tx.buf,
+                            segment_size: None,
+                            src_ip: None,
+                        };
+                        let len = tx.buf.len();
+                        match p.socket.try_send(&t) {
+                            Ok(()) => {}
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                                // The socket's buffer is full: wait until it drains, then send
+                                // this one (already sealed) first.
+                                blocked = Some((pipe, dest, tx.buf.clone(), counter));
+                                break;
+                            }
+                            Err(_) => {
+                                failed.add(&d);
+                                continue;
+                            }
+                        }
+                        p.sent.fetch_add(1, Ordering::Relaxed);
+                        p.tx_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                        p.last_sent_us.store(link.elapsed_us(), Ordering::Relaxed);
+                        let app_limited = queue.is_empty() && rx.is_empty();
+                        tx.flight
+                            .on_sent(now, counter, len, app_limited, pipe as u8);
+                        tx.pacer.spend(len + 28);
+                        budget = budget.saturating_sub(len + 28);
+                    }
+                    Wait::No
+                }
+            };
+            link.publish(&tx);
+            wait
+        };
+        link.meter
+            .backlog
+            .store(queue.len() as u64 * PACED_PACKET as u64, Ordering::Relaxed);
+        stale.report(&*sink, DropReason::QueueFull);
+        failed.report(&*sink, DropReason::SendFailed);
+        if let Some((pipe, dest, sealed, counter)) = blocked {
+            let ready = std::future::poll_fn(|cx| pollers[pipe].as_mut().poll_writable(cx));
+            let _ = tokio::time::timeout(Duration::from_millis(100), ready).await;
+            let p = &link.pipes[pipe];
+            let t = Transmit {
+                destination: dest,
+                ecn: None,
+                contents: &sealed,
+                segment_size: None,
+                src_ip: None,
+            };
+            if p.socket.try_send(&t).is_ok() {
+                p.sent.fetch_add(1, Ordering::Relaxed);
+                p.tx_bytes.fetch_add(sealed.len() as u64, Ordering::Relaxed);
+                let mut tx = link.tx();
+                tx.flight
+                    .on_sent(Instant::now(), counter, sealed.len(), false, pipe as u8);
+                tx.pacer.spend(sealed.len() + 28);
+            } else {
+                sink.on_send_dropped(DropReason::SendFailed, 1, (sealed.len() - OVERHEAD) as u64);
+            }
+            continue;
+        }
+        match wait {
+            Wait::No => {}
+            Wait::Until(at) => tokio::time::sleep_until(at.into()).await,
+            // A feedback (or the loss timer) opens the window; the timeout only guards a wake-up
+            // that came before this wait began.
+            Wait::Window => {
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(5), link.window_opened.notified())
+                        .await;
+            }
+        }
+    }
+}
+
+enum Wait {
+    No,
+    Until(Instant),
+    Window,
+}
+
+fn enqueue(queue: &mut SendQueue<Bytes>, full: &mut Count, at: Instant, d: Bytes) {
+    let flow = PacketInfo::parse(&d).map(|i| i.flow_hash());
+    if let Err(d) = queue.push(at, flow, d) {
+        full.add(&d);
+    }
+}
+
+/// Datagrams dropped by the sender, counted by packets and bytes.
+#[derive(Default)]
+struct Count {
+    packets: u64,
+    bytes: u64,
+}
+
+impl Count {
+    fn add(&mut self, d: &Bytes) {
+        self.packets += 1;
+        self.bytes += d.len() as u64;
+    }
+
+    fn report(&mut self, sink: &dyn Sink, reason: DropReason) {
+        if self.packets > 0 {
+            sink.on_send_dropped(reason, self.packets, self.bytes);
+        }
+        *self = Count::default();
+    }
+}
+
+/// Feedback, loss timeouts, keepalives and registration resends; closes the path when the
+/// session timed out.
+async fn timer(link: Arc<Link>, conn: quinn::Connection) {
+    loop {
+        let Some(next) = link.on_timer(Instant::now()) else {
+            tracing::warn!(
+                session = link.session,
+                "stripe: nothing from the peer for {SESSION_TIMEOUT:?}; closing the path"
+            );
+            conn.close(
+                crate::tunnel::close::PATH_DOWN.into(),
+                b"stripe session timed out",
+            );
+            return;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep_until(next.into()) => {}
+            _ = link.ack_pending.notified() => {}
+            _ = conn.closed() => return,
+        }
+    }
+}
