@@ -248,9 +248,9 @@ class Lab:
             time.sleep(0.05)
         raise RuntimeError(f"{key} did not create {path} within {timeout}s:\n{self.log(key)}")
 
-    def wait_tunnel(self, c=0, timeout=15):
+    def wait_tunnel(self, c=0, timeout=15, dev="mpq0"):
         """Wait until client c has its address and all paths up; then route its LAN through the
-        tunnel (mpquic-lab route)."""
+        tunnel (mpquic-lab route; `dev`: the client's TUN device)."""
         key = f"client{c}"
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
@@ -267,7 +267,7 @@ class Lab:
             time.sleep(0.1)
         else:
             raise RuntimeError(f"tunnel of {key} not up within {timeout}s:\n{self.log(key)}\n--- server\n{self.log('server')}")
-        lab_cmd("route", self.name, "--client", c + 1)
+        lab_cmd("route", self.name, "--client", c + 1, "--dev", dev)
         return st
 
     def status(self, key="server"):

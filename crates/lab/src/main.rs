@@ -94,6 +94,9 @@ enum Cmd {
         /// Pipes per path, e.g. 4,4.
         #[arg(long, value_delimiter = ',')]
         pipes: Option<Vec<u32>>,
+        /// Transport per path, e.g. stripe,quic (a stripe path enables stripe on the server).
+        #[arg(long, value_delimiter = ',')]
+        transport: Option<Vec<String>>,
         /// Top-level YAML added to every configuration, e.g. "worker_threads: 2".
         #[arg(long, default_value = "")]
         extra_yaml: String,
@@ -169,6 +172,7 @@ fn main() -> ExitCode {
             priorities,
             weights,
             pipes,
+            transport,
             extra_yaml,
         } => configs(
             &name,
@@ -180,6 +184,7 @@ fn main() -> ExitCode {
                 priorities,
                 weights,
                 pipes,
+                transport,
                 extra_yaml: if extra_yaml.is_empty() || extra_yaml.ends_with('\n') {
                     extra_yaml
                 } else {

@@ -13,8 +13,9 @@ use serde::Serialize;
 use crate::scenario::MpquicOpts;
 use crate::topo::{self, LabState};
 
-/// The server's UDP port in lab configurations.
+/// The server's UDP port in lab configurations, and its stripe port (the seed's).
 pub const PORT: u16 = 45017;
+pub const STRIPE_PORT: u16 = 46017;
 /// The tunnel subnet: the server is .254, client `c` (1..) is .c.
 pub const TUNNEL_NET: &str = "10.200.17.0/24";
 const TUNNEL_PREFIX: &str = "10.200.17";
@@ -132,11 +133,15 @@ fn server_yaml(m: &MpquicOpts, pki: &str, me: &Instance) -> String {
         "role: server\nbind_ip: 0.0.0.0\nremote_port: {PORT}\nmulti_conn_enabled: true\n\
          tun_name: mpq0\ntun_cidr: {tun}\nlog_level: info\n\
          tls_cert_file: {pki}/{SERVER_NAME}.crt\ntls_key_file: {pki}/{SERVER_NAME}.key\n\
-         {cc}{mode}control_socket: {s}\n{extra}",
+         {cc}{mode}control_socket: {s}\n{stripe}{extra}",
         tun = me.tun_addr,
         cc = key("congestion_algorithm", &m.congestion),
         mode = key("transport_mode", &m.mode),
         s = me.socket.display(),
+        stripe = match m.transport.iter().flatten().any(|t| t == "stripe") {
+            true => format!("stripe_enabled: true\nstripe_port: {STRIPE_PORT}\n"),
+            false => String::new(),
+        },
         extra = m.extra_yaml,
     )
 }
@@ -175,6 +180,9 @@ fn client_yaml(lab: &LabState, c: usize, m: &MpquicOpts, pki: &str, me: &Instanc
         );
         if m.pipes.is_some() {
             let _ = writeln!(y, "  pipes: {}", pick(&m.pipes, 1));
+        }
+        if let Some(t) = m.transport.as_ref().and_then(|t| t.get(i)) {
+            let _ = writeln!(y, "  transport: {t}");
         }
     }
     y

@@ -13,7 +13,7 @@ use crate::emu::LinkSpec;
 
 /// Features mpquic does not have yet; a scenario that requires one reports "unsupported" for
 /// mpquic and still runs its other systems.
-pub const NOT_YET: &[&str] = &["stripe", "classes"];
+pub const NOT_YET: &[&str] = &["classes"];
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -71,6 +71,10 @@ pub struct MpquicOpts {
     pub weights: Option<Vec<u32>>,
     /// `pipes` per path (mpquic's default, 1, when absent).
     pub pipes: Option<Vec<u32>>,
+    /// `transport` per path (`quic`, `stripe`); absent: not written (quic). With a stripe path
+    /// the server gets `stripe_enabled: true`.
+    #[serde(default)]
+    pub transport: Option<Vec<String>>,
     /// Features this scenario needs (see `NOT_YET`).
     #[serde(default)]
     pub requires: Vec<String>,
@@ -92,6 +96,7 @@ impl Default for MpquicOpts {
             priorities: None,
             weights: None,
             pipes: None,
+            transport: None,
             requires: Vec::new(),
             extra_yaml: String::new(),
             fec: None,
@@ -111,6 +116,7 @@ pub struct Variant {
     pub congestion: Option<String>,
     pub fec: Option<String>,
     pub pipes: Option<Vec<u32>>,
+    pub transport: Option<Vec<String>>,
     #[serde(default)]
     pub requires: Vec<String>,
 }
@@ -430,6 +436,7 @@ impl Scenario {
                         o.congestion = v.congestion.clone().or(o.congestion);
                         o.fec = v.fec.clone().or(o.fec);
                         o.pipes = v.pipes.clone().or(o.pipes);
+                        o.transport = v.transport.clone().or(o.transport);
                         o.requires.extend(v.requires.iter().cloned());
                         out.push((format!("mpquic-{}", v.label), System::Mpquic(o)));
                     }

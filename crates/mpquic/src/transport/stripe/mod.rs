@@ -11,8 +11,8 @@
 //!   pipe's address from its authenticated REGISTER (and KEEPALIVEs, every 5 s, which also keep
 //!   NAT mappings open).
 //! - **Congestion control**: one controller per path, over all its pipes (`Flight`, a core
-//!   controller): the receiver reports which counters arrived (`Feedback`, at most 5 ms or 8
-//!   packets after them), the sender paces at the controller's rate (`Pacer`) within its
+//!   controller): the receiver reports which counters arrived (`Feedback`, every second
+//!   packet, or 5 ms after a lone one), the sender paces at the controller's rate (`Pacer`) within its
 //!   window, and packets wait in a bounded queue in front of it (sparse flows first,
 //!   `SendQueue`). Data packets go round robin over the registered pipes.
 //! - **Loss** is not retransmitted here: the tunnel's FEC (`stripe_data_shards` /
