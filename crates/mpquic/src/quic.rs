@@ -23,6 +23,7 @@ pub const DEFAULT_LINK_MTU: u32 = 1500;
 /// A connection with no packets at all for this long is closed. Path health decides far sooner
 /// (probes every 100 ms); this only bounds how long a dead connection's state is kept.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(15);
+const KEEP_ALIVE: Duration = Duration::from_secs(5);
 /// Datagrams the engine may queue beyond its congestion window: about 40 ms at 100 Mbit/s. Kept
 /// small because a deep queue here is latency for every flow on the path.
 pub(crate) const DATAGRAM_SEND_BUFFER: usize = 512 * 1024;
@@ -30,6 +31,10 @@ pub(crate) const DATAGRAM_SEND_BUFFER: usize = 512 * 1024;
 pub fn transport(cc: Congestion, link_mtu: u32) -> Arc<TransportConfig> {
     let mut t = TransportConfig::default();
     t.max_idle_timeout(Some(IDLE_TIMEOUT.try_into().expect("valid idle timeout")));
+    // A stripe path's connection carries nothing once its pipes are registered (probes and data
+    // go in stripe packets), yet it is the path's life: keep it from idling out. Other paths'
+    // probes every 100 ms make this a no-op for them.
+    t.keep_alive_interval(Some(KEEP_ALIVE));
     let payload = mpquic_core::mtu::udp_payload(link_mtu);
     t.initial_mtu(payload);
     // The link's known payload is also the floor: quinn's black-hole detector reads bursts of

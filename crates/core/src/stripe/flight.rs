@@ -95,8 +95,9 @@ pub struct Flight {
     /// The last acknowledgement of anything (or the first send after a quiet spell).
     last_progress: Option<Instant>,
     counts: FlightCounts,
-    /// Packets lost by tag.
+    /// Packets lost, and bytes in flight, by tag.
     lost_by_tag: Vec<u64>,
+    in_flight_by_tag: Vec<u64>,
 }
 
 impl Flight {
@@ -110,6 +111,7 @@ impl Flight {
             last_progress: None,
             counts: FlightCounts::default(),
             lost_by_tag: Vec::new(),
+            in_flight_by_tag: Vec::new(),
         }
     }
 
@@ -140,6 +142,7 @@ impl Flight {
             tag,
         });
         self.in_flight += bytes as u64;
+        *tagged(&mut self.in_flight_by_tag, tag) += bytes as u64;
         self.counts.sent += 1;
         self.cc.on_sent(now, bytes as u64);
     }
@@ -147,7 +150,10 @@ impl Flight {
     /// A feedback arrived: acknowledge what it reports, then declare lost what is overdue.
     pub fn on_feedback(&mut self, now: Instant, fb: &Feedback) {
         let mut newly = false;
-        for (low, high) in fb.arrived() {
+        // Oldest first: the controller's delivery-rate records are taken in send order (an
+        // acknowledgement lets go of the records before its packet).
+        let ranges: Vec<(u64, u64)> = fb.arrived().collect();
+        for &(low, high) in ranges.iter().rev() {
             let start = self.sent.partition_point(|s| s.counter < low);
             for i in start..self.sent.len() {
                 let s = &mut self.sent[i];
@@ -160,6 +166,7 @@ impl Flight {
                 s.done = true;
                 let s = *s;
                 self.in_flight -= u64::from(s.bytes);
+                *tagged(&mut self.in_flight_by_tag, s.tag) -= u64::from(s.bytes);
                 self.counts.acked += 1;
                 newly = true;
                 if s.counter == fb.largest {
@@ -223,11 +230,8 @@ impl Flight {
             n += 1;
             bytes += u64::from(s.bytes);
             latest = Some(s.at);
-            let t = usize::from(s.tag);
-            if self.lost_by_tag.len() <= t {
-                self.lost_by_tag.resize(t + 1, 0);
-            }
-            self.lost_by_tag[t] += 1;
+            *tagged(&mut self.lost_by_tag, s.tag) += 1;
+            *tagged(&mut self.in_flight_by_tag, s.tag) -= u64::from(s.bytes);
         }
         while self.sent.front().is_some_and(|s| s.done) {
             self.sent.pop_front();
@@ -256,9 +260,21 @@ impl Flight {
         self.in_flight
     }
 
-    /// The controller's rate (bytes/s), once it has one.
+    /// The rate to pace at (bytes/s): QUIC's 1.25 windows per smoothed RTT (as quinn paces a
+    /// datagram-mode QUIC path), or the controller's own rate when that is higher. Not the
+    /// controller's rate alone: it is absent in BBR's Startup (unpaced, a window left in one
+    /// burst and overflowed scenario 06b's per-session shapers), and on a path that carries
+    /// only the inner flows' ACKs, whose feedback waits in the other direction's queues, BBR
+    /// read that delay as its own standing queue and drained itself down to 1.6 Mbit/s (the
+    /// ACKs then queued and the download over that path halved).
     pub fn pacing_rate(&self) -> Option<u64> {
-        self.cc.pacing_rate()
+        let rtt = self.rtt.smoothed().as_secs_f64().max(1e-4);
+        let by_window = (1.25 * self.cc.window() as f64 / rtt) as u64;
+        Some(
+            self.cc
+                .pacing_rate()
+                .map_or(by_window, |r| r.max(by_window)),
+        )
     }
 
     /// The smoothed RTT, once measured.
@@ -274,6 +290,23 @@ impl Flight {
     pub fn lost_by_tag(&self, tag: u8) -> u64 {
         self.lost_by_tag.get(usize::from(tag)).copied().unwrap_or(0)
     }
+
+    /// Bytes in flight among those tagged `tag`.
+    pub fn in_flight_by_tag(&self, tag: u8) -> u64 {
+        self.in_flight_by_tag
+            .get(usize::from(tag))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// The counter of `tag`, grown as needed.
+fn tagged(v: &mut Vec<u64>, tag: u8) -> &mut u64 {
+    let t = usize::from(tag);
+    if v.len() <= t {
+        v.resize(t + 1, 0);
+    }
+    &mut v[t]
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@
 //!   controller): the receiver reports which counters arrived (`Feedback`, every second
 //!   packet, or 5 ms after a lone one), the sender paces at the controller's rate (`Pacer`) within its
 //!   window, and packets wait in a bounded queue in front of it (sparse flows first,
-//!   `SendQueue`). Data packets go round robin over the registered pipes.
+//!   `SendQueue`). A data packet goes to the registered pipe with the fewest bytes in flight.
 //! - **Loss** is not retransmitted here: the tunnel's FEC (`stripe_data_shards` /
 //!   `stripe_parity_shards`) repairs it, as on a datagram-mode QUIC path.
 //! - **Refused packets** are counted: a packet that names this path's session but fails its tag
@@ -196,6 +196,19 @@ impl Link {
         (0..n)
             .map(|k| (from + k) % n)
             .find(|&i| self.pipes[i].registered.load(Ordering::Relaxed))
+    }
+
+    /// The registered pipe for the next data packet: the one with the fewest bytes in flight
+    /// (ties from `from` on, round robin). Pipes behind their own per-session shapers queue
+    /// differently; sent round robin, a slower pipe's packets arrived behind the others'
+    /// (scenario 06b: inner TCP retransmitted 58k times), while the fewest bytes in flight
+    /// keeps their queues, and so their delays, alike (as `quic/pipes.rs` does).
+    fn pick_data(&self, flight: &Flight, from: usize) -> Option<usize> {
+        let n = self.pipes.len();
+        (0..n)
+            .map(|k| (from + k) % n)
+            .filter(|&i| self.pipes[i].registered.load(Ordering::Relaxed))
+            .min_by_key(|&i| flight.in_flight_by_tag(i as u8))
     }
 
     /// Publish the controller's figures for `load` and `stats`.
@@ -651,7 +664,7 @@ impl PathTransport for StripeTransport {
 
 /// The send side: packets from `send_batch` wait in a `SendQueue` (sparse flows first,
 /// bounded, nothing older than `reliable::queue_wait`) and leave at the controller's pacing
-/// rate while its window has room, round robin over the registered pipes.
+/// rate while its window has room, each to the pipe with the fewest bytes in flight.
 async fn sender(
     link: Arc<Link>,
     mut rx: mpsc::Receiver<(Instant, Bytes)>,
@@ -700,7 +713,7 @@ async fn sender(
                         let Some(d) = queue.pop(now, &mut |d: Bytes| stale.add(&d)) else {
                             break;
                         };
-                        let Some(pipe) = link.pick(tx.next) else {
+                        let Some(pipe) = link.pick_data(&tx.flight, tx.next) else {
                             failed.add(&d);
                             continue;
                         };
