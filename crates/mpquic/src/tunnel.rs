@@ -915,6 +915,7 @@ impl Tunnel {
                     ps.udp_payload = st.udp_payload.map(u64::from);
                     ps.quic_lost_packets = st.lost_packets;
                     ps.pipes = l.transport.pipes();
+                    ps.transport = l.transport.kind().into();
                     if st.sent_packets > 0 {
                         ps.quic_loss_pct = st.lost_packets as f64 * 100.0 / st.sent_packets as f64;
                     }

@@ -105,9 +105,12 @@ pub struct PathStatus {
     /// FEC packets that contradict their group: dropped.
     #[serde(default)]
     pub fec_inconsistent: u64,
-    /// A path over several pipes (`pipes: N`): each pipe's figures; empty for one pipe.
+    /// A path over several pipes (`pipes: N`): each pipe's figures; empty for one QUIC pipe.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pipes: Vec<PipeStatus>,
+    /// What carries the path's datagrams: `quic` or `stripe` (empty: not connected).
+    #[serde(default)]
+    pub transport: String,
 }
 
 /// One pipe of a path: a UDP 5-tuple (its own QUIC connection) under the path's shared
@@ -227,8 +230,12 @@ impl PathStatus {
                 )
             })
             .collect();
+        let kind = match self.transport.as_str() {
+            "stripe" => " stripe",
+            _ => "",
+        };
         Some(format!(
-            "{} (port share rtt loss): {}",
+            "{}{kind} (port share rtt loss): {}",
             self.pipes.len(),
             each.join("  ")
         ))

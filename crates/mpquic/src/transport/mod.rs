@@ -94,6 +94,10 @@ pub trait PathTransport: Send + Sync + 'static {
     /// inner packets it sent since `since` that may not have arrived, to be sent on a live
     /// path. A transport that keeps no copies returns nothing.
     fn abandon(&self, since: std::time::Instant) -> Vec<bytes::Bytes>;
+    /// What carries the path's datagrams (`quic`, `stripe`), for status.
+    fn kind(&self) -> &'static str {
+        "quic"
+    }
     /// A path over several pipes: each pipe's figures. One pipe: nothing.
     fn pipes(&self) -> Vec<mpquic_status::PipeStatus> {
         Vec::new()

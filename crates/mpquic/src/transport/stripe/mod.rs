@@ -631,6 +631,10 @@ impl PathTransport for StripeTransport {
         self.quic.abandon(since)
     }
 
+    fn kind(&self) -> &'static str {
+        "stripe"
+    }
+
     fn pipes(&self) -> Vec<PipeStatus> {
         let m = &self.link.meter;
         let n = self.link.pipes.len() as u64;
