@@ -118,5 +118,6 @@ pub(super) async fn receive(link: Arc<Link>, i: usize, conn: quinn::Connection) 
                 link.on_packet(pkt, m.addr, Some(i));
             }
         }
+        link.flush_feedback();
     }
 }

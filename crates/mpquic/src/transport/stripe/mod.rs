@@ -29,10 +29,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use mpquic_core::pacing::Pacer;
-use mpquic_core::sendq::SendQueue;
 use mpquic_core::stripe::feedback::Acks;
 use mpquic_core::stripe::{self, Feedback, Flight, Kind, Opener, Refused, Sealer};
-use mpquic_core::{DropReason, PacketInfo, PathLoad};
+use mpquic_core::{DropReason, PathLoad};
 use mpquic_status::PipeStatus;
 use quinn::udp::Transmit;
 use tokio::sync::{mpsc, Notify};
@@ -43,6 +42,7 @@ use crate::batch::PacketBatch;
 use crate::config::Congestion;
 
 pub mod client;
+mod sender;
 pub mod server;
 
 /// Packets waiting for the pacer, at most (a packet beyond is refused, `queue_full`).
@@ -274,6 +274,18 @@ impl Link {
         r
     }
 
+    /// Send the feedback that is due, if any (after each receive batch, and from the timer).
+    pub(crate) fn flush_feedback(&self) {
+        let fb = {
+            let mut rx = self.rx();
+            let Rx { open, acks, .. } = &mut *rx;
+            acks.take(Instant::now(), open.window())
+        };
+        if let Some(fb) = fb {
+            self.send_feedback(&fb);
+        }
+    }
+
     fn send_feedback(&self, fb: &Feedback) {
         let mut payload = Vec::with_capacity(160);
         fb.encode(&mut payload);
@@ -286,13 +298,16 @@ impl Link {
     }
 
     /// A packet arrived on pipe `pipe` (client), or from `from` at the server's socket.
-    /// Opened, acknowledged, and handled; a data payload is handed to the sink.
+    /// Opened, acknowledged, and handled; a data payload is handed to the sink. The feedback it
+    /// may make due goes out at `flush_feedback`, once per receive batch: under load one
+    /// feedback covers a batch (a system call each way saved per two packets), at low rates
+    /// it still follows every second packet.
     pub(crate) fn on_packet(&self, pkt: &mut [u8], from: SocketAddr, pipe: Option<usize>) {
         let now = Instant::now();
         let len = pkt.len() as u64;
         let counter =
             u64::from_be_bytes(pkt[10..18].try_into().expect("opened packets are longer"));
-        let (opened, feedback) = {
+        let opened = {
             let mut rx = self.rx();
             match rx.open.open(pkt) {
                 Err(r) => {
@@ -304,20 +319,13 @@ impl Link {
                     rx.last = now;
                     let was_idle = rx.acks.due().is_none();
                     rx.acks.on_packet(now, counter, kind);
-                    let fb = {
-                        let Rx { open, acks, .. } = &mut *rx;
-                        acks.take(now, open.window())
-                    };
-                    if fb.is_none() && was_idle && rx.acks.due().is_some() {
+                    if was_idle && rx.acks.due().is_some() {
                         self.ack_pending.notify_one();
                     }
-                    ((kind, payload), fb)
+                    (kind, payload)
                 }
             }
         };
-        if let Some(fb) = feedback {
-            self.send_feedback(&fb);
-        }
         let (kind, payload) = opened;
         let pipe = pipe.or_else(|| self.pipes.iter().position(|p| p.dest() == Some(from)));
         if let Some(p) = pipe.and_then(|i| self.pipes.get(i)) {
@@ -408,14 +416,8 @@ impl Link {
     /// keepalives and registration resends (client). Returns when it wants to run again, or
     /// `None` when the session timed out.
     fn on_timer(&self, now: Instant) -> Option<Instant> {
-        let (fb, last) = {
-            let mut rx = self.rx();
-            let Rx { open, acks, last } = &mut *rx;
-            (acks.take(now, open.window()), *last)
-        };
-        if let Some(fb) = fb {
-            self.send_feedback(&fb);
-        }
+        self.flush_feedback();
+        let last = self.rx().last;
         if now.saturating_duration_since(last) >= SESSION_TIMEOUT {
             return None;
         }
@@ -611,7 +613,7 @@ impl PathTransport for StripeTransport {
         // The QUIC connection: control messages before registration, and the path's end.
         self.quic.clone().start(sink.clone());
         let conn = self.quic.connection().clone();
-        tokio::spawn(sender(self.link.clone(), rx, sink, conn.clone()));
+        tokio::spawn(sender::run(self.link.clone(), rx, sink, conn.clone()));
         tokio::spawn(timer(self.link.clone(), conn.clone()));
         if self.link.client {
             for i in 0..self.link.pipes.len() {
@@ -663,183 +665,6 @@ impl PathTransport for StripeTransport {
                 }
             })
             .collect()
-    }
-}
-
-/// The send side: packets from `send_batch` wait in a `SendQueue` (sparse flows first,
-/// bounded, nothing older than `reliable::queue_wait`) and leave at the controller's pacing
-/// rate while its window has room, each to the pipe with the fewest bytes in flight.
-async fn sender(
-    link: Arc<Link>,
-    mut rx: mpsc::Receiver<(Instant, Bytes)>,
-    sink: Arc<dyn Sink>,
-    conn: quinn::Connection,
-) {
-    let mut queue: SendQueue<Bytes> = SendQueue::new(QUEUE, mpquic_core::reliable::HANDOFF_TIME);
-    let (mut stale, mut full, mut failed) = (Count::default(), Count::default(), Count::default());
-    let mut pollers: Vec<_> = link
-        .pipes
-        .iter()
-        .map(|p| p.socket.clone().create_io_poller())
-        .collect();
-    loop {
-        if queue.is_empty() {
-            tokio::select! {
-                got = rx.recv() => match got {
-                    Some((at, d)) => enqueue(&mut queue, &mut full, at, d),
-                    None => return,
-                },
-                _ = conn.closed() => return,
-            }
-        }
-        while let Ok((at, d)) = rx.try_recv() {
-            enqueue(&mut queue, &mut full, at, d);
-        }
-        full.report(&*sink, DropReason::QueueFull);
-        let now = Instant::now();
-        let mut blocked = None;
-        let wait = {
-            let mut tx = link.tx();
-            let rate = tx.flight.pacing_rate();
-            tx.pacer.set_rate(rate);
-            queue.set_max_wait(mpquic_core::reliable::queue_wait(
-                tx.flight.rtt().unwrap_or(Duration::from_millis(100)),
-            ));
-            let wait = if tx.flight.room() < PACED_PACKET as u64 {
-                Wait::Window
-            } else {
-                let at = tx.pacer.ready_at(now, PACED_PACKET);
-                if at > now {
-                    Wait::Until(at)
-                } else {
-                    let mut budget = tx.pacer.budget(now);
-                    while budget > 0 && tx.flight.room() >= PACED_PACKET as u64 {
-                        let Some(d) = queue.pop(now, &mut |d: Bytes| stale.add(&d)) else {
-                            break;
-                        };
-                        let Some(pipe) = link.pick_data(&tx.flight, tx.next) else {
-                            failed.add(&d);
-                            continue;
-                        };
-                        tx.next = pipe + 1;
-                        let p = &link.pipes[pipe];
-                        let Some(dest) = p.dest() else {
-                            failed.add(&d);
-                            continue;
-                        };
-                        let counter = tx.seal.sealed();
-                        let Tx { seal, buf, .. } = &mut *tx;
-                        buf.clear();
-                        seal.seal(Kind::Data, &d, buf);
-                        let t = Transmit {
-                            destination: dest,
-                            ecn: None,
-                            contents: &tx.buf,
-                            segment_size: None,
-                            src_ip: None,
-                        };
-                        let len = tx.buf.len();
-                        match p.socket.try_send(&t) {
-                            Ok(()) => {}
-                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                                // The socket's buffer is full: wait until it drains, then send
-                                // this one (already sealed) first.
-                                blocked = Some((pipe, dest, tx.buf.clone(), counter));
-                                break;
-                            }
-                            Err(_) => {
-                                failed.add(&d);
-                                continue;
-                            }
-                        }
-                        p.sent.fetch_add(1, Ordering::Relaxed);
-                        p.tx_bytes.fetch_add(len as u64, Ordering::Relaxed);
-                        p.last_sent_us.store(link.elapsed_us(), Ordering::Relaxed);
-                        let app_limited = queue.is_empty() && rx.is_empty();
-                        tx.flight
-                            .on_sent(now, counter, len, app_limited, pipe as u8);
-                        tx.pacer.spend(len + 28);
-                        budget = budget.saturating_sub(len + 28);
-                    }
-                    Wait::No
-                }
-            };
-            link.publish(&tx);
-            wait
-        };
-        link.meter
-            .backlog
-            .store(queue.len() as u64 * PACED_PACKET as u64, Ordering::Relaxed);
-        stale.report(&*sink, DropReason::QueueFull);
-        failed.report(&*sink, DropReason::SendFailed);
-        if let Some((pipe, dest, sealed, counter)) = blocked {
-            let ready = std::future::poll_fn(|cx| pollers[pipe].as_mut().poll_writable(cx));
-            let _ = tokio::time::timeout(Duration::from_millis(100), ready).await;
-            let p = &link.pipes[pipe];
-            let t = Transmit {
-                destination: dest,
-                ecn: None,
-                contents: &sealed,
-                segment_size: None,
-                src_ip: None,
-            };
-            if p.socket.try_send(&t).is_ok() {
-                p.sent.fetch_add(1, Ordering::Relaxed);
-                p.tx_bytes.fetch_add(sealed.len() as u64, Ordering::Relaxed);
-                let mut tx = link.tx();
-                tx.flight
-                    .on_sent(Instant::now(), counter, sealed.len(), false, pipe as u8);
-                tx.pacer.spend(sealed.len() + 28);
-            } else {
-                sink.on_send_dropped(DropReason::SendFailed, 1, (sealed.len() - OVERHEAD) as u64);
-            }
-            continue;
-        }
-        match wait {
-            Wait::No => {}
-            Wait::Until(at) => tokio::time::sleep_until(at.into()).await,
-            // A feedback (or the loss timer) opens the window; the timeout only guards a wake-up
-            // that came before this wait began.
-            Wait::Window => {
-                let _ =
-                    tokio::time::timeout(Duration::from_millis(5), link.window_opened.notified())
-                        .await;
-            }
-        }
-    }
-}
-
-enum Wait {
-    No,
-    Until(Instant),
-    Window,
-}
-
-fn enqueue(queue: &mut SendQueue<Bytes>, full: &mut Count, at: Instant, d: Bytes) {
-    let flow = PacketInfo::parse(&d).map(|i| i.flow_hash());
-    if let Err(d) = queue.push(at, flow, d) {
-        full.add(&d);
-    }
-}
-
-/// Datagrams dropped by the sender, counted by packets and bytes.
-#[derive(Default)]
-struct Count {
-    packets: u64,
-    bytes: u64,
-}
-
-impl Count {
-    fn add(&mut self, d: &Bytes) {
-        self.packets += 1;
-        self.bytes += d.len() as u64;
-    }
-
-    fn report(&mut self, sink: &dyn Sink, reason: DropReason) {
-        if self.packets > 0 {
-            sink.on_send_dropped(reason, self.packets, self.bytes);
-        }
-        *self = Count::default();
     }
 }
 

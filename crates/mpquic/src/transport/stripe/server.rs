@@ -126,6 +126,7 @@ async fn receive(
 ) {
     let mut bufs = vec![vec![0u8; RECV_BUF]; RECV_BATCH];
     let mut meta = vec![RecvMeta::default(); RECV_BATCH];
+    let mut touched: Vec<Arc<Link>> = Vec::new();
     loop {
         let n = {
             let mut slices: Vec<std::io::IoSliceMut<'_>> = bufs
@@ -147,10 +148,19 @@ async fn receive(
                     continue;
                 };
                 match server.find(id) {
-                    Some(link) => link.on_packet(pkt, m.addr, None),
+                    Some(link) => {
+                        link.on_packet(pkt, m.addr, None);
+                        if !touched.iter().any(|l| Arc::ptr_eq(l, &link)) {
+                            touched.push(link);
+                        }
+                    }
                     None => refused(stripe::Refused::UnknownSession.as_str()),
                 }
             }
+        }
+        // One feedback per session per batch (`Link::on_packet`).
+        for link in touched.drain(..) {
+            link.flush_feedback();
         }
     }
 }
