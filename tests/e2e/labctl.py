@@ -293,7 +293,7 @@ class Lab:
         raise RuntimeError("iperf3 server did not start")
 
     def iperf(self, seconds=5, streams=1, reverse=False, udp_mbit=None, port=5201, c=0, length=None,
-              dst=None, timeout=None, src_ns=None):
+              dst=None, timeout=None, src_ns=None, window=None):
         cmd = ["iperf3", "-c", dst or self.inet_addr, "-p", str(port), "-t", str(seconds), "-P", str(streams), "-J"]
         if reverse:
             cmd.append("-R")
@@ -301,6 +301,8 @@ class Lab:
             cmd += ["-u", "-b", f"{udp_mbit}M"]
         if length:
             cmd += ["-l", str(length)]
+        if window:
+            cmd += ["-w", window]
         r = self.sh(src_ns or self.lan_ns(c), cmd, timeout=timeout or seconds + 30, check=False)
         try:
             data = json.loads(r.stdout)

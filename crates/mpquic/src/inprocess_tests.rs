@@ -175,6 +175,30 @@ async fn stop_all(net: &Network, tasks: Vec<(&str, Instance)>) {
     }
 }
 
+/// 300 packets each way, 2 ms apart: every one arrives, once.
+async fn all_arrive_once(cli_host: &mut Host, srv_host: &mut Host) {
+    let (mut up, mut down) = (Vec::new(), Vec::new());
+    for seq in 0..300u32 {
+        let wait = Duration::from_millis(2);
+        exchange(cli_host, srv_host, seq, wait, &mut up, &mut down).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drain(srv_host, &mut up);
+    drain(cli_host, &mut down);
+    for (dir, got) in [("up", &up), ("down", &down)] {
+        let mut seqs: Vec<u32> = got.iter().map(|(s, _)| *s).filter(|s| *s < 300).collect();
+        seqs.sort_unstable();
+        assert_eq!(seqs, (0..300).collect::<Vec<_>>(), "{dir}: lost or doubled");
+    }
+}
+
+/// The status of instance `who` (`server`, `client`...) in test directory `dir`.
+fn status_of(dir: &Path, who: &str) -> mpquic_status::StatusReport {
+    let body =
+        crate::control::get_over_socket(&dir.join(format!("{who}.sock")), "/status").unwrap();
+    serde_json::from_str(&body).unwrap()
+}
+
 /// Wait until the client has its address and a packet has gone through each way.
 async fn warm_up(cli_host: &mut Host, srv_host: &mut Host) {
     // The client gets its address from the server through the hello.
@@ -295,25 +319,9 @@ async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
     let client = spawn_client(&net, ccfg.clone());
     warm_up(&mut cli_host, &mut srv_host).await;
 
-    let (mut up, mut down) = (Vec::new(), Vec::new());
-    for seq in 0..300u32 {
-        let wait = Duration::from_millis(2);
-        exchange(&mut cli_host, &mut srv_host, seq, wait, &mut up, &mut down).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    drain(&mut srv_host, &mut up);
-    drain(&mut cli_host, &mut down);
-    for (dir, got) in [("up", &up), ("down", &down)] {
-        let mut seqs: Vec<u32> = got.iter().map(|(s, _)| *s).filter(|s| *s < 300).collect();
-        seqs.sort_unstable();
-        assert_eq!(seqs, (0..300).collect::<Vec<_>>(), "{dir}: lost or doubled");
-    }
+    all_arrive_once(&mut cli_host, &mut srv_host).await;
 
-    let status = |who: &str| {
-        let body =
-            crate::control::get_over_socket(&d.join(format!("{who}.sock")), "/status").unwrap();
-        serde_json::from_str::<mpquic_status::StatusReport>(&body).unwrap()
-    };
+    let status = |who: &str| status_of(d, who);
     for who in ["client", "server"] {
         let st = status(who);
         let path = |name: &str| st.tunnels[0].paths.iter().find(|p| p.name == name).unwrap();
@@ -418,8 +426,7 @@ async fn one_batch_for_two_clients_gets_every_header() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let body = crate::control::get_over_socket(&d.join("server.sock"), "/status").unwrap();
-    let st: mpquic_status::StatusReport = serde_json::from_str(&body).unwrap();
+    let st = status_of(d, "server");
     assert_eq!(st.tunnels.len(), 2);
     for t in &st.tunnels {
         let sent: u64 = t.paths.iter().map(|p| p.tx_packets).sum();
@@ -447,7 +454,7 @@ async fn one_batch_for_two_clients_gets_every_header() {
 /// `transport: stripe` with 3 pipes on path 1: the path's datagrams go in sealed stripe packets
 /// over three client ports to the server's stripe socket; nothing lost or doubled; status shows
 /// each pipe and the controller's figures; packets to the stripe port that name no session are
-/// refused and counted; a server without `stripe_enabled` refuses a stripe path with a reason.
+/// refused and counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stripe_path_carries_the_tunnel_and_refuses_strangers() {
     use std::net::SocketAddr;
@@ -461,19 +468,7 @@ async fn stripe_path_carries_the_tunnel_and_refuses_strangers() {
     let client = spawn_client(&net, ccfg.clone());
     warm_up(&mut cli_host, &mut srv_host).await;
 
-    let (mut up, mut down) = (Vec::new(), Vec::new());
-    for seq in 0..300u32 {
-        let wait = Duration::from_millis(2);
-        exchange(&mut cli_host, &mut srv_host, seq, wait, &mut up, &mut down).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    drain(&mut srv_host, &mut up);
-    drain(&mut cli_host, &mut down);
-    for (dir, got) in [("up", &up), ("down", &down)] {
-        let mut seqs: Vec<u32> = got.iter().map(|(s, _)| *s).filter(|s| *s < 300).collect();
-        seqs.sort_unstable();
-        assert_eq!(seqs, (0..300).collect::<Vec<_>>(), "{dir}: lost or doubled");
-    }
+    all_arrive_once(&mut cli_host, &mut srv_host).await;
 
     // Strangers at the stripe port: too short to name a session, and a session nobody has.
     let stranger = net.bind("10.10.9.9:0".parse().unwrap()).unwrap();
@@ -492,11 +487,7 @@ async fn stripe_path_carries_the_tunnel_and_refuses_strangers() {
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
 
-    let status = |who: &str| {
-        let body =
-            crate::control::get_over_socket(&d.join(format!("{who}.sock")), "/status").unwrap();
-        serde_json::from_str::<mpquic_status::StatusReport>(&body).unwrap()
-    };
+    let status = |who: &str| status_of(d, who);
     for who in ["client", "server"] {
         let st = status(who);
         let wan1 = st.tunnels[0]
@@ -565,9 +556,7 @@ async fn stripe_path_to_a_server_without_stripe_is_refused() {
     t.close(0, "done");
     let why = ack.error.unwrap_or_default();
     assert!(!ack.ok && why.contains("stripe_enabled"), "{why}");
-    let body = crate::control::get_over_socket(&d.join("server.sock"), "/status").unwrap();
-    let st: mpquic_status::StatusReport = serde_json::from_str(&body).unwrap();
-    let refused = st.refused;
+    let refused = status_of(d, "server").refused;
     assert_eq!(refused.get("stripe_disabled"), Some(&1), "{refused:?}");
     stop_all(&net, vec![("server", server)]).await;
 }

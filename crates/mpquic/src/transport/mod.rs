@@ -104,6 +104,47 @@ pub trait PathTransport: Send + Sync + 'static {
     }
 }
 
+/// Packets a transport's sender dropped after `send_batch` accepted them, counted by packets
+/// and inner bytes and told to its sink in one call.
+#[derive(Default)]
+pub(crate) struct Dropped {
+    packets: u64,
+    bytes: u64,
+}
+
+impl Dropped {
+    pub(crate) fn add(&mut self, inner_bytes: usize) {
+        self.packets += 1;
+        self.bytes += inner_bytes as u64;
+    }
+
+    /// Tell the sink, and start again from zero.
+    pub(crate) fn report(&mut self, sink: &dyn Sink, reason: DropReason) {
+        if self.packets > 0 {
+            sink.on_send_dropped(reason, self.packets, self.bytes);
+        }
+        *self = Dropped::default();
+    }
+}
+
+/// Queue `frame` (its inner packet after `header` bytes) by that packet's flow, for a sender
+/// that paces (`SendQueue`: sparse flows first); a full queue refuses it, counted in `refused`.
+pub(crate) fn enqueue_by_flow(
+    queue: &mut mpquic_core::sendq::SendQueue<bytes::Bytes>,
+    refused: &mut Dropped,
+    at: std::time::Instant,
+    frame: bytes::Bytes,
+    header: usize,
+) {
+    let flow = frame
+        .get(header..)
+        .and_then(mpquic_core::PacketInfo::parse)
+        .map(|i| i.flow_hash());
+    if let Err(frame) = queue.push(at, flow, frame) {
+        refused.add(frame.len() - header);
+    }
+}
+
 /// Client side of session setup: open a path to the server and exchange the hello.
 pub trait Dialer: Send + Sync + 'static {
     /// Dial the server over `path` (bound as its config says) and send `hello`. Returns the

@@ -13,12 +13,13 @@ use bytes::{Bytes, BytesMut};
 use mpquic_core::pacing::Pacer;
 use mpquic_core::packet::is_pure_tcp_ack;
 use mpquic_core::sendq::SendQueue;
-use mpquic_core::{DropReason, PacketInfo, PathLoad};
+use mpquic_core::{DropReason, PathLoad};
 use tokio::sync::mpsc;
 use tracing::warn;
 
 use super::{
-    stream_rx, BoxFuture, Dialer, Listener, Offer, OfferReply, PathTransport, Sink, TransportStats,
+    enqueue_by_flow, stream_rx, BoxFuture, Dialer, Dropped, Listener, Offer, OfferReply,
+    PathTransport, Sink, TransportStats,
 };
 use crate::batch::PacketBatch;
 use crate::config::{Config, PathConfig, PathKind, TransportMode};
@@ -877,10 +878,10 @@ async fn stream_writer(
             let Some((at, frame)) = rx.recv().await else {
                 return;
             };
-            enqueue(&mut queue, &mut refused, at, frame);
+            enqueue_by_flow(&mut queue, &mut refused, at, frame, STREAM_HEADER);
         }
         while let Ok((at, frame)) = rx.try_recv() {
-            enqueue(&mut queue, &mut refused, at, frame);
+            enqueue_by_flow(&mut queue, &mut refused, at, frame, STREAM_HEADER);
         }
         refused.report(&*sink, DropReason::QueueFull);
         // Our controller's rate in bytes/s (quinn's own controllers give none: not paced).
@@ -902,10 +903,11 @@ async fn stream_writer(
         // serves the batch.
         let sent_us = stream_rx::clock_us();
         while batch.len() < budget {
-            let Some(frame) = queue.pop(now, &mut |f: Bytes| stale.add(&f)) else {
+            let Some(frame) = queue.pop(now, &mut |f: Bytes| stale.add(f.len() - STREAM_HEADER))
+            else {
                 break;
             };
-            packets.add(&frame);
+            packets.add(frame.len() - STREAM_HEADER);
             let at = batch.len();
             batch.extend_from_slice(&frame);
             let len = u16::from_be_bytes([frame[0], frame[1]]);
@@ -939,10 +941,10 @@ async fn stream_writer(
             // closing the queue makes later packets fail (and count) in `send_batch`.
             rx.close();
             while let Ok((_, frame)) = rx.try_recv() {
-                packets.add(&frame);
+                packets.add(frame.len() - STREAM_HEADER);
             }
             for frame in queue.drain() {
-                packets.add(&frame);
+                packets.add(frame.len() - STREAM_HEADER);
             }
             packets.report(&*sink, DropReason::SendFailed);
             return;
@@ -952,39 +954,6 @@ async fn stream_writer(
 
 /// A packet's size for the pacer: it waits until one full packet may go.
 const PACED_PACKET: usize = 1500;
-
-/// Queue a frame by its inner packet's flow; a full queue refuses it (counted by the caller).
-fn enqueue(queue: &mut SendQueue<Bytes>, refused: &mut Dropped, at: Instant, frame: Bytes) {
-    let flow = frame
-        .get(STREAM_HEADER..)
-        .and_then(PacketInfo::parse)
-        .map(|i| i.flow_hash());
-    if let Err(frame) = queue.push(at, flow, frame) {
-        refused.add(&frame);
-    }
-}
-
-/// Frames dropped by the stream writer, counted by packets and inner bytes.
-#[derive(Default)]
-struct Dropped {
-    packets: u64,
-    bytes: u64,
-}
-
-impl Dropped {
-    fn add(&mut self, frame: &Bytes) {
-        self.packets += 1;
-        self.bytes += (frame.len() - STREAM_HEADER) as u64;
-    }
-
-    /// Tell the sink, and start again from zero.
-    fn report(&mut self, sink: &dyn Sink, reason: DropReason) {
-        if self.packets > 0 {
-            sink.on_send_dropped(reason, self.packets, self.bytes);
-        }
-        *self = Dropped::default();
-    }
-}
 
 /// Send one datagram, refusing (and reporting) rather than letting the QUIC engine silently
 /// drop older queued datagrams when its buffer is full. `send_datagram_wait` checks for space

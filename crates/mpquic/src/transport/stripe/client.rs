@@ -8,11 +8,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use quinn::udp::RecvMeta;
 
 use super::{
-    controller, keys, Link, Pipe, StripeTransport, RECV_BATCH, RECV_BUF, REGISTER_DEADLINE,
-    REGISTER_RESEND,
+    controller, keys, Link, Pipe, RecvBatch, StripeTransport, REGISTER_DEADLINE, REGISTER_RESEND,
 };
 use crate::config::{Congestion, PathConfig};
 use crate::platform::Platform;
@@ -91,33 +89,21 @@ async fn register(link: &Arc<Link>) -> bool {
 /// Pipe `i`'s receive loop, until the path's connection ends.
 pub(super) async fn receive(link: Arc<Link>, i: usize, conn: quinn::Connection) {
     let socket = link.pipes[i].socket.clone();
-    let mut bufs = vec![vec![0u8; RECV_BUF]; RECV_BATCH];
-    let mut meta = vec![RecvMeta::default(); RECV_BATCH];
+    let mut batch = RecvBatch::new();
     loop {
-        let n = {
-            let mut slices: Vec<std::io::IoSliceMut<'_>> = bufs
-                .iter_mut()
-                .map(|b| std::io::IoSliceMut::new(b))
-                .collect();
-            let recv = std::future::poll_fn(|cx| socket.poll_recv(cx, &mut slices, &mut meta));
-            tokio::select! {
-                r = recv => match r {
-                    Ok(n) => n,
-                    Err(_) => continue,
-                },
-                _ = conn.closed() => return,
-            }
-        };
-        for (buf, m) in bufs.iter_mut().zip(&meta).take(n) {
-            let stride = m.stride.max(1);
-            for pkt in buf[..m.len].chunks_mut(stride) {
-                if pkt.len() < mpquic_core::stripe::HEADER + mpquic_core::stripe::TAG {
-                    link.drop_received(mpquic_core::DropReason::Malformed);
-                    continue;
-                }
-                link.on_packet(pkt, m.addr, Some(i));
-            }
+        tokio::select! {
+            r = batch.recv(&*socket) => if r.is_err() {
+                continue;
+            },
+            _ = conn.closed() => return,
         }
+        batch.each(|pkt, from| {
+            if pkt.len() < mpquic_core::stripe::HEADER + mpquic_core::stripe::TAG {
+                link.drop_received(mpquic_core::DropReason::Malformed);
+                return;
+            }
+            link.on_packet(pkt, from, Some(i));
+        });
         link.flush_feedback();
     }
 }

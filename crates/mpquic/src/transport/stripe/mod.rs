@@ -458,6 +458,43 @@ impl Link {
     }
 }
 
+/// Buffers for reading a UDP socket a batch at a time (GRO batches split into datagrams).
+struct RecvBatch {
+    bufs: Vec<Vec<u8>>,
+    meta: Vec<quinn::udp::RecvMeta>,
+    n: usize,
+}
+
+impl RecvBatch {
+    fn new() -> RecvBatch {
+        RecvBatch {
+            bufs: vec![vec![0u8; RECV_BUF]; RECV_BATCH],
+            meta: vec![quinn::udp::RecvMeta::default(); RECV_BATCH],
+            n: 0,
+        }
+    }
+
+    /// Wait for the next batch from `socket`.
+    async fn recv(&mut self, socket: &dyn quinn::AsyncUdpSocket) -> std::io::Result<()> {
+        let RecvBatch { bufs, meta, n } = self;
+        let mut slices: Vec<std::io::IoSliceMut<'_>> = bufs
+            .iter_mut()
+            .map(|b| std::io::IoSliceMut::new(b))
+            .collect();
+        *n = std::future::poll_fn(|cx| socket.poll_recv(cx, &mut slices, meta)).await?;
+        Ok(())
+    }
+
+    /// Each datagram of the batch, with its sender.
+    fn each(&mut self, mut f: impl FnMut(&mut [u8], SocketAddr)) {
+        for (buf, m) in self.bufs.iter_mut().zip(&self.meta).take(self.n) {
+            for pkt in buf[..m.len].chunks_mut(m.stride.max(1)) {
+                f(pkt, m.addr);
+            }
+        }
+    }
+}
+
 /// A path whose datagrams go in stripe packets.
 pub struct StripeTransport {
     quic: Arc<QuicTransport>,

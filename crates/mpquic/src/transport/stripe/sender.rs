@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use mpquic_core::sendq::SendQueue;
 use mpquic_core::stripe::Kind;
-use mpquic_core::{DropReason, PacketInfo};
+use mpquic_core::DropReason;
 use quinn::udp::Transmit;
 use tokio::sync::mpsc;
 
 use super::{Link, OVERHEAD, PACED_PACKET, QUEUE};
-use crate::transport::Sink;
+use crate::transport::{enqueue_by_flow, Dropped, Sink};
 
 /// Packets sent to one pipe in one go, at most: their counters are consecutive, so a run
 /// reaches the peer behind the other pipes' packets by at most its own length (8 full packets
@@ -110,7 +110,8 @@ pub(super) async fn run(
     conn: quinn::Connection,
 ) {
     let mut queue: SendQueue<Bytes> = SendQueue::new(QUEUE, mpquic_core::reliable::HANDOFF_TIME);
-    let (mut stale, mut full, mut failed) = (Count::default(), Count::default(), Count::default());
+    let (mut stale, mut full, mut failed) =
+        (Dropped::default(), Dropped::default(), Dropped::default());
     let mut pollers: Vec<_> = link
         .pipes
         .iter()
@@ -128,14 +129,14 @@ pub(super) async fn run(
         if queue.is_empty() && carry.is_none() {
             tokio::select! {
                 got = rx.recv() => match got {
-                    Some((at, d)) => enqueue(&mut queue, &mut full, at, d),
+                    Some((at, d)) => enqueue_by_flow(&mut queue, &mut full, at, d, 0),
                     None => return,
                 },
                 _ = conn.closed() => return,
             }
         }
         while let Ok((at, d)) = rx.try_recv() {
-            enqueue(&mut queue, &mut full, at, d);
+            enqueue_by_flow(&mut queue, &mut full, at, d, 0);
         }
         full.report(&*sink, DropReason::QueueFull);
         let now = Instant::now();
@@ -158,7 +159,7 @@ pub(super) async fn run(
                     while budget > 0 && tx.flight.room() >= PACED_PACKET as u64 {
                         let next = carry
                             .take()
-                            .or_else(|| queue.pop(now, &mut |d: Bytes| stale.add(&d)));
+                            .or_else(|| queue.pop(now, &mut |d: Bytes| stale.add(d.len())));
                         let Some(d) = next else {
                             break;
                         };
@@ -173,7 +174,7 @@ pub(super) async fn run(
                                 break;
                             }
                             let Some(pipe) = link.pick_data(&tx.flight, tx.next) else {
-                                failed.add(&d);
+                                failed.add(d.len());
                                 continue;
                             };
                             tx.next = pipe + 1;
@@ -241,32 +242,4 @@ fn flush(link: &Link, run: &mut Run, sink: &Arc<dyn Sink>) -> Result<(), ()> {
     }
     run.clear();
     Ok(())
-}
-
-fn enqueue(queue: &mut SendQueue<Bytes>, full: &mut Count, at: Instant, d: Bytes) {
-    let flow = PacketInfo::parse(&d).map(|i| i.flow_hash());
-    if let Err(d) = queue.push(at, flow, d) {
-        full.add(&d);
-    }
-}
-
-/// Datagrams dropped by the sender, counted by packets and bytes.
-#[derive(Default)]
-struct Count {
-    packets: u64,
-    bytes: u64,
-}
-
-impl Count {
-    fn add(&mut self, d: &Bytes) {
-        self.packets += 1;
-        self.bytes += d.len() as u64;
-    }
-
-    fn report(&mut self, sink: &dyn Sink, reason: DropReason) {
-        if self.packets > 0 {
-            sink.on_send_dropped(reason, self.packets, self.bytes);
-        }
-        *self = Count::default();
-    }
 }

@@ -10,9 +10,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, RwLock, Weak};
 
 use anyhow::{bail, Result};
-use quinn::udp::RecvMeta;
 
-use super::{controller, keys, Link, Pipe, StripeTransport, RECV_BATCH, RECV_BUF};
+use super::{controller, keys, Link, Pipe, RecvBatch, StripeTransport};
 use crate::config::Congestion;
 use crate::platform::Platform;
 use crate::transport::quic::{QuicTransport, Refused};
@@ -124,40 +123,30 @@ async fn receive(
     socket: Arc<dyn quinn::AsyncUdpSocket>,
     refused: Refused,
 ) {
-    let mut bufs = vec![vec![0u8; RECV_BUF]; RECV_BATCH];
-    let mut meta = vec![RecvMeta::default(); RECV_BATCH];
+    let mut batch = RecvBatch::new();
     let mut touched: Vec<Arc<Link>> = Vec::new();
     loop {
-        let n = {
-            let mut slices: Vec<std::io::IoSliceMut<'_>> = bufs
-                .iter_mut()
-                .map(|b| std::io::IoSliceMut::new(b))
-                .collect();
-            match std::future::poll_fn(|cx| socket.poll_recv(cx, &mut slices, &mut meta)).await {
-                Ok(n) => n,
-                Err(_) => continue,
-            }
-        };
+        if batch.recv(&*socket).await.is_err() {
+            continue;
+        }
         let Some(server) = server.upgrade() else {
             return;
         };
-        for (buf, m) in bufs.iter_mut().zip(&meta).take(n) {
-            for pkt in buf[..m.len].chunks_mut(m.stride.max(1)) {
-                let Some(id) = stripe::session_of(pkt) else {
-                    refused(stripe::Refused::Malformed.as_str());
-                    continue;
-                };
-                match server.find(id) {
-                    Some(link) => {
-                        link.on_packet(pkt, m.addr, None);
-                        if !touched.iter().any(|l| Arc::ptr_eq(l, &link)) {
-                            touched.push(link);
-                        }
+        batch.each(|pkt, from| {
+            let Some(id) = stripe::session_of(pkt) else {
+                refused(stripe::Refused::Malformed.as_str());
+                return;
+            };
+            match server.find(id) {
+                Some(link) => {
+                    link.on_packet(pkt, from, None);
+                    if !touched.iter().any(|l| Arc::ptr_eq(l, &link)) {
+                        touched.push(link);
                     }
-                    None => refused(stripe::Refused::UnknownSession.as_str()),
                 }
+                None => refused(stripe::Refused::UnknownSession.as_str()),
             }
-        }
+        });
         // One feedback per session per batch (`Link::on_packet`).
         for link in touched.drain(..) {
             link.flush_feedback();
