@@ -40,15 +40,17 @@ pub async fn connect(
     }
     let payload = quic.stats().udp_payload.unwrap_or(1200);
     let link = Link::new(true, keys, pipes, Flight::new(controller(cc, payload)));
+    // The pipes' receive loops, for the path's life (they end with its connection): started
+    // before registration, which needs them, and never replaced. (A first version ran loops of
+    // their own during registration and new ones at `start`: a socket notifies one waiting
+    // task, and when the old loop polled last before it was stopped, the new one was never
+    // woken: a pipe's packets went unread, 50 of 300 in the in-process test.) What arrives
+    // before `start` is kept for the sink (`Link::early`).
     let conn = quic.connection().clone();
-    let receivers: Vec<_> = (0..link.pipes.len())
-        .map(|i| tokio::spawn(receive(link.clone(), i, conn.clone())))
-        .collect();
-    let registered = register(&link).await;
-    // The transport's `start` runs the receive loops for good; these were for registration.
-    for r in receivers {
-        r.abort();
+    for i in 0..link.pipes.len() {
+        tokio::spawn(receive(link.clone(), i, conn.clone()));
     }
+    let registered = register(&link).await;
     if !registered {
         bail!(
             "no answer from the stripe port {server} within {REGISTER_DEADLINE:?} (is stripe_enabled set on the server, and UDP to that port open?)"
@@ -87,7 +89,7 @@ async fn register(link: &Arc<Link>) -> bool {
 }
 
 /// Pipe `i`'s receive loop, until the path's connection ends.
-pub(super) async fn receive(link: Arc<Link>, i: usize, conn: quinn::Connection) {
+async fn receive(link: Arc<Link>, i: usize, conn: quinn::Connection) {
     let socket = link.pipes[i].socket.clone();
     let mut batch = RecvBatch::new();
     loop {

@@ -58,6 +58,8 @@ const REGISTER_DEADLINE: Duration = Duration::from_secs(1);
 /// Datagrams read per receive call, and the buffer of each (a GRO batch fits).
 const RECV_BATCH: usize = 16;
 const RECV_BUF: usize = 64 * 1024;
+/// Datagrams kept for the sink while there is none yet (`Link::early`).
+const EARLY: usize = 1024;
 /// A packet's size for the pacer's wait: one full packet.
 const PACED_PACKET: usize = 1500;
 /// Outer IPv4 and UDP headers: the stripe payload is the link's UDP payload less its own.
@@ -69,8 +71,8 @@ struct Pipe {
     /// Client: the server's stripe address. Server: the client pipe's address, once registered.
     dest: Mutex<Option<SocketAddr>>,
     registered: AtomicBool,
-    /// When this side last sent on it (for keepalives), as µs since the link started.
-    last_sent_us: AtomicU64,
+    /// When the client last sent a KEEPALIVE (or REGISTER) on it, as µs since the link started.
+    keepalive_us: AtomicU64,
     sent: AtomicU64,
     tx_bytes: AtomicU64,
     rx_bytes: AtomicU64,
@@ -82,7 +84,7 @@ impl Pipe {
             socket,
             dest: Mutex::new(dest),
             registered: AtomicBool::new(false),
-            last_sent_us: AtomicU64::new(0),
+            keepalive_us: AtomicU64::new(0),
             sent: AtomicU64::new(0),
             tx_bytes: AtomicU64::new(0),
             rx_bytes: AtomicU64::new(0),
@@ -130,6 +132,11 @@ pub(crate) struct Link {
     tx: Mutex<Tx>,
     rx: Mutex<Rx>,
     sink: OnceLock<Arc<dyn Sink>>,
+    /// Datagrams that arrived before `start` gave the sink (the client reads its pipes while it
+    /// registers them, and the server may already be sending): handed over at `start`, at most
+    /// `EARLY` of them (the rest counted `queue_full` then). Dropped uncounted they were a gap
+    /// the sender believed delivered (its feedback had acknowledged them).
+    early: Mutex<(Vec<Vec<u8>>, u64)>,
     meter: Meter,
     started: Instant,
     /// A feedback opened the window: the sender may go on.
@@ -167,6 +174,7 @@ impl Link {
                 last: now,
             }),
             sink: OnceLock::new(),
+            early: Mutex::new((Vec::new(), 0)),
             meter: Meter::default(),
             started: now,
             window_opened: Notify::new(),
@@ -252,7 +260,6 @@ impl Link {
         let len = tx.buf.len();
         p.sent.fetch_add(1, Ordering::Relaxed);
         p.tx_bytes.fetch_add(len as u64, Ordering::Relaxed);
-        p.last_sent_us.store(self.elapsed_us(), Ordering::Relaxed);
         if track {
             tx.flight
                 .on_sent(Instant::now(), counter, len, true, pipe as u8);
@@ -272,6 +279,33 @@ impl Link {
         let r = self.send_one(&mut tx, Kind::Data, msg, pipe, None, true);
         self.publish(&tx);
         r
+    }
+
+    fn keep_early(&self, d: &[u8]) {
+        let mut early = self.early.lock().unwrap_or_else(|e| e.into_inner());
+        match early.0.len() < EARLY {
+            true => early.0.push(d.to_vec()),
+            // Counted at `give_sink` (there is no sink to tell yet).
+            false => early.1 += 1,
+        }
+    }
+
+    /// The sink, from now on; what arrived before goes to it first.
+    fn give_sink(&self, sink: Arc<dyn Sink>) {
+        let hand_over = |sink: &Arc<dyn Sink>| {
+            let (kept, over) =
+                std::mem::take(&mut *self.early.lock().unwrap_or_else(|e| e.into_inner()));
+            for d in &kept {
+                sink.on_datagram(d);
+            }
+            for _ in 0..over {
+                sink.on_received_dropped(DropReason::QueueFull);
+            }
+        };
+        hand_over(&sink);
+        let _ = self.sink.set(sink.clone());
+        // What arrived while the first ones were handed over.
+        hand_over(&sink);
     }
 
     /// Send the feedback that is due, if any (after each receive batch, and from the timer).
@@ -332,11 +366,10 @@ impl Link {
             p.rx_bytes.fetch_add(len, Ordering::Relaxed);
         }
         match self.handle(kind, payload, from) {
-            Delivered::Data(d) => {
-                if let Some(sink) = self.sink.get() {
-                    sink.on_datagram(d);
-                }
-            }
+            Delivered::Data(d) => match self.sink.get() {
+                Some(sink) => sink.on_datagram(d),
+                None => self.keep_early(d),
+            },
             Delivered::Nothing => {}
         }
     }
@@ -430,20 +463,25 @@ impl Link {
         self.window_opened.notify_one();
         let mut next = now + KEEPALIVE.min(SESSION_TIMEOUT);
         if self.client {
-            let idle_us = self
+            // Every pipe, busy or not, every `KEEPALIVE`: a NAT that rebinds a pipe to another
+            // port is learnt by the server from it (data packets do not say their pipe).
+            let due_us = self
                 .elapsed_us()
                 .saturating_sub(KEEPALIVE.as_micros() as u64);
             let count = self.pipes.len() as u8;
             for (i, p) in self.pipes.iter().enumerate() {
                 let registered = p.registered.load(Ordering::Relaxed);
+                let last = p.keepalive_us.load(Ordering::Relaxed);
+                let (kind, payload) = match registered {
+                    false => (Kind::Register, vec![i as u8, count]),
+                    true if last <= due_us => (Kind::Keepalive, vec![i as u8]),
+                    true => continue,
+                };
+                let mut tx = self.tx();
+                let _ = self.send_one(&mut tx, kind, &payload, i, None, false);
+                p.keepalive_us.store(self.elapsed_us(), Ordering::Relaxed);
                 if !registered {
-                    let mut tx = self.tx();
-                    let _ =
-                        self.send_one(&mut tx, Kind::Register, &[i as u8, count], i, None, false);
                     next = next.min(now + REGISTER_RESEND);
-                } else if p.last_sent_us.load(Ordering::Relaxed) <= idle_us {
-                    let mut tx = self.tx();
-                    let _ = self.send_one(&mut tx, Kind::Keepalive, &[i as u8], i, None, false);
                 }
             }
         }
@@ -619,13 +657,10 @@ impl PathTransport for StripeTransport {
         let window = m.window.load(Ordering::Relaxed);
         let rtt_us = m.rtt_us.load(Ordering::Relaxed);
         let rtt = (rtt_us > 0).then(|| Duration::from_micros(rtt_us));
-        let rate = m.rate.load(Ordering::Relaxed);
         let queued = (QUEUE - self.queue.capacity()) as u64 * PACED_PACKET as u64;
         PathLoad {
-            rate: match rate {
-                0 => rtt.map(|r| crate::quic::rate_per_rtt(window, r)),
-                r => Some(r),
-            },
+            // As a QUIC path's (`QuicTransport::load`): the schedulers compare paths by it.
+            rate: rtt.map(|r| crate::quic::rate_per_rtt(window, r)),
             rtt,
             backlog: m.backlog.load(Ordering::Relaxed) + queued,
             window: Some(window),
@@ -646,17 +681,13 @@ impl PathTransport for StripeTransport {
         let Some(rx) = self.start.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return;
         };
-        let _ = self.link.sink.set(sink.clone());
+        self.link.give_sink(sink.clone());
         // The QUIC connection: control messages before registration, and the path's end.
         self.quic.clone().start(sink.clone());
         let conn = self.quic.connection().clone();
         tokio::spawn(sender::run(self.link.clone(), rx, sink, conn.clone()));
         tokio::spawn(timer(self.link.clone(), conn.clone()));
-        if self.link.client {
-            for i in 0..self.link.pipes.len() {
-                tokio::spawn(client::receive(self.link.clone(), i, conn.clone()));
-            }
-        }
+        // (A client's pipes are read from `client::connect` on.)
         if let Some(server) = self.server.clone() {
             let (link, session) = (Arc::downgrade(&self.link), self.link.session);
             tokio::spawn(async move {

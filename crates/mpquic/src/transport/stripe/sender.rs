@@ -87,7 +87,6 @@ impl Run {
             .fetch_add(self.packets.len() as u64, Ordering::Relaxed);
         p.tx_bytes
             .fetch_add(self.buf.len() as u64, Ordering::Relaxed);
-        p.last_sent_us.store(link.elapsed_us(), Ordering::Relaxed);
     }
 
     /// Its packets as datagrams lost to the sink (inner bytes).
