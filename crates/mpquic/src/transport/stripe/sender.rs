@@ -242,3 +242,31 @@ fn flush(link: &Link, run: &mut Run, sink: &Arc<dyn Sink>) -> Result<(), ()> {
     run.clear();
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run takes packets of its first packet's size up to the limit; a shorter one ends it,
+    /// a longer one never joins (GSO: all segments equal but the last).
+    #[test]
+    fn runs_hold_equal_packets_and_end_at_a_short_one() {
+        let mut run = Run::default();
+        assert!(
+            !run.takes(100, RUN),
+            "an empty run takes nothing: a pipe is chosen first"
+        );
+        run.push(0, &[1u8; 100]);
+        assert!(run.takes(100, RUN) && run.takes(60, RUN) && !run.takes(101, RUN));
+        run.push(1, &[2u8; 100]);
+        assert!(!run.takes(100, 2), "full at the socket's segment limit");
+        run.push(2, &[3u8; 60]);
+        assert!(
+            !run.takes(60, RUN) && !run.takes(10, RUN),
+            "a short packet ends the run"
+        );
+        assert_eq!((run.seg, run.buf.len(), run.packets.len()), (100, 260, 3));
+        run.clear();
+        assert!(run.is_empty() && run.buf.is_empty() && !run.closed);
+    }
+}
