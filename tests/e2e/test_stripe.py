@@ -93,7 +93,9 @@ def test_seed_stripe_configs_carry_tcp_and_fec_repairs_loss(make_lab):
            f"unrecoverable {st['fec_unrecovered_packets']}")
     assert clean > 0.6 * 80, clean
     assert st["fec_recovered"] > 0
-    assert residual < 1.0, residual
+    # FEC 10/2 at 5% independent loss leaves 0.51% on average (binomial floor; 5% without
+    # FEC); a 5-s test of ~5200 datagrams measured 0.48-0.98% in six runs.
+    assert residual < 1.5, residual
 
 
 CRAFTER = textwrap.dedent("""
