@@ -68,7 +68,7 @@ async fn register(link: &Arc<Link>) -> bool {
         for (i, p) in link.pipes.iter().enumerate() {
             if !p.registered.load(Ordering::Relaxed) {
                 let mut tx = link.tx();
-                let _ = link.send_one(&mut tx, Kind::Register, &[i as u8, count], i, None, false);
+                let _ = link.send_one(&mut tx, Kind::Register, &[i as u8, count], i, false);
             }
         }
         let answered = link

@@ -148,12 +148,6 @@ pub(crate) struct Link {
     next_control: AtomicUsize,
 }
 
-/// Where a packet from a pipe went.
-enum Delivered<'a> {
-    Data(&'a [u8]),
-    Nothing,
-}
-
 impl Link {
     fn new(client: bool, keys: stripe::Keys, pipes: Vec<Pipe>, flight: Flight) -> Arc<Link> {
         let now = Instant::now();
@@ -233,19 +227,18 @@ impl Link {
             .store(f.pacing_rate().unwrap_or(0) * 8, Ordering::Relaxed);
     }
 
-    /// Seal `payload` as `kind` and send it on pipe `pipe` (to `to`, or the pipe's
-    /// destination). `track`: the controller counts it (it is acknowledged like data).
+    /// Seal `payload` as `kind` and send it on pipe `pipe`, to the pipe's destination.
+    /// `track`: the controller counts it (it is acknowledged like data).
     fn send_one(
         &self,
         tx: &mut Tx,
         kind: Kind,
         payload: &[u8],
         pipe: usize,
-        to: Option<SocketAddr>,
         track: bool,
     ) -> Result<(), DropReason> {
         let p = &self.pipes[pipe];
-        let dest = to.or_else(|| p.dest()).ok_or(DropReason::NoPath)?;
+        let dest = p.dest().ok_or(DropReason::NoPath)?;
         tx.buf.clear();
         let counter = tx.seal.sealed();
         tx.seal.seal(kind, payload, &mut tx.buf);
@@ -276,7 +269,7 @@ impl Link {
         let from = self.next_control.fetch_add(1, Ordering::Relaxed);
         let pipe = self.pick(from).ok_or(DropReason::NoPath)?;
         let mut tx = self.tx();
-        let r = self.send_one(&mut tx, Kind::Data, msg, pipe, None, true);
+        let r = self.send_one(&mut tx, Kind::Data, msg, pipe, true);
         self.publish(&tx);
         r
     }
@@ -327,7 +320,7 @@ impl Link {
         if let Some(pipe) = self.pick(from) {
             let mut tx = self.tx();
             // Lost feedback is repaired by the next one, which repeats it.
-            let _ = self.send_one(&mut tx, Kind::Feedback, &payload, pipe, None, false);
+            let _ = self.send_one(&mut tx, Kind::Feedback, &payload, pipe, false);
         }
     }
 
@@ -365,18 +358,18 @@ impl Link {
         if let Some(p) = pipe.and_then(|i| self.pipes.get(i)) {
             p.rx_bytes.fetch_add(len, Ordering::Relaxed);
         }
-        match self.handle(kind, payload, from) {
-            Delivered::Data(d) => match self.sink.get() {
+        if let Some(d) = self.handle(kind, payload, from) {
+            match self.sink.get() {
                 Some(sink) => sink.on_datagram(d),
                 None => self.keep_early(d),
-            },
-            Delivered::Nothing => {}
+            }
         }
     }
 
-    fn handle<'a>(&self, kind: Kind, payload: &'a [u8], from: SocketAddr) -> Delivered<'a> {
+    /// What a packet of `kind` does; a data packet's payload is returned, for the sink.
+    fn handle<'a>(&self, kind: Kind, payload: &'a [u8], from: SocketAddr) -> Option<&'a [u8]> {
         match kind {
-            Kind::Data => return Delivered::Data(payload),
+            Kind::Data => return Some(payload),
             Kind::Feedback => match Feedback::decode(payload) {
                 Some(fb) => {
                     let mut tx = self.tx();
@@ -399,14 +392,7 @@ impl Link {
                         p.registered.store(true, Ordering::Relaxed);
                         if kind == Kind::Register {
                             let mut tx = self.tx();
-                            let _ = self.send_one(
-                                &mut tx,
-                                Kind::RegisterAck,
-                                &[i as u8],
-                                i,
-                                None,
-                                false,
-                            );
+                            let _ = self.send_one(&mut tx, Kind::RegisterAck, &[i as u8], i, false);
                         }
                     }
                     None => self.drop_received(DropReason::Malformed),
@@ -428,7 +414,7 @@ impl Link {
             // A client never gets REGISTER, a server never REGISTER ACK: authentic but wrong.
             Kind::Register | Kind::RegisterAck => self.drop_received(DropReason::Malformed),
         }
-        Delivered::Nothing
+        None
     }
 
     fn refused(&self, r: Refused) {
@@ -478,7 +464,7 @@ impl Link {
                     true => continue,
                 };
                 let mut tx = self.tx();
-                let _ = self.send_one(&mut tx, kind, &payload, i, None, false);
+                let _ = self.send_one(&mut tx, kind, &payload, i, false);
                 p.keepalive_us.store(self.elapsed_us(), Ordering::Relaxed);
                 if !registered {
                     next = next.min(now + REGISTER_RESEND);
