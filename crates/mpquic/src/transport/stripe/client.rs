@@ -3,7 +3,6 @@
 //! receive loops.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,7 +15,7 @@ use crate::config::{Congestion, PathConfig};
 use crate::platform::Platform;
 use crate::transport::quic::QuicTransport;
 use crate::transport::PathTransport;
-use mpquic_core::stripe::{Flight, Kind};
+use mpquic_core::stripe::Flight;
 
 /// Open `p.pipes` pipes to `port` on the server `quic` is connected to, and register them
 /// under the session of `quic`'s TLS session. Fails when no pipe is answered within
@@ -63,19 +62,8 @@ pub async fn connect(
 /// answered or the deadline passes; true when at least one was.
 async fn register(link: &Arc<Link>) -> bool {
     let deadline = Instant::now() + REGISTER_DEADLINE;
-    let count = link.pipes.len() as u8;
     loop {
-        for (i, p) in link.pipes.iter().enumerate() {
-            if !p.registered.load(Ordering::Relaxed) {
-                let mut tx = link.tx();
-                let _ = link.send_one(&mut tx, Kind::Register, &[i as u8, count], i, false);
-            }
-        }
-        let answered = link
-            .pipes
-            .iter()
-            .filter(|p| p.registered.load(Ordering::Relaxed))
-            .count();
+        let answered = link.register_unanswered();
         if answered == link.pipes.len() {
             return true;
         }

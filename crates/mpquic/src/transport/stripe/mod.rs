@@ -103,7 +103,9 @@ struct Tx {
     pacer: Pacer,
     /// The pipe the next data packet tries first.
     next: usize,
+    /// A sealed packet on its way out, and a payload being built (feedback).
     buf: Vec<u8>,
+    scratch: Vec<u8>,
 }
 
 /// The receiving half.
@@ -146,6 +148,8 @@ pub(crate) struct Link {
     /// A pipe's registration was answered (client).
     registered: Notify,
     next_control: AtomicUsize,
+    /// Server: the last sender address seen and its pipe (`pipe_of`).
+    last_from: Mutex<Option<(SocketAddr, usize)>>,
 }
 
 impl Link {
@@ -161,6 +165,7 @@ impl Link {
                 pacer: Pacer::default(),
                 next: 0,
                 buf: Vec::with_capacity(65_536),
+                scratch: Vec::with_capacity(256),
             }),
             rx: Mutex::new(Rx {
                 open: keys.open,
@@ -175,6 +180,7 @@ impl Link {
             ack_pending: Notify::new(),
             registered: Notify::new(),
             next_control: AtomicUsize::new(0),
+            last_from: Mutex::new(None),
         })
     }
 
@@ -192,12 +198,17 @@ impl Link {
             .any(|p| p.registered.load(Ordering::Relaxed))
     }
 
-    /// The registered pipe to use after `from` (round robin), if any.
-    fn pick(&self, from: usize) -> Option<usize> {
+    /// The registered pipes, from `from` on (round robin).
+    fn registered_from(&self, from: usize) -> impl Iterator<Item = usize> + '_ {
         let n = self.pipes.len();
         (0..n)
-            .map(|k| (from + k) % n)
-            .find(|&i| self.pipes[i].registered.load(Ordering::Relaxed))
+            .map(move |k| (from + k) % n)
+            .filter(|&i| self.pipes[i].registered.load(Ordering::Relaxed))
+    }
+
+    /// The registered pipe to use after `from` (round robin), if any.
+    fn pick(&self, from: usize) -> Option<usize> {
+        self.registered_from(from).next()
     }
 
     /// The registered pipe for the next data packet: the one with the fewest bytes in flight
@@ -206,11 +217,24 @@ impl Link {
     /// (scenario 06b: inner TCP retransmitted 58k times), while the fewest bytes in flight
     /// keeps their queues, and so their delays, alike (as `quic/pipes.rs` does).
     fn pick_data(&self, flight: &Flight, from: usize) -> Option<usize> {
-        let n = self.pipes.len();
-        (0..n)
-            .map(|k| (from + k) % n)
-            .filter(|&i| self.pipes[i].registered.load(Ordering::Relaxed))
+        self.registered_from(from)
             .min_by_key(|&i| flight.in_flight_by_tag(i as u8))
+    }
+
+    /// Client: send REGISTER on every pipe not answered yet; how many are answered.
+    fn register_unanswered(&self) -> usize {
+        let count = self.pipes.len() as u8;
+        let mut answered = 0;
+        for (i, p) in self.pipes.iter().enumerate() {
+            if p.registered.load(Ordering::Relaxed) {
+                answered += 1;
+                continue;
+            }
+            let mut tx = self.tx();
+            let _ = self.send_one(&mut tx, Kind::Register, &[i as u8, count], i, false);
+            p.keepalive_us.store(self.elapsed_us(), Ordering::Relaxed);
+        }
+        answered
     }
 
     /// Publish the controller's figures for `load` and `stats`.
@@ -314,13 +338,16 @@ impl Link {
     }
 
     fn send_feedback(&self, fb: &Feedback) {
-        let mut payload = Vec::with_capacity(160);
-        fb.encode(&mut payload);
         let from = self.next_control.fetch_add(1, Ordering::Relaxed);
         if let Some(pipe) = self.pick(from) {
             let mut tx = self.tx();
+            // The payload in the sender's scratch buffer: no allocation per feedback.
+            let mut payload = std::mem::take(&mut tx.scratch);
+            payload.clear();
+            fb.encode(&mut payload);
             // Lost feedback is repaired by the next one, which repeats it.
             let _ = self.send_one(&mut tx, Kind::Feedback, &payload, pipe, false);
+            tx.scratch = payload;
         }
     }
 
@@ -354,7 +381,7 @@ impl Link {
             }
         };
         let (kind, payload) = opened;
-        let pipe = pipe.or_else(|| self.pipes.iter().position(|p| p.dest() == Some(from)));
+        let pipe = pipe.or_else(|| self.pipe_of(from));
         if let Some(p) = pipe.and_then(|i| self.pipes.get(i)) {
             p.rx_bytes.fetch_add(len, Ordering::Relaxed);
         }
@@ -364,6 +391,21 @@ impl Link {
                 None => self.keep_early(d),
             }
         }
+    }
+
+    /// Server: the pipe a packet from `from` came on. Packets come in runs from one pipe, so
+    /// the last answer is tried first; the pipes' addresses (each behind a lock) are searched
+    /// only when the sender changes.
+    fn pipe_of(&self, from: SocketAddr) -> Option<usize> {
+        let mut last = self.last_from.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((addr, i)) = *last {
+            if addr == from {
+                return Some(i);
+            }
+        }
+        let i = self.pipes.iter().position(|p| p.dest() == Some(from))?;
+        *last = Some((from, i));
+        Some(i)
     }
 
     /// What a packet of `kind` does; a data packet's payload is returned, for the sink.
@@ -389,6 +431,7 @@ impl Link {
                     Some(i) => {
                         let p = &self.pipes[i];
                         *p.dest.lock().unwrap_or_else(|e| e.into_inner()) = Some(from);
+                        *self.last_from.lock().unwrap_or_else(|e| e.into_inner()) = None;
                         p.registered.store(true, Ordering::Relaxed);
                         if kind == Kind::Register {
                             let mut tx = self.tx();
@@ -449,25 +492,22 @@ impl Link {
         self.window_opened.notify_one();
         let mut next = now + KEEPALIVE.min(SESSION_TIMEOUT);
         if self.client {
-            // Every pipe, busy or not, every `KEEPALIVE`: a NAT that rebinds a pipe to another
-            // port is learnt by the server from it (data packets do not say their pipe).
+            if self.register_unanswered() < self.pipes.len() {
+                next = next.min(now + REGISTER_RESEND);
+            }
+            // Every registered pipe, busy or not, every `KEEPALIVE`: a NAT that rebinds a pipe
+            // to another port is learnt by the server from it (data packets do not say their
+            // pipe).
             let due_us = self
                 .elapsed_us()
                 .saturating_sub(KEEPALIVE.as_micros() as u64);
-            let count = self.pipes.len() as u8;
             for (i, p) in self.pipes.iter().enumerate() {
-                let registered = p.registered.load(Ordering::Relaxed);
-                let last = p.keepalive_us.load(Ordering::Relaxed);
-                let (kind, payload) = match registered {
-                    false => (Kind::Register, vec![i as u8, count]),
-                    true if last <= due_us => (Kind::Keepalive, vec![i as u8]),
-                    true => continue,
-                };
-                let mut tx = self.tx();
-                let _ = self.send_one(&mut tx, kind, &payload, i, false);
-                p.keepalive_us.store(self.elapsed_us(), Ordering::Relaxed);
-                if !registered {
-                    next = next.min(now + REGISTER_RESEND);
+                if p.registered.load(Ordering::Relaxed)
+                    && p.keepalive_us.load(Ordering::Relaxed) <= due_us
+                {
+                    let mut tx = self.tx();
+                    let _ = self.send_one(&mut tx, Kind::Keepalive, &[i as u8], i, false);
+                    p.keepalive_us.store(self.elapsed_us(), Ordering::Relaxed);
                 }
             }
         }
