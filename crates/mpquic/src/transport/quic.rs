@@ -119,27 +119,36 @@ impl QuicTransport {
         &self.conn
     }
 
-    /// Bytes waiting to be sent and how many may wait: datagram mode, QUIC's datagram queue;
-    /// reliable mode, the frames waiting for the stream writer (at a full packet each: an
-    /// estimate, the sizes are not kept).
-    fn backlog(&self) -> (u64, u64) {
-        let (backlog, limit) = match &self.stream_tx {
+    /// The controller's window and the bytes in flight in it.
+    fn window(&self) -> (u64, u64) {
+        match &self.meter {
+            Some(m) => m.read(),
+            None => (self.conn.congestion_state().window(), 0),
+        }
+    }
+
+    /// Bytes waiting to be sent and how many may wait: datagram mode, QUIC's datagram queue,
+    /// bounded in time at the path's rate (`quic::datagram_queue_limit`); reliable mode, the
+    /// frames waiting for the stream writer (at a full packet each: an estimate, the sizes are
+    /// not kept).
+    fn backlog(&self, window: u64, rtt: Duration) -> (u64, u64) {
+        match &self.stream_tx {
             Some(tx) => (
-                (tx.max_capacity() - tx.capacity()) * 1400,
-                STREAM_QUEUE * 1400,
+                ((tx.max_capacity() - tx.capacity()) * 1400) as u64,
+                (STREAM_QUEUE * 1400) as u64,
             ),
             None => (
-                quic::DATAGRAM_SEND_BUFFER.saturating_sub(self.conn.datagram_send_buffer_space()),
-                quic::DATAGRAM_SEND_BUFFER,
+                quic::DATAGRAM_SEND_BUFFER.saturating_sub(self.conn.datagram_send_buffer_space())
+                    as u64,
+                quic::datagram_queue_limit(window, rtt),
             ),
-        };
-        (backlog as u64, limit as u64)
+        }
     }
 
     /// Bytes in flight (as the controller last saw them) and waiting to be sent.
     fn outstanding(&self) -> u64 {
-        let in_flight = self.meter.as_ref().map_or(0, |m| m.read().1);
-        in_flight + self.backlog().0
+        let (window, in_flight) = self.window();
+        in_flight + self.backlog(window, self.conn.rtt()).0
     }
 }
 
@@ -167,6 +176,15 @@ impl PathTransport for QuicTransport {
         refused: &mut dyn FnMut(usize, DropReason),
     ) {
         let now = Instant::now();
+        // Datagram mode: the room left under the queue's bound, taken once per batch (quinn
+        // only drains meanwhile, so this errs on the short side).
+        let mut room = match self.stream_tx {
+            Some(_) => u64::MAX,
+            None => {
+                let (backlog, limit) = self.backlog(self.window().0, self.conn.rtt());
+                limit.saturating_sub(backlog)
+            }
+        };
         for &i in which {
             let sent = match &self.stream_tx {
                 // Reliable mode's pure TCP ACKs go as datagrams (`packet::is_pure_tcp_ack`).
@@ -180,8 +198,16 @@ impl PathTransport for QuicTransport {
                         mpsc::error::TrySendError::Full(_) => DropReason::QueueFull,
                         mpsc::error::TrySendError::Closed(_) => DropReason::SendFailed,
                     }),
-                // A view of the batch's buffer: no copy, no allocation per packet.
-                None => send_datagram(&self.conn, batch.framed(i)),
+                None => {
+                    let len = (batch.header_len(i) + batch.packet(i).len()) as u64;
+                    if len > room {
+                        Err(DropReason::QueueFull)
+                    } else {
+                        room -= len;
+                        // A view of the batch's buffer: no copy, no allocation per packet.
+                        send_datagram(&self.conn, batch.framed(i))
+                    }
+                }
             };
             if let Err(reason) = sent {
                 refused(i, reason);
@@ -220,12 +246,9 @@ impl PathTransport for QuicTransport {
     /// scheduler then starves it: scenario 05 at one stream, 282 vs 308 Mbit/s).
     /// Backlog: `backlog`.
     fn load(&self) -> PathLoad {
-        let (window, in_flight) = match &self.meter {
-            Some(m) => m.read(),
-            None => (self.conn.congestion_state().window(), 0),
-        };
+        let (window, in_flight) = self.window();
         let rtt = self.conn.rtt();
-        let (backlog, limit) = self.backlog();
+        let (backlog, limit) = self.backlog(window, rtt);
         PathLoad {
             rate: Some(quic::rate_per_rtt(window, rtt)),
             rtt: Some(rtt),

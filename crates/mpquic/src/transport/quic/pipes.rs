@@ -230,7 +230,7 @@ impl PathTransport for QuicPipes {
         let pipes = self.pipes.read().unwrap_or_else(|e| e.into_inner());
         let (mut backlog, mut limit) = (0, 0);
         for p in pipes.iter() {
-            let (b, l) = p.backlog();
+            let (b, l) = p.backlog(p.window().0, p.conn.rtt());
             backlog += b;
             limit += l;
         }
