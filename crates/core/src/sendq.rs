@@ -53,6 +53,12 @@ impl<T> SendQueue<T> {
         self.max_wait = max_wait;
     }
 
+    /// Change how many packets may wait (follows the path's rate). Packets already waiting
+    /// beyond a lower limit stay; new ones are refused until the queue is below it.
+    pub fn set_limit(&mut self, limit: usize) {
+        self.limit = limit;
+    }
+
     pub fn len(&self) -> usize {
         self.sparse.len() + self.bulk.len()
     }
@@ -183,6 +189,25 @@ mod tests {
             seen[f as usize] += 1;
         }
         assert_eq!(seen, next);
+    }
+
+    /// The limit follows the path: raised, more may wait; lowered below what waits, nothing
+    /// waiting is dropped and new packets are refused until the queue is below it.
+    #[test]
+    fn the_limit_can_change() {
+        let now = Instant::now();
+        let mut q = SendQueue::new(2, WAIT);
+        q.push(now, Some(1), (1, 0)).unwrap();
+        q.push(now, Some(1), (1, 1)).unwrap();
+        assert!(q.push(now, Some(1), (1, 2)).is_err());
+        q.set_limit(4);
+        q.push(now, Some(1), (1, 2)).unwrap();
+        q.push(now, Some(1), (1, 3)).unwrap();
+        q.set_limit(1);
+        assert!(q.push(now, Some(2), (2, 0)).is_err());
+        assert_eq!(q.len(), 4);
+        assert_eq!(pop_all(&mut q, now).len(), 4);
+        q.push(now, Some(2), (2, 0)).unwrap();
     }
 
     #[test]

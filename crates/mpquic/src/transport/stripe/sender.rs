@@ -17,7 +17,7 @@ use mpquic_core::DropReason;
 use quinn::udp::Transmit;
 use tokio::sync::mpsc;
 
-use super::{Link, OVERHEAD, PACED_PACKET, QUEUE};
+use super::{queue_limit, Link, OVERHEAD, PACED_PACKET, QUEUE};
 use crate::transport::{enqueue_by_flow, Dropped, Sink};
 
 /// Packets sent to one pipe in one go, at most: their counters are consecutive, so a run
@@ -147,6 +147,9 @@ pub(super) async fn run(
             queue.set_max_wait(mpquic_core::reliable::queue_wait(
                 tx.flight.rtt().unwrap_or(Duration::from_millis(100)),
             ));
+            let limit = queue_limit(tx.flight.window(), tx.flight.rtt());
+            queue.set_limit(limit);
+            link.meter.limit.store(limit as u64, Ordering::Relaxed);
             let wait = if tx.flight.room() < PACED_PACKET as u64 {
                 Wait::Window
             } else {
