@@ -127,28 +127,29 @@ impl QuicTransport {
         }
     }
 
-    /// Bytes waiting to be sent and how many may wait: datagram mode, QUIC's datagram queue,
-    /// bounded in time at the path's rate (`quic::datagram_queue_limit`); reliable mode, the
+    /// Bytes waiting to be sent: datagram mode, in QUIC's datagram queue; reliable mode, the
     /// frames waiting for the stream writer (at a full packet each: an estimate, the sizes are
     /// not kept).
-    fn backlog(&self, window: u64, rtt: Duration) -> (u64, u64) {
+    fn queued(&self) -> u64 {
         match &self.stream_tx {
-            Some(tx) => (
-                ((tx.max_capacity() - tx.capacity()) * 1400) as u64,
-                (STREAM_QUEUE * 1400) as u64,
-            ),
-            None => (
-                quic::DATAGRAM_SEND_BUFFER.saturating_sub(self.conn.datagram_send_buffer_space())
-                    as u64,
-                quic::datagram_queue_limit(window, rtt),
-            ),
+            Some(tx) => ((tx.max_capacity() - tx.capacity()) * 1400) as u64,
+            None => quic::DATAGRAM_SEND_BUFFER
+                .saturating_sub(self.conn.datagram_send_buffer_space()) as u64,
+        }
+    }
+
+    /// How many bytes may wait: datagram mode, bounded in time at the path's rate from its
+    /// window and RTT (`quic::datagram_queue_limit`); reliable mode, the writer's queue.
+    fn queue_limit(&self, window: u64, rtt: Duration) -> u64 {
+        match &self.stream_tx {
+            Some(_) => (STREAM_QUEUE * 1400) as u64,
+            None => quic::datagram_queue_limit(window, rtt),
         }
     }
 
     /// Bytes in flight (as the controller last saw them) and waiting to be sent.
     fn outstanding(&self) -> u64 {
-        let (window, in_flight) = self.window();
-        in_flight + self.backlog(window, self.conn.rtt()).0
+        self.window().1 + self.queued()
     }
 }
 
@@ -180,10 +181,9 @@ impl PathTransport for QuicTransport {
         // only drains meanwhile, so this errs on the short side).
         let mut room = match self.stream_tx {
             Some(_) => u64::MAX,
-            None => {
-                let (backlog, limit) = self.backlog(self.window().0, self.conn.rtt());
-                limit.saturating_sub(backlog)
-            }
+            None => self
+                .queue_limit(self.window().0, self.conn.rtt())
+                .saturating_sub(self.queued()),
         };
         for &i in which {
             let sent = match &self.stream_tx {
@@ -244,18 +244,17 @@ impl PathTransport for QuicTransport {
     /// Rate: the window per RTT, which is what the pacer lets out whatever the controller
     /// (a BBR's own pacing rate under-reads a path it has seen little traffic on, and the
     /// scheduler then starves it: scenario 05 at one stream, 282 vs 308 Mbit/s).
-    /// Backlog: `backlog`.
+    /// Backlog: `queued`, its bound `queue_limit`.
     fn load(&self) -> PathLoad {
         let (window, in_flight) = self.window();
         let rtt = self.conn.rtt();
-        let (backlog, limit) = self.backlog(window, rtt);
         PathLoad {
             rate: Some(quic::rate_per_rtt(window, rtt)),
             rtt: Some(rtt),
-            backlog,
+            backlog: self.queued(),
             window: Some(window),
             in_flight,
-            backlog_limit: Some(limit),
+            backlog_limit: Some(self.queue_limit(window, rtt)),
         }
     }
 

@@ -230,9 +230,8 @@ impl PathTransport for QuicPipes {
         let pipes = self.pipes.read().unwrap_or_else(|e| e.into_inner());
         let (mut backlog, mut limit) = (0, 0);
         for p in pipes.iter() {
-            let (b, l) = p.backlog(p.window().0, p.conn.rtt());
-            backlog += b;
-            limit += l;
+            backlog += p.queued();
+            limit += p.queue_limit(p.window().0, p.conn.rtt());
         }
         let rtt = pipes.iter().map(|p| p.conn.rtt()).min();
         let (window, in_flight) = self.group.read();
