@@ -30,8 +30,8 @@ pub(crate) const DATAGRAM_SEND_BUFFER: usize = 4 << 20;
 /// The datagram queue we let a path build, in time at its rate, and never less than
 /// `DATAGRAM_QUEUE_FLOOR`. A fixed 512 KiB was 14 ms at 300 Mbit/s: one TCP flow spread over
 /// a 300 and an 80 Mbit/s path (scenario 12) lost packets to it in every burst and got 0.87-0.90
-/// of the links' sum. Bounded at 20 ms of the path's rate (window per RTT) it got 0.89-0.92,
-/// at 40 ms 0.94-0.97, at 60 ms 0.96-0.98 (two runs each, alternating): one loss-based flow
+/// of the links' sum. Bounded at 20 ms of the path's rate (window per RTT) it got 0.86-0.92,
+/// at 40 ms 0.94-0.97, at 60 ms 0.93-0.98 (2-4 runs each, alternating): one loss-based flow
 /// needs a queue of about its own RTT to keep the links busy through its window's halving, and
 /// the flow's RTT over a bond is the slowest path's. 40 ms is about 45 ms at a 300 Mbit/s
 /// path's real rate; slow paths stay at the floor (85 ms at 50 Mbit/s, as before: scenario 10's
