@@ -228,12 +228,14 @@ impl PathTransport for QuicPipes {
     /// before every batch: no allocation.
     fn load(&self) -> PathLoad {
         let pipes = self.pipes.read().unwrap_or_else(|e| e.into_inner());
-        let (mut backlog, mut limit) = (0, 0);
+        let (mut backlog, mut limit, mut rtt) = (0, 0, None::<std::time::Duration>);
         for p in pipes.iter() {
+            // Each pipe's RTT read once (a lock on its connection).
+            let r = p.conn.rtt();
             backlog += p.queued();
-            limit += p.queue_limit(p.window().0, p.conn.rtt());
+            limit += p.queue_limit(p.window().0, r);
+            rtt = Some(rtt.map_or(r, |m| m.min(r)));
         }
-        let rtt = pipes.iter().map(|p| p.conn.rtt()).min();
         let (window, in_flight) = self.group.read();
         PathLoad {
             rate: rtt.map(|r| crate::quic::rate_per_rtt(window, r)),
