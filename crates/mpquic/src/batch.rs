@@ -83,6 +83,20 @@ impl PacketBatch {
         &mut self.buf[start + HEADROOM..]
     }
 
+    /// A copy of `pkt` as the next packet (a TUN read that went through a scratch buffer).
+    pub fn push(&mut self, pkt: &[u8]) {
+        debug_assert!(
+            self.frozen.is_none(),
+            "push() after a transport took packets"
+        );
+        let start = self.pending.take().unwrap_or(self.buf.len());
+        self.buf.truncate(start);
+        self.buf.extend_from_slice(&[0; HEADROOM]);
+        let at = self.buf.len();
+        self.buf.extend_from_slice(pkt);
+        self.packets.push((at..at + pkt.len(), 0));
+    }
+
     /// The slot from `slot` holds a packet of `len` bytes.
     pub fn commit(&mut self, len: usize) {
         let Some(start) = self.pending.take() else {
@@ -232,6 +246,20 @@ mod tests {
             b"second packet",
             "a transport's view outlives the batch"
         );
+    }
+
+    #[test]
+    fn pushed_packets_get_headroom_like_read_ones() {
+        let mut b = PacketBatch::new();
+        fill(&mut b, b"read");
+        let _abandoned = b.slot(1500);
+        b.push(b"pushed");
+        fill(&mut b, b"read again");
+        assert_eq!(b.len(), 3);
+        assert_eq!(b.packet(1), b"pushed");
+        assert!(b.push_header(1, b"H"));
+        assert_eq!(b.headed(1, 0), b"Hpushed");
+        assert_eq!(b.packet(2), b"read again");
     }
 
     #[test]

@@ -64,9 +64,7 @@ pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<
         0
     };
     let mtu = runtime::tun_mtu(&cfg, link_mtu.saturating_sub(bond_header));
-    let tun = Arc::new(platform.tun(&cfg.tun_name)?);
-    tun.set_mtu(mtu)?;
-    tun.disable_ipv6();
+    let tun = Arc::new(runtime::open_tun(&platform, &cfg, mtu)?);
     let tunnel = Tunnel::new(
         cfg.tun_name.clone(),
         tun.clone(),
@@ -173,8 +171,9 @@ impl Client {
             .read_loop(
                 self.mtu,
                 mpquic_core::mtu::tcp_mss(self.mtu),
-                |batch, infos, oversized| {
-                    tunnel.drop_unsent(DropReason::Oversized, oversized);
+                |batch, infos, drops| {
+                    tunnel.drop_unsent(DropReason::Oversized, drops.oversized);
+                    tunnel.drop_unsent(DropReason::Malformed, drops.unsplit);
                     all.clear();
                     all.extend(0..batch.len());
                     tunnel.send_batch(batch, &all, infos, &mut routed);

@@ -36,9 +36,9 @@ impl Platform {
         }
     }
 
-    pub fn tun(&self, name: &str) -> std::io::Result<Tun> {
+    pub fn tun(&self, name: &str, offload: bool) -> std::io::Result<Tun> {
         match &self.kind {
-            Kind::System => Tun::create(name),
+            Kind::System => Tun::create(name, offload),
             #[cfg(test)]
             Kind::Memory(net) => net.tun(name),
         }

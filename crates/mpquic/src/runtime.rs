@@ -7,6 +7,25 @@ pub fn tun_mtu(cfg: &Config, link_mtu: u32) -> u32 {
     cfg.tun_mtu.unwrap_or(mpquic_core::mtu::tun_mtu(link_mtu))
 }
 
+/// The instance's TUN device, created with the configured offloads and MTU (IPv4 only inside
+/// the tunnel for now).
+pub fn open_tun(
+    platform: &crate::platform::Platform,
+    cfg: &Config,
+    mtu: u32,
+) -> std::io::Result<crate::tun::Tun> {
+    let tun = platform.tun(&cfg.tun_name, cfg.tun_offload)?;
+    tun.set_mtu(mtu)?;
+    tun.disable_ipv6();
+    tracing::info!(
+        tun = %cfg.tun_name,
+        offload = tun.offload(),
+        udp_offload = tun.udp_offload(),
+        "TUN device open"
+    );
+    Ok(tun)
+}
+
 /// Resolves on SIGTERM or SIGINT.
 pub async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};

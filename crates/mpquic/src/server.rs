@@ -65,9 +65,7 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
     )?;
 
     let mtu = runtime::tun_mtu(&cfg, quic::DEFAULT_LINK_MTU);
-    let tun = Arc::new(platform.tun(&cfg.tun_name)?);
-    tun.set_mtu(mtu)?;
-    tun.disable_ipv6();
+    let tun = Arc::new(runtime::open_tun(&platform, &cfg, mtu)?);
     tun.set_ipv4(scfg.tun_addr, scfg.prefix)?;
     info!(listen = %scfg.listen, tun = %cfg.tun_name, address = %format!("{}/{}", scfg.tun_addr, scfg.prefix), mtu, "server listening");
 
@@ -204,9 +202,12 @@ impl Server {
             .read_loop(
                 self.mtu,
                 mpquic_core::mtu::tcp_mss(self.mtu),
-                |batch, infos, oversized| {
-                    for _ in 0..oversized {
+                |batch, infos, drops| {
+                    for _ in 0..drops.oversized {
                         self.drop_packet(DropReason::Oversized);
+                    }
+                    for _ in 0..drops.unsplit {
+                        self.drop_packet(DropReason::Malformed);
                     }
                     for (_, picks, _) in &mut by_session {
                         picks.clear();

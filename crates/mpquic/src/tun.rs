@@ -1,6 +1,12 @@
 //! The TUN device and the few interface settings mpquic makes (MTU, IPv4 address, up), all by
 //! ioctl: no `ip` commands. The device is not persistent, so it disappears, with its address and
 //! connected route, when the process exits, however it exits.
+//!
+//! The device is opened by tun-rs, with offloads by default (IFF_VNET_HDR, TSO/USO and checksum
+//! offload, ported from wireguard-go): a read may be a 64 KB super-packet of one flow, split here
+//! into segments of the flow's MSS; what the tunnel delivers is queued (`queue`) and written at
+//! the end of a receive wake-up (`flush`), where consecutive segments of a flow are coalesced into
+//! one write. Either way the kernel's stack runs once per super-packet instead of once per packet.
 
 use std::io;
 use std::net::Ipv4Addr;
@@ -8,13 +14,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use mpquic_core::PacketInfo;
 
-use crate::batch::PacketBatch;
-use tokio::io::unix::AsyncFd;
-use tokio::io::Interest;
+use bytes::BytesMut;
+use std::sync::Mutex;
 
-const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
-const IFF_TUN: libc::c_short = 0x0001;
-const IFF_NO_PI: libc::c_short = 0x1000;
+use crate::batch::PacketBatch;
 
 /// `struct ifreq`: 16-byte name and a 24-byte union.
 #[repr(C)]
@@ -101,54 +104,130 @@ pub fn interface_v4(name: &str) -> io::Result<Ipv4Addr> {
 pub struct Tun {
     backend: Backend,
     name: String,
+    /// What the tunnel delivered and has not written yet (`queue`, `flush`).
+    outbox: Mutex<Outbox>,
 }
 
 enum Backend {
-    Kernel(AsyncFd<OwnedFd>),
+    /// A kernel TUN device through tun-rs: with `offload`, IFF_VNET_HDR and the kernel's TSO/USO
+    /// and checksum offloads, so one read can be a 64 KB super-packet of a flow (split here into
+    /// segments) and one write can carry many coalesced segments (GRO).
+    Kernel(tun_rs::AsyncDevice),
     /// Tests: the device's other side is the test (`memnet::Host`).
     #[cfg(test)]
     Memory(crate::memnet::MemTun),
 }
 
+/// Segments one TUN read yields at most: a 64 KB super-packet cut at the flow's MSS. The kernel
+/// sends super-packets only for MSS of ~512 bytes and more (65535 / 128); a smaller MSS is
+/// refused by the split and counted as malformed (wireguard-go has the same bound).
+const MAX_SEGMENTS: usize = tun_rs::IDEAL_BATCH_SIZE;
+/// Packets queued for writing at most; a full outbox is written before it takes more.
+const OUTBOX_PACKETS: usize = tun_rs::IDEAL_BATCH_SIZE;
+/// A queued packet's buffer: the virtio header, then the packet, with room to grow into a
+/// coalesced super-packet (tun-rs coalesces only into a buffer whose capacity already fits
+/// 64 KB). Untouched capacity costs address space, not memory.
+const OUT_BUFFER: usize = 2 * VNET + 65535;
+/// A buffer that a write left longer than this was a coalesced super-packet: it is replaced
+/// after the write, so the outbox's resident memory follows what is queued now, not the
+/// largest super-packet each of its buffers ever held.
+const OUT_GROWN: usize = VNET + 9000;
+/// Bytes in front of each queued packet for the virtio header `send_multiple` writes.
+const VNET: usize = tun_rs::VIRTIO_NET_HDR_LEN;
+
+/// Packets written to the device together: consecutive segments of a TCP (and, with kernel
+/// support, UDP) flow leave in one write as one super-packet, so the kernel's stack runs once
+/// for many packets. Kept in arrival order; written when the tunnel's receive wake-up ends.
+struct Outbox {
+    bufs: Vec<BytesMut>,
+    queued: usize,
+    gro: tun_rs::GROTable,
+}
+
+/// Packets a TUN write refused: how many and why (the kernel's error).
+#[derive(Debug)]
+pub struct Refused {
+    pub packets: u64,
+    pub error: io::Error,
+}
+
+/// A reader's buffers for offloaded reads: the raw read (virtio header and up to 64 KB) and
+/// the segments it is split into, before they are copied into the batch.
+pub struct ReadScratch {
+    raw: Vec<u8>,
+    segments: Vec<u8>,
+    sizes: [usize; MAX_SEGMENTS],
+}
+
+impl ReadScratch {
+    pub fn new() -> ReadScratch {
+        ReadScratch {
+            raw: vec![0; VNET + 65535],
+            segments: Vec::new(),
+            sizes: [0; MAX_SEGMENTS],
+        }
+    }
+}
+
+impl Default for ReadScratch {
+    fn default() -> Self {
+        ReadScratch::new()
+    }
+}
+
 impl Tun {
-    /// Create (or attach to) the TUN device `name`, without packet information headers.
-    pub fn create(name: &str) -> io::Result<Tun> {
-        // SAFETY: open(2) with a constant path; result checked.
-        let raw = unsafe {
-            libc::open(
-                c"/dev/net/tun".as_ptr(),
-                libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
-            )
-        };
-        if raw < 0 {
-            let e = io::Error::last_os_error();
+    /// Create the TUN device `name`, without packet information headers; with `offload`, with
+    /// the virtio header and the kernel's segmentation and checksum offloads.
+    pub fn create(name: &str, offload: bool) -> io::Result<Tun> {
+        if name.is_empty() || name.len() >= libc::IFNAMSIZ {
             return Err(io::Error::new(
-                e.kind(),
-                format!("cannot open /dev/net/tun: {e}"),
+                io::ErrorKind::InvalidInput,
+                format!("bad interface name `{name}`"),
             ));
         }
-        // SAFETY: raw is a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let mut r = IfReq::new(name)?;
-        r.set_short(IFF_TUN | IFF_NO_PI);
-        ioctl(fd.as_raw_fd(), TUNSETIFF, &mut r).map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot create TUN device {name}: {e}"))
-        })?;
-        // SAFETY: `fd` is an owned, valid descriptor that stays open while the AsyncFd owns it.
-        let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
-            .map_err(|e| io::Error::other(format!("cannot register TUN fd: {e}")))?;
-        Ok(Tun {
-            backend: Backend::Kernel(fd),
+        let dev = tun_rs::DeviceBuilder::new()
+            .name(name)
+            .offload(offload)
+            .build_async()
+            .map_err(|e| {
+                io::Error::new(e.kind(), format!("cannot create TUN device {name}: {e}"))
+            })?;
+        Ok(Tun::with_backend(name, Backend::Kernel(dev)))
+    }
+
+    fn with_backend(name: &str, backend: Backend) -> Tun {
+        Tun {
+            backend,
             name: name.to_string(),
-        })
+            outbox: Mutex::new(Outbox {
+                bufs: Vec::new(),
+                queued: 0,
+                gro: tun_rs::GROTable::default(),
+            }),
+        }
+    }
+
+    /// Whether reads and writes carry the virtio header (offloads on).
+    pub fn offload(&self) -> bool {
+        match &self.backend {
+            Backend::Kernel(d) => d.tcp_gso(),
+            #[cfg(test)]
+            Backend::Memory(_) => false,
+        }
+    }
+
+    /// Whether the kernel takes coalesced UDP too (USO, Linux 6.2 and later).
+    pub fn udp_offload(&self) -> bool {
+        match &self.backend {
+            Backend::Kernel(d) => d.udp_gso(),
+            #[cfg(test)]
+            Backend::Memory(_) => false,
+        }
     }
 
     #[cfg(test)]
     pub fn memory(name: &str, dev: crate::memnet::MemTun) -> Tun {
-        Tun {
-            backend: Backend::Memory(dev),
-            name: name.to_string(),
-        }
+        Tun::with_backend(name, Backend::Memory(dev))
     }
 
     /// The tunnel carries IPv4 only for now: without this the kernel would send IPv6 router
@@ -199,68 +278,98 @@ impl Tun {
         ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &mut r)
     }
 
-    /// One read(2) without waiting: `Ok(None)` when nothing is queued.
-    fn try_read(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        // Outside tests the match has one arm; it keeps one code path for both builds.
-        #[allow(clippy::infallible_destructuring_match)]
-        let fd = match &self.backend {
-            Backend::Kernel(fd) => fd,
-            #[cfg(test)]
-            Backend::Memory(m) => return m.try_recv(buf),
-        };
-        // SAFETY: buf is valid for buf.len() bytes.
-        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n >= 0 {
-            return Ok(Some(n as usize));
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::WouldBlock {
-            Ok(None)
-        } else {
-            Err(e)
+    /// Fill `batch` with what the device has queued: waits for the first read, then reads
+    /// until the device is drained or the batch has `BATCH_PACKETS` (one wake-up, many
+    /// packets; one offloaded read may add a super-packet's segments beyond that). Packets of
+    /// `mtu` bytes at most; longer ones (the MTU was lowered under us) and reads that could not
+    /// be split are dropped and returned in the counts, for the caller to count.
+    pub async fn read_batch(
+        &self,
+        batch: &mut PacketBatch,
+        scratch: &mut ReadScratch,
+        mtu: usize,
+    ) -> io::Result<ReadDrops> {
+        let mut drops = ReadDrops::default();
+        loop {
+            match &self.backend {
+                Backend::Kernel(dev) => dev.readable().await?,
+                #[cfg(test)]
+                Backend::Memory(m) => m.readable().await,
+            }
+            while !batch.is_full() {
+                match self.try_read(batch, scratch, mtu, &mut drops) {
+                    Ok(true) => {}
+                    // Drained: the next wait is for new packets.
+                    Ok(false) => break,
+                    // What was read before the error goes out first; the error comes back on
+                    // the next read.
+                    Err(_) if !batch.is_empty() || drops.any() => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            if !batch.is_empty() || drops.any() {
+                return Ok(drops);
+            }
         }
     }
 
-    /// Fill `batch` with what the device has queued: waits for the first packet, then reads
-    /// until the queue is empty or the batch is full (one wake-up, many packets). Packets of
-    /// `mtu` bytes at most; a longer one (the MTU was lowered under us) is dropped and returned
-    /// in the count of oversized packets, for the caller to count.
-    pub async fn read_batch(&self, batch: &mut PacketBatch, mtu: usize) -> io::Result<u64> {
-        let mut oversized = 0;
-        loop {
-            let mut guard = match &self.backend {
-                Backend::Kernel(fd) => Some(fd.readable().await?),
-                #[cfg(test)]
-                Backend::Memory(m) => {
-                    m.readable().await;
-                    None
-                }
-            };
-            while !batch.is_full() {
-                // One byte more than the MTU: a read that fills it was longer than allowed.
-                let read = match self.try_read(batch.slot(mtu + 1)) {
-                    Ok(r) => r,
-                    // What was read before the error goes out first; the error comes back on
-                    // the next read.
-                    Err(_) if !batch.is_empty() || oversized > 0 => break,
-                    Err(e) => return Err(e),
-                };
-                match read {
-                    Some(n) if n > mtu => oversized += 1,
-                    Some(n) => batch.commit(n),
-                    None => {
-                        // Drained: the next wait is for new packets.
-                        if let Some(g) = guard.as_mut() {
-                            g.clear_ready();
-                        }
-                        break;
+    /// One read without waiting, its packets (a super-packet's segments) into `batch`:
+    /// `Ok(false)` when nothing is queued.
+    fn try_read(
+        &self,
+        batch: &mut PacketBatch,
+        scratch: &mut ReadScratch,
+        mtu: usize,
+        drops: &mut ReadDrops,
+    ) -> io::Result<bool> {
+        // One byte more than the MTU: a packet that fills its slot was longer than allowed.
+        let stride = mtu + 1;
+        // Outside tests the match has one arm; it keeps one code path for both builds.
+        #[allow(clippy::infallible_destructuring_match)]
+        let dev = match &self.backend {
+            Backend::Kernel(dev) => dev,
+            #[cfg(test)]
+            Backend::Memory(m) => {
+                let read = m.try_recv(batch.slot(stride));
+                return match read? {
+                    Some(n) if n > mtu => {
+                        drops.oversized += 1;
+                        Ok(true)
                     }
-                }
+                    Some(n) => {
+                        batch.commit(n);
+                        Ok(true)
+                    }
+                    None => Ok(false),
+                };
             }
-            if !batch.is_empty() || oversized > 0 {
-                return Ok(oversized);
+        };
+        if scratch.segments.len() != stride * MAX_SEGMENTS {
+            scratch.segments = vec![0; stride * MAX_SEGMENTS];
+        }
+        let mut chunks = scratch.segments.chunks_exact_mut(stride);
+        let mut slots: [&mut [u8]; MAX_SEGMENTS] =
+            std::array::from_fn(|_| chunks.next().unwrap_or_default());
+        let n = match dev.try_recv_multiple(&mut scratch.raw, &mut slots, &mut scratch.sizes, 0) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            // The read worked but its packet could not be split (a malformed virtio header,
+            // more segments than MAX_SEGMENTS, a segment longer than the MTU).
+            Err(e) if e.raw_os_error().is_none() => {
+                tracing::debug!(tun = %self.name, error = %e, "TUN super-packet dropped");
+                drops.unsplit += 1;
+                return Ok(true);
+            }
+            Err(e) => return Err(e),
+        };
+        for (slot, &len) in slots.iter().zip(&scratch.sizes).take(n) {
+            if len > mtu {
+                drops.oversized += 1;
+            } else {
+                batch.push(&slot[..len]);
             }
         }
+        Ok(true)
     }
 
     /// Read packets forever, a batch per wake-up; clamp the MSS of TCP SYNs to `mss`, and hand
@@ -270,14 +379,18 @@ impl Tun {
         &self,
         mtu: u32,
         mss: u16,
-        mut f: impl FnMut(&mut PacketBatch, &[Option<PacketInfo>], u64),
+        mut f: impl FnMut(&mut PacketBatch, &[Option<PacketInfo>], ReadDrops),
     ) {
         let mut batch = PacketBatch::new();
+        let mut scratch = ReadScratch::new();
         let mut infos: Vec<Option<PacketInfo>> = Vec::with_capacity(crate::batch::BATCH_PACKETS);
         loop {
             batch.clear();
-            let oversized = match self.read_batch(&mut batch, mtu as usize).await {
-                Ok(n) => n,
+            let drops = match self
+                .read_batch(&mut batch, &mut scratch, mtu as usize)
+                .await
+            {
+                Ok(d) => d,
                 Err(e) => {
                     tracing::error!(tun = %self.name, error = %e, "TUN read failed");
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -294,26 +407,166 @@ impl Tun {
                 }
                 infos.push(info);
             }
-            f(&mut batch, &infos, oversized);
+            f(&mut batch, &infos, drops);
         }
     }
 
-    /// Write one packet without waiting. A TUN write only fails when the kernel cannot take the
-    /// packet (the caller counts it as a drop); it does not block.
-    pub fn send(&self, pkt: &[u8]) -> io::Result<usize> {
-        // Outside tests the match has one arm; it keeps one code path for both builds.
-        #[allow(clippy::infallible_destructuring_match)]
-        let fd = match &self.backend {
-            Backend::Kernel(fd) => fd,
-            #[cfg(test)]
-            Backend::Memory(m) => return m.send(pkt),
-        };
-        // SAFETY: pkt is valid for pkt.len() bytes.
-        let n = unsafe { libc::write(fd.as_raw_fd(), pkt.as_ptr().cast(), pkt.len()) };
-        if n < 0 {
-            Err(io::Error::last_os_error())
+    /// Queue one packet for the device; it is written by the next `flush` (or now, when the
+    /// outbox is full: then what that write refused is returned).
+    pub fn queue(&self, pkt: &[u8]) -> Option<Refused> {
+        let mut out = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+        let refused = if out.queued == OUTBOX_PACKETS {
+            self.write_out(&mut out)
         } else {
-            Ok(n as usize)
+            None
+        };
+        let at = out.queued;
+        if out.bufs.len() == at {
+            out.bufs.push(BytesMut::with_capacity(OUT_BUFFER));
         }
+        let b = &mut out.bufs[at];
+        b.clear();
+        b.extend_from_slice(&[0; VNET]);
+        b.extend_from_slice(pkt);
+        out.queued += 1;
+        refused
+    }
+
+    /// Write what is queued, coalesced where the device takes super-packets. Writers keep
+    /// their order: the outbox stays locked while it is written.
+    pub fn flush(&self) -> Option<Refused> {
+        let mut out = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+        self.write_out(&mut out)
+    }
+
+    /// One packet now: queued and written with whatever was queued before it.
+    pub fn send(&self, pkt: &[u8]) -> Option<Refused> {
+        let first = self.queue(pkt);
+        let second = self.flush();
+        match (first, second) {
+            (Some(mut a), Some(b)) => {
+                a.packets += b.packets;
+                Some(a)
+            }
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn write_out(&self, out: &mut Outbox) -> Option<Refused> {
+        let n = std::mem::take(&mut out.queued);
+        if n == 0 {
+            return None;
+        }
+        let Outbox { bufs, gro, .. } = out;
+        let result = match &self.backend {
+            // The device's own (synchronous) writes: a TUN write does not block.
+            Backend::Kernel(dev) => {
+                let dev: &tun_rs::DeviceImpl = dev;
+                match dev.tcp_gso() {
+                    // Which packets of a coalesced write failed tun-rs does not say: a failed
+                    // batch counts all of them (rare: the device is down or the packets
+                    // malformed).
+                    true => dev
+                        .send_multiple(gro, &mut bufs[..n], VNET)
+                        .map(|_| ())
+                        .map_err(|e| (n as u64, e)),
+                    false => write_each(&mut bufs[..n], |b| {
+                        dev.send_multiple(gro, std::slice::from_mut(b), VNET)
+                    }),
+                }
+            }
+            #[cfg(test)]
+            Backend::Memory(m) => write_each(&mut bufs[..n], |b| m.send(&b[VNET..])),
+        };
+        for b in bufs.iter_mut().take(n) {
+            if b.len() > OUT_GROWN {
+                *b = BytesMut::with_capacity(OUT_BUFFER);
+            }
+        }
+        match result {
+            Ok(_) => None,
+            Err((packets, error)) => Some(Refused { packets, error }),
+        }
+    }
+}
+
+/// Write packets one by one (no coalescing); the failures counted, the last error kept.
+fn write_each(
+    bufs: &mut [BytesMut],
+    mut write: impl FnMut(&mut BytesMut) -> io::Result<usize>,
+) -> Result<(), (u64, io::Error)> {
+    let mut failed = None;
+    for b in bufs {
+        if let Err(e) = write(b) {
+            let (n, _) = failed.get_or_insert((0, e));
+            *n += 1;
+        }
+    }
+    failed.map_or(Ok(()), Err)
+}
+
+/// Packets a wake-up of the reader dropped before they reached the batch.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ReadDrops {
+    /// Longer than the MTU.
+    pub oversized: u64,
+    /// Offloaded reads whose super-packet could not be split into segments.
+    pub unsplit: u64,
+}
+
+impl ReadDrops {
+    fn any(&self) -> bool {
+        self.oversized + self.unsplit > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queued_packets_wait_for_the_flush_and_keep_their_order() {
+        let net = crate::memnet::Network::new();
+        let mut host = net.host("t0");
+        let tun = net.tun("t0").unwrap();
+        for i in 0..3u8 {
+            assert!(tun.queue(&[i; 40]).is_none());
+        }
+        assert!(
+            host.from_dev.try_recv().is_err(),
+            "nothing before the flush"
+        );
+        assert!(tun.flush().is_none());
+        for i in 0..3u8 {
+            assert_eq!(host.from_dev.try_recv().unwrap(), vec![i; 40]);
+        }
+        // A full outbox is written before it takes more: memory stays bounded without a flush.
+        for i in 0..=OUTBOX_PACKETS {
+            assert!(tun.queue(&[i as u8; 60]).is_none());
+        }
+        for i in 0..OUTBOX_PACKETS {
+            assert_eq!(host.from_dev.try_recv().unwrap(), vec![i as u8; 60]);
+        }
+        assert!(host.from_dev.try_recv().is_err());
+        // `send` writes at once, behind what was queued.
+        assert!(tun.send(&[0xee; 20]).is_none());
+        assert_eq!(
+            host.from_dev.try_recv().unwrap(),
+            vec![OUTBOX_PACKETS as u8; 60]
+        );
+        assert_eq!(host.from_dev.try_recv().unwrap(), vec![0xee; 20]);
+    }
+
+    #[test]
+    fn refused_writes_are_counted_with_the_error() {
+        let net = crate::memnet::Network::new();
+        let host = net.host("t1");
+        let tun = net.tun("t1").unwrap();
+        drop(host); // nobody reads: every write is refused
+        tun.queue(&[1; 40]);
+        tun.queue(&[2; 40]);
+        let r = tun.flush().expect("refused");
+        assert_eq!(r.packets, 2);
+        assert!(tun.flush().is_none(), "refused packets are not retried");
     }
 }

@@ -412,7 +412,8 @@ impl Tunnel {
             drop(s);
             // The TUN write forwards the message to the sender; outside the lock.
             for reply in too_big {
-                let _ = self.tun.send(&reply);
+                let refused = self.tun.send(&reply);
+                self.count_refused(refused);
             }
         }
     }
@@ -489,22 +490,33 @@ impl Tunnel {
                 return;
             }
         }
-        let written = self.tun.send(pkt);
+        // Written at the end of this receive wake-up (`flush_tun`), coalesced with the
+        // packets around it; a full outbox is written now.
+        let refused = self.tun.queue(pkt);
         let mut s = self.lock();
-        match written {
-            Ok(_) => {
-                s.router.on_received(path, pkt.len(), Instant::now());
-                self.wake_timers_if(s.router.take_woken());
-            }
-            Err(e) => {
-                let reason = if e.raw_os_error() == Some(libc::EAGAIN) {
-                    DropReason::QueueFull
-                } else {
-                    DropReason::TunRefused
-                };
-                s.router.drop_on(path, reason, 1);
-            }
-        }
+        s.router.on_received(path, pkt.len(), Instant::now());
+        self.wake_timers_if(s.router.take_woken());
+        drop(s);
+        self.count_refused(refused);
+    }
+
+    /// Write what this wake-up delivered to the TUN device (`Sink::on_batch_end`).
+    pub fn flush_tun(&self) {
+        let refused = self.tun.flush();
+        self.count_refused(refused);
+    }
+
+    /// Packets the TUN device refused, counted on the tunnel: a coalesced write carries
+    /// packets of several paths (and, on a server, of several clients' tunnels).
+    fn count_refused(&self, refused: Option<crate::tun::Refused>) {
+        let Some(r) = refused else { return };
+        let reason = if r.error.raw_os_error() == Some(libc::EAGAIN) {
+            DropReason::QueueFull
+        } else {
+            DropReason::TunRefused
+        };
+        debug!(tunnel = %self.peer, packets = r.packets, error = %r.error, "TUN write refused");
+        self.lock().router.drop_unrouted(reason, r.packets);
     }
 
     /// An inner packet from `path` as the peer's bond sent it (inside an FEC data packet or a
@@ -656,8 +668,11 @@ impl Tunnel {
             (due, next)
         };
         // Packets whose wait for the ones before them ran out.
-        for (path, pkt) in released {
-            self.deliver(path, &pkt);
+        if !released.is_empty() {
+            for (path, pkt) in released {
+                self.deliver(path, &pkt);
+            }
+            self.flush_tun();
         }
         for (transport, probe) in mtu_probes {
             // Refused when the datagram buffer is full: then it is lost, as it should be.
@@ -1069,6 +1084,10 @@ struct LinkSink {
 impl Sink for LinkSink {
     fn on_datagram(&self, d: &[u8]) {
         self.tunnel.on_datagram(self.path, &*self.transport, d);
+    }
+
+    fn on_batch_end(&self) {
+        self.tunnel.flush_tun();
     }
 
     fn on_stream_packet(&self, pkt: Option<&[u8]>) {

@@ -138,6 +138,7 @@ struct RawConfig {
     control_socket: Option<PathBuf>,
     metrics_listen: Option<SocketAddr>,
     worker_threads: Option<usize>,
+    tun_offload: Option<bool>,
     #[serde(default)]
     clients: Vec<RawClient>,
 }
@@ -224,6 +225,9 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     /// Threads of the async runtime. 1 (the default) measured fastest on a 2-core machine.
     pub worker_threads: usize,
+    /// The TUN device's segmentation and checksum offloads (super-packets in, coalesced writes
+    /// out); on by default.
+    pub tun_offload: bool,
     pub role: RoleConfig,
     /// Non-fatal remarks for the operator (printed by check-config, logged at startup).
     pub warnings: Vec<String>,

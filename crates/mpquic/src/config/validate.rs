@@ -113,6 +113,7 @@ pub(super) fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem
         control_socket,
         metrics_listen: raw.metrics_listen,
         worker_threads: raw.worker_threads.unwrap_or(1),
+        tun_offload: raw.tun_offload.unwrap_or(true),
         role,
         warnings: c.warnings,
     })

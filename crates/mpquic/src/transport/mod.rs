@@ -52,6 +52,10 @@ pub struct TransportStats {
 pub trait Sink: Send + Sync + 'static {
     /// A datagram: an inner packet or a control message (`wire::decode` tells them apart).
     fn on_datagram(&self, d: &[u8]);
+    /// The end of what one wake-up of the transport's receiver delivered: the inner packets
+    /// `on_datagram` and `on_stream_packet` queued go to the TUN device now, coalesced.
+    /// Every receive loop calls it before it waits again.
+    fn on_batch_end(&self);
     /// An inner packet from an ordered byte stream (reliable mode); `None` for a malformed frame.
     fn on_stream_packet(&self, pkt: Option<&[u8]>);
     /// Packets accepted by `send_batch` that the transport dropped after all (counted under

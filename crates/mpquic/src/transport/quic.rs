@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
 use mpquic_core::pacing::Pacer;
 use mpquic_core::packet::is_pure_tcp_ack;
 use mpquic_core::sendq::SendQueue;
@@ -51,6 +52,9 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Offers waiting for the server to take them; beyond this, new connections wait in the accept
 /// loop (backpressure, not loss).
 const OFFER_QUEUE: usize = 64;
+/// Datagrams taken in one wake-up of a path's receiver at most before they are written to the
+/// TUN device (more wait for the next wake-up, so other tasks get their turn).
+const RECEIVE_BATCH: usize = 128;
 
 /// A path over one QUIC connection.
 pub struct QuicTransport {
@@ -298,6 +302,14 @@ impl PathTransport for QuicTransport {
         tokio::spawn(async move {
             while let Ok(d) = c.read_datagram().await {
                 s.on_datagram(&d);
+                // What arrived with it goes to the TUN device in the same (coalesced) write.
+                for _ in 0..RECEIVE_BATCH {
+                    match c.read_datagram().now_or_never() {
+                        Some(Ok(d)) => s.on_datagram(&d),
+                        _ => break,
+                    }
+                }
+                s.on_batch_end();
             }
             s.on_closed();
         });

@@ -79,6 +79,7 @@ pub async fn run(
                 while held.front().is_some_and(|(t, _)| *t <= now) {
                     deliver(&*sink, &held.pop_front().expect("front checked").1);
                 }
+                sink.on_batch_end();
                 continue;
             }
         };
@@ -87,6 +88,7 @@ pub async fn run(
             for (_, p) in held.drain(..) {
                 deliver(&*sink, &p);
             }
+            sink.on_batch_end();
             return;
         };
         let now = Instant::now();
@@ -94,12 +96,16 @@ pub async fn run(
         delay_us.store(playout.delay().as_micros() as u64, Ordering::Relaxed);
         if at <= now && held.is_empty() {
             deliver(&*sink, &packet);
-            continue;
+        } else {
+            if held.len() == MAX_HELD {
+                deliver(&*sink, &held.pop_front().expect("full").1);
+            }
+            held.push_back((at, packet));
         }
-        if held.len() == MAX_HELD {
-            deliver(&*sink, &held.pop_front().expect("full").1);
+        // More frames read already join this write to the TUN device.
+        if rx.is_empty() {
+            sink.on_batch_end();
         }
-        held.push_back((at, packet));
     }
 }
 

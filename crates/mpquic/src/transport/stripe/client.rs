@@ -94,6 +94,6 @@ async fn receive(link: Arc<Link>, i: usize, conn: quinn::Connection) {
             }
             link.on_packet(pkt, from, Some(i));
         });
-        link.flush_feedback();
+        link.end_batch();
     }
 }

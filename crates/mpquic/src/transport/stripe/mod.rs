@@ -336,6 +336,16 @@ impl Link {
         let _ = self.sink.set(sink.clone());
         // What arrived while the first ones were handed over.
         hand_over(&sink);
+        sink.on_batch_end();
+    }
+
+    /// The end of a receive batch: what it delivered goes to the TUN device, the feedback it
+    /// made due goes out.
+    pub(crate) fn end_batch(&self) {
+        if let Some(sink) = self.sink.get() {
+            sink.on_batch_end();
+        }
+        self.flush_feedback();
     }
 
     /// Send the feedback that is due, if any (after each receive batch, and from the timer).

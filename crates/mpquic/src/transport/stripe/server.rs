@@ -147,9 +147,9 @@ async fn receive(
                 None => refused(stripe::Refused::UnknownSession.as_str()),
             }
         });
-        // One feedback per session per batch (`Link::on_packet`).
+        // One TUN write and one feedback per session per batch (`Link::on_packet`).
         for link in touched.drain(..) {
-            link.flush_feedback();
+            link.end_batch();
         }
     }
 }
