@@ -9,7 +9,10 @@ flows, upload (LAN -> internet) and download; with `--udp`, the most UDP deliver
 loss for 1400-byte and 160-byte IP packets. Reported alongside: CPU of the tunnel's client and
 server processes (% of one core, over the iperf3 run) and their RSS idle and peak.
 
-    sudo python3 bench/throughput.py [--seconds 8] [--udp] [--out bench/results/throughput.json]
+Row `many_clients` (`--clients 16 --server-threads 2`): that many mpquic clients through one
+server, one TCP flow each, all at once, beside one client alone; the server's CPU per thread.
+
+    sudo python3 bench/throughput.py [--seconds 8] [--udp] [--rows ...,many_clients] [--out bench/results/throughput.json]
 """
 
 import argparse
@@ -245,6 +248,79 @@ def wireguard_row(seconds, latest=False, udp=False):
         return {"results": res, "rss_idle_kib": idle, "rss_peak_kib": peak, "version": version}
 
 
+def thread_cpu_seconds(pid):
+    """{thread id: (name, CPU seconds)} of a process's threads."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except FileNotFoundError:
+            continue  # the thread ended
+        out[tid] = (name, (int(fields[11]) + int(fields[12])) / TICK)
+    return out
+
+
+def machine_busy():
+    """(busy, total) jiffies of the whole machine so far."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + v[4]
+    return sum(v) - idle, sum(v)
+
+
+def many_clients_row(n, seconds, server_threads):
+    """n clients (one path each) through one server with `server_threads` runtime threads: one
+    TCP flow per client, all at once, up and down; beside it client 0 alone in the same lab. The
+    server's CPU per thread shows whether its cores are used."""
+    with labctl.Lab(paths=1, clients=n, emulated=False) as lab:
+        lab.pki()
+        lab.extra_yaml = f"worker_threads: {server_threads}\n"
+        lab.start_server()
+        lab.extra_yaml = "worker_threads: 1\n"
+        for c in range(n):
+            lab.start_client(c)
+        for c in range(n):
+            lab.wait_tunnel(c)
+        ports = [5201 + c for c in range(n)]
+        for port in ports:
+            lab.iperf_server(port)
+        server = lab.procs["server"].pid
+        time.sleep(1)
+        res = {}
+        for reverse in (False, True):
+            d = "down" if reverse else "up"
+            one = lab.iperf(seconds=seconds, reverse=reverse, port=ports[0], c=0)
+            res[f"one_{d}"] = round(one["end"]["sum_received"]["bits_per_second"] / 1e6, 1)
+            clients = [lab.procs[f"client{c}"].pid for c in range(n)]
+            before, t0 = thread_cpu_seconds(server), time.monotonic()
+            cbefore, mbefore = sum(cpu_seconds(p) for p in clients), machine_busy()
+            cmds = [["ip", "netns", "exec", lab.lan_ns(c), "iperf3", "-c", lab.inet_addr, "-p", str(ports[c]),
+                     "-t", str(seconds), "-J"] + (["-R"] if reverse else []) for c in range(n)]
+            procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for cmd in cmds]
+            outs = [p.communicate(timeout=seconds + 60)[0] for p in procs]
+            wall = time.monotonic() - t0
+            after = thread_cpu_seconds(server)
+            cafter, mafter = sum(cpu_seconds(p) for p in clients), machine_busy()
+            res[f"clients_cpu_{d}"] = round(100 * (cafter - cbefore) / wall, 1)
+            res[f"machine_busy_{d}"] = round(100 * (mafter[0] - mbefore[0]) / max(1, mafter[1] - mbefore[1]), 1)
+            per = [json.loads(o)["end"]["sum_received"]["bits_per_second"] / 1e6 for o in outs]
+            threads = {f"{after[t][0]}-{t}": round(100 * (after[t][1] - before.get(t, (None, 0))[1]) / wall, 1)
+                       for t in after}
+            busy = {k: v for k, v in threads.items() if v >= 1}
+            res[f"all_{d}"] = round(sum(per), 1)
+            res[f"all_{d}_min_client"] = round(min(per), 1)
+            res[f"all_{d}_max_client"] = round(max(per), 1)
+            res[f"server_thread_cpu_{d}"] = busy
+            print(f"    {n} clients {d}: {sum(per):.0f} Mbit/s (one client alone {res[f'one_{d}']:.0f}; "
+                  f"per client {min(per):.0f}-{max(per):.0f}); server threads % {busy}, clients together "
+                  f"{res[f'clients_cpu_{d}']}%, machine {res[f'machine_busy_{d}']}% busy", flush=True)
+        return {"clients": n, "server_threads": server_threads, "results": res,
+                "server_rss_peak_kib": mem_kib(server, "VmHWM")}
+
+
 def table(report):
     rows = [("direct (no tunnel)", "direct"), ("mpquic datagram", "mpquic_datagram"),
             ("mpquic reliable", "mpquic_reliable"), ("mpquic datagram, worker_threads: 2", "mpquic_datagram_2threads"),
@@ -258,6 +334,8 @@ def table(report):
              "|---|---|---|---|---|" + "---|" * len(ucols) + "---|---|"]
     labels = dict((k, l) for l, k in rows)
     for key, row in report["rows"].items():
+        if key.startswith("many_clients"):
+            continue
         base, _, nth = key.partition("#")
         label = labels.get(base, base) + (f" (run {nth})" if nth else "")
         if "skipped" in row or "results" not in row:
@@ -274,6 +352,17 @@ def table(report):
         else:
             mem = "-"
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {cpu_s} | {mem} |")
+    many = [(k, r) for k, r in report["rows"].items() if k.startswith("many_clients") and "results" in r]
+    if many:
+        lines += ["", "| mpquic datagram, N clients x 1 TCP flow | up: all / one alone | down: all / one alone | "
+                      "server CPU per thread, up | server RSS peak |", "|---|---|---|---|---|"]
+        for key, row in many:
+            r = row["results"]
+            cpu = ", ".join(f"{v:.0f}%" for v in sorted(r["server_thread_cpu_up"].values(), reverse=True))
+            lines.append(f"| {row['clients']} clients, server worker_threads: {row['server_threads']} | "
+                         f"{r['all_up']:.0f} / {r['one_up']:.0f} ({r['all_up'] / r['one_up']:.2f}x) | "
+                         f"{r['all_down']:.0f} / {r['one_down']:.0f} ({r['all_down'] / r['one_down']:.2f}x) | "
+                         f"{cpu} | {row['server_rss_peak_kib'] / 1024:.1f} MiB |")
     return "\n".join(lines)
 
 
@@ -283,6 +372,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(labctl.REPO, "bench", "results", "throughput.json"))
     ap.add_argument("--rows", default="direct,mpquic_datagram,mpquic_reliable,wireguard_go_latest,wireguard_go")
     ap.add_argument("--udp", action="store_true", help="also the most UDP delivered below 1%% loss, 1400 and 160 B")
+    ap.add_argument("--clients", type=int, default=16, help="clients of the many_clients row")
+    ap.add_argument("--server-threads", type=int, default=2, help="the server's worker_threads in the many_clients row")
     args = ap.parse_args()
     labctl.run([labctl.LAB, "down", "--stale"], check=False)
     report = {
@@ -299,7 +390,8 @@ def main():
               "mpquic_reliable": lambda: mpquic_row("reliable", args.seconds, udp=args.udp),
               "mpquic_datagram_2threads": lambda: mpquic_row("datagram", args.seconds, threads=2, udp=args.udp),
               "wireguard_go_latest": lambda: wireguard_row(args.seconds, latest=True, udp=args.udp),
-              "wireguard_go": lambda: wireguard_row(args.seconds, udp=args.udp)}
+              "wireguard_go": lambda: wireguard_row(args.seconds, udp=args.udp),
+              "many_clients": lambda: many_clients_row(args.clients, args.seconds, args.server_threads)}
     for i, key in enumerate(wanted):
         if key not in makers:
             sys.exit(f"--rows: unknown row {key!r} (known: {', '.join(makers)})")
