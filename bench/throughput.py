@@ -5,7 +5,8 @@ Rows: direct (no tunnel, the same veth), mpquic datagram, mpquic reliable, wireg
 its newest source (`go install golang.zx2c4.com/wireguard@latest`, cached in
 ~/.cache/mpquic-bench; its GSO/GRO offloads make it the reference to beat) and Debian's
 wireguard-go (0.0.20220316, no offloads), userspace, same topology. For each: TCP with 1 and 4
-flows, upload (LAN -> internet) and download; with `--udp`, the most UDP delivered upward below 1%
+flows, upload (LAN -> internet) and download, and one flow up paced at 1 Gbit/s (CPU per Gbit/s
+of client + server at the same load for every tunnel); with `--udp`, the most UDP delivered upward below 1%
 loss for 1400-byte and 160-byte IP packets. Reported alongside: CPU of the tunnel's client and
 server processes (% of one core, over the iperf3 run) and their RSS idle and peak.
 
@@ -47,10 +48,15 @@ def mem_kib(pid, key):
     return None
 
 
-def measure(lab, procs, seconds, streams, reverse, dst, src_ns=None):
+# The rate at which tunnels' CPU is compared (one TCP flow up, paced by iperf3): below what
+# every tunnel reaches here, so all of them carry the same load.
+FIXED_MBIT = 1000
+
+
+def measure(lab, procs, seconds, streams, reverse, dst, src_ns=None, mbit=None):
     before = {k: cpu_seconds(p) for k, p in procs.items()}
     t0 = time.monotonic()
-    d = lab.iperf(seconds=seconds, streams=streams, reverse=reverse, dst=dst, src_ns=src_ns)
+    d = lab.iperf(seconds=seconds, streams=streams, reverse=reverse, dst=dst, src_ns=src_ns, rate_mbit=mbit)
     wall = time.monotonic() - t0
     cpu = {k: round(100 * (cpu_seconds(p) - before[k]) / wall, 1) for k, p in procs.items()}
     end = d["end"]
@@ -70,6 +76,13 @@ def runs(lab, procs, seconds, dst, src_ns=None):
             key = f"{streams}flow_{'down' if reverse else 'up'}"
             out[key] = measure(lab, procs, seconds, streams, reverse, dst, src_ns)
             print(f"    {key}: {out[key]['mbit']} Mbit/s cpu {out[key]['cpu_pct']}", flush=True)
+    if procs:
+        out["fixed_up"] = measure(lab, procs, seconds, 1, False, dst, src_ns, mbit=FIXED_MBIT)
+        r = out["fixed_up"]
+        per = sum(r["cpu_pct"].values()) / max(r["mbit"] / 1000, 1e-9)
+        r["cpu_pct_per_gbit"] = round(per, 1)
+        print(f"    1 flow up paced at {FIXED_MBIT} Mbit/s: {r['mbit']} Mbit/s cpu {r['cpu_pct']} "
+              f"= {per:.0f}% of a core per Gbit/s (client + server)", flush=True)
     return out
 
 
@@ -330,8 +343,8 @@ def table(report):
     ucols = [f"udp_{s}" for s in UDP_SIZES] if udp else []
     head = "| tunnel | 1 flow up | 1 flow down | 4 flows up | 4 flows down | "
     head += "".join(f"UDP {s} B up < {UDP_LOSS:g}% loss (kpps) | " for s in UDP_SIZES) if udp else ""
-    lines = [head + "CPU client/server (1 flow up) | RSS idle / peak client, server |",
-             "|---|---|---|---|---|" + "---|" * len(ucols) + "---|---|"]
+    lines = [head + f"CPU client/server (1 flow up) | CPU per Gbit/s at {FIXED_MBIT} Mbit/s (client + server) | RSS idle / peak client, server |",
+             "|---|---|---|---|---|" + "---|" * len(ucols) + "---|---|---|"]
     labels = dict((k, l) for l, k in rows)
     for key, row in report["rows"].items():
         if key.startswith("many_clients"):
@@ -339,7 +352,7 @@ def table(report):
         base, _, nth = key.partition("#")
         label = labels.get(base, base) + (f" (run {nth})" if nth else "")
         if "skipped" in row or "results" not in row:
-            lines.append(f"| {label} | {row.get('skipped', 'not run')} |" + " |" * (5 + len(ucols)))
+            lines.append(f"| {label} | {row.get('skipped', 'not run')} |" + " |" * (6 + len(ucols)))
             continue
         r = row["results"]
         cells = [f"{r[c]['mbit']:.0f}" for c in cols]
@@ -351,7 +364,9 @@ def table(report):
             mem = f"{i['client'] / 1024:.1f} / {p['client'] / 1024:.1f} MiB, {i['server'] / 1024:.1f} / {p['server'] / 1024:.1f} MiB"
         else:
             mem = "-"
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {cpu_s} | {mem} |")
+        fixed = r.get("fixed_up")
+        fixed_s = f"{fixed['cpu_pct_per_gbit']:.0f}% ({fixed['mbit']:.0f} Mbit/s)" if fixed else "-"
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {cpu_s} | {fixed_s} | {mem} |")
     many = [(k, r) for k, r in report["rows"].items() if k.startswith("many_clients") and "results" in r]
     if many:
         lines += ["", "| mpquic datagram, N clients x 1 TCP flow | up: all / one alone | down: all / one alone | "

@@ -293,12 +293,14 @@ class Lab:
         raise RuntimeError("iperf3 server did not start")
 
     def iperf(self, seconds=5, streams=1, reverse=False, udp_mbit=None, port=5201, c=0, length=None,
-              dst=None, timeout=None, src_ns=None, window=None):
+              dst=None, timeout=None, src_ns=None, window=None, rate_mbit=None):
         cmd = ["iperf3", "-c", dst or self.inet_addr, "-p", str(port), "-t", str(seconds), "-P", str(streams), "-J"]
         if reverse:
             cmd.append("-R")
         if udp_mbit:
             cmd += ["-u", "-b", f"{udp_mbit}M"]
+        elif rate_mbit:
+            cmd += ["-b", f"{rate_mbit}M"]  # TCP paced by iperf3
         if length:
             cmd += ["-l", str(length)]
         if window:
