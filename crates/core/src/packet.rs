@@ -243,19 +243,30 @@ fn clamp_parsed(info: &PacketInfo, pkt: &mut [u8], max_mss: u16) -> bool {
 
 /// The Internet checksum (RFC 1071) of `data`, starting from `sum` (a pseudo-header's sum, or
 /// 0). Over bytes that include a valid checksum it is 0.
-pub(crate) fn checksum(mut sum: u32, data: &[u8]) -> u16 {
-    for c in data.chunks(2) {
-        let w = if c.len() == 2 {
-            u16::from_be_bytes([c[0], c[1]])
-        } else {
-            u16::from_be_bytes([c[0], 0])
-        };
-        sum += u32::from(w);
+pub(crate) fn checksum(sum: u32, data: &[u8]) -> u16 {
+    !checksum_fold(checksum_sum(data, u64::from(sum)))
+}
+
+/// The one's complement sum of `data` as big-endian 16-bit words (an odd last byte padded with
+/// zero), added to `sum`, not folded yet. Summed in 32-bit words: the carries between the two
+/// halves are the same ones a 16-bit sum makes, once folded (RFC 1071 section 2).
+pub(crate) fn checksum_sum(data: &[u8], mut sum: u64) -> u64 {
+    let mut words = data.chunks_exact(4);
+    for w in &mut words {
+        sum += u64::from(u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
     }
+    let rest = words.remainder();
+    let mut tail = [0u8; 4];
+    tail[..rest.len()].copy_from_slice(rest);
+    sum + u64::from(u32::from_be_bytes(tail))
+}
+
+/// `sum` folded to 16 bits (not complemented).
+pub(crate) fn checksum_fold(mut sum: u64) -> u16 {
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }
-    !(sum as u16)
+    sum as u16
 }
 
 /// RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m').

@@ -3,10 +3,12 @@
 //! connected route, when the process exits, however it exits.
 //!
 //! The device is opened by tun-rs, with offloads by default (IFF_VNET_HDR, TSO/USO and checksum
-//! offload, ported from wireguard-go): a read may be a 64 KB super-packet of one flow, split here
-//! into segments of the flow's MSS; what the tunnel delivers is queued (`queue`) and written at
-//! the end of a receive wake-up (`flush`), where consecutive segments of a flow are coalesced into
-//! one write. Either way the kernel's stack runs once per super-packet instead of once per packet.
+//! offload): a read may be a 64 KB super-packet of one flow, which tun-rs splits into segments of
+//! the flow's MSS (its port of wireguard-go's); what the tunnel delivers is queued (`queue`) into
+//! `mpquic_core::coalesce`, which joins consecutive segments of a flow as they come, and written
+//! at the end of a receive wake-up (`flush`). Either way the kernel's stack runs once per
+//! super-packet instead of once per packet. (tun-rs's own coalescing copies and allocates every
+//! packet once more; ours copies each packet once, into its write.)
 
 use std::io;
 use std::net::Ipv4Addr;
@@ -14,7 +16,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use mpquic_core::PacketInfo;
 
-use bytes::BytesMut;
 use std::sync::Mutex;
 
 use crate::batch::PacketBatch;
@@ -123,26 +124,13 @@ enum Backend {
 /// refused by the split and counted as malformed (wireguard-go has the same bound).
 const MAX_SEGMENTS: usize = tun_rs::IDEAL_BATCH_SIZE;
 /// Packets queued for writing at most; a full outbox is written before it takes more.
-const OUTBOX_PACKETS: usize = tun_rs::IDEAL_BATCH_SIZE;
-/// A queued packet's buffer: the virtio header, then the packet, with room to grow into a
-/// coalesced super-packet (tun-rs coalesces only into a buffer whose capacity already fits
-/// 64 KB). Untouched capacity costs address space, not memory.
-const OUT_BUFFER: usize = 2 * VNET + 65535;
-/// A buffer that a write left longer than this was a coalesced super-packet: it is replaced
-/// after the write, so the outbox's resident memory follows what is queued now, not the
-/// largest super-packet each of its buffers ever held.
-const OUT_GROWN: usize = VNET + 9000;
-/// Bytes in front of each queued packet for the virtio header `send_multiple` writes.
-const VNET: usize = tun_rs::VIRTIO_NET_HDR_LEN;
+const OUTBOX_PACKETS: usize = 128;
+/// Bytes of the virtio header in front of every read and write with offloads.
+const VNET: usize = mpquic_core::coalesce::VNET_HDR;
 
-/// Packets written to the device together: consecutive segments of a TCP (and, with kernel
-/// support, UDP) flow leave in one write as one super-packet, so the kernel's stack runs once
-/// for many packets. Kept in arrival order; written when the tunnel's receive wake-up ends.
-struct Outbox {
-    bufs: Vec<BytesMut>,
-    queued: usize,
-    gro: tun_rs::GROTable,
-}
+/// What the tunnel delivered and has not written yet: coalesced per flow as it comes
+/// (`mpquic_core::coalesce`), written in arrival order.
+type Outbox = mpquic_core::coalesce::Coalescer;
 
 /// Packets a TUN write refused: how many and why (the kernel's error).
 #[derive(Debug)]
@@ -196,14 +184,15 @@ impl Tun {
     }
 
     fn with_backend(name: &str, backend: Backend) -> Tun {
+        let (tcp, udp) = match &backend {
+            Backend::Kernel(d) => (d.tcp_gso(), d.udp_gso()),
+            #[cfg(test)]
+            Backend::Memory(_) => (false, false),
+        };
         Tun {
             backend,
             name: name.to_string(),
-            outbox: Mutex::new(Outbox {
-                bufs: Vec::new(),
-                queued: 0,
-                gro: tun_rs::GROTable::default(),
-            }),
+            outbox: Mutex::new(Outbox::new(tcp, udp)),
         }
     }
 
@@ -415,20 +404,12 @@ impl Tun {
     /// outbox is full: then what that write refused is returned).
     pub fn queue(&self, pkt: &[u8]) -> Option<Refused> {
         let mut out = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
-        let refused = if out.queued == OUTBOX_PACKETS {
+        let refused = if out.packets() == OUTBOX_PACKETS {
             self.write_out(&mut out)
         } else {
             None
         };
-        let at = out.queued;
-        if out.bufs.len() == at {
-            out.bufs.push(BytesMut::with_capacity(OUT_BUFFER));
-        }
-        let b = &mut out.bufs[at];
-        b.clear();
-        b.extend_from_slice(&[0; VNET]);
-        b.extend_from_slice(pkt);
-        out.queued += 1;
+        out.push(pkt);
         refused
     }
 
@@ -452,57 +433,40 @@ impl Tun {
         }
     }
 
+    /// Each of the outbox's writes (a packet or a super-packet): a TUN write only fails when
+    /// the kernel cannot take it (the packets it carries are counted, the last error kept); it
+    /// does not block.
     fn write_out(&self, out: &mut Outbox) -> Option<Refused> {
-        let n = std::mem::take(&mut out.queued);
-        if n == 0 {
+        if out.packets() == 0 {
             return None;
         }
-        let Outbox { bufs, gro, .. } = out;
-        let result = match &self.backend {
-            // The device's own (synchronous) writes: a TUN write does not block.
-            Backend::Kernel(dev) => {
-                let dev: &tun_rs::DeviceImpl = dev;
-                match dev.tcp_gso() {
-                    // Which packets of a coalesced write failed tun-rs does not say: a failed
-                    // batch counts all of them (rare: the device is down or the packets
-                    // malformed).
-                    true => dev
-                        .send_multiple(gro, &mut bufs[..n], VNET)
-                        .map(|_| ())
-                        .map_err(|e| (n as u64, e)),
-                    false => write_each(&mut bufs[..n], |b| {
-                        dev.send_multiple(gro, std::slice::from_mut(b), VNET)
-                    }),
-                }
-            }
-            #[cfg(test)]
-            Backend::Memory(m) => write_each(&mut bufs[..n], |b| m.send(&b[VNET..])),
-        };
-        for b in bufs.iter_mut().take(n) {
-            if b.len() > OUT_GROWN {
-                *b = BytesMut::with_capacity(OUT_BUFFER);
+        let mut refused: Option<Refused> = None;
+        for (w, packets) in out.writes() {
+            if let Err(error) = self.write(w) {
+                let r = refused.get_or_insert(Refused { packets: 0, error });
+                r.packets += packets as u64;
             }
         }
-        match result {
-            Ok(_) => None,
-            Err((packets, error)) => Some(Refused { packets, error }),
-        }
+        out.clear();
+        refused
     }
-}
 
-/// Write packets one by one (no coalescing); the failures counted, the last error kept.
-fn write_each(
-    bufs: &mut [BytesMut],
-    mut write: impl FnMut(&mut BytesMut) -> io::Result<usize>,
-) -> Result<(), (u64, io::Error)> {
-    let mut failed = None;
-    for b in bufs {
-        if let Err(e) = write(b) {
-            let (n, _) = failed.get_or_insert((0, e));
-            *n += 1;
+    /// One write: the virtio header and the packet with offloads, the packet alone without.
+    fn write(&self, w: &[u8]) -> io::Result<usize> {
+        let (fd, bytes) = match &self.backend {
+            Backend::Kernel(dev) if dev.tcp_gso() => (dev.as_raw_fd(), w),
+            Backend::Kernel(dev) => (dev.as_raw_fd(), &w[VNET..]),
+            #[cfg(test)]
+            Backend::Memory(m) => return m.send(&w[VNET..]),
+        };
+        // SAFETY: `bytes` is valid for `bytes.len()` bytes; `fd` is the open TUN device.
+        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
         }
     }
-    failed.map_or(Ok(()), Err)
 }
 
 /// Packets a wake-up of the reader dropped before they reached the batch.
