@@ -24,6 +24,10 @@ const GSO_TCPV4: u8 = 1;
 const GSO_UDP_L4: u8 = 5;
 /// An IP packet's length field is 16 bits.
 const MAX_SUPER: usize = 65535;
+/// Datagrams one UDP super-packet carries at most: the kernel's own limit for UDP GSO
+/// (`UDP_MAX_SEGMENTS`), which its send path enforces; staying within it keeps our writes
+/// what a local sender could have made, and bounds the burst a receiving socket gets at once.
+const MAX_UDP_SEGMENTS: usize = 64;
 /// Flows one batch coalesces at once; a packet of a further flow is written on its own.
 const MAX_HEADS: usize = 16;
 /// A write buffer that held more than this is let go after the batch, so that resident memory
@@ -135,6 +139,7 @@ impl Coalescer {
         let w = &self.writes[head.write];
         let first = &w[VNET_HDR..];
         if head.ended
+            || (c.proto == UDP && head.segments == MAX_UDP_SEGMENTS)
             || c.headers != head.headers
             || payload > head.segment
             || w.len() - VNET_HDR + payload > MAX_SUPER
@@ -575,6 +580,12 @@ mod tests {
         assert_eq!(back, p);
         let out = run(&mut Coalescer::new(true, false), &p);
         assert_eq!(out.len(), p.len(), "no USO: one write each");
+        let many: Vec<Vec<u8>> = (0..100).map(|i| udp(7000, 132, 1, i)).collect();
+        let out = run(&mut Coalescer::new(true, true), &many);
+        assert_eq!(
+            out.iter().map(|o| o.1).collect::<Vec<_>>(),
+            [MAX_UDP_SEGMENTS, 36]
+        );
         let tcp = flow(1, 0, &[1000; 3], false);
         let out = run(&mut Coalescer::new(false, false), &tcp);
         assert_eq!(out.len(), 3, "no offloads: one write each");
