@@ -254,7 +254,9 @@ impl Candidate {
                 })
             }
             // A zero UDP checksum says "none": such datagrams go as they are.
+            // An empty datagram is no segment (the kernel refuses a GSO size of 0).
             UDP if udp
+                && pkt.len() > 28
                 && pkt[26..28] != [0, 0]
                 && usize::from(u16::from_be_bytes([pkt[24], pkt[25]])) == pkt.len() - 20 =>
             {
@@ -580,6 +582,12 @@ mod tests {
         assert_eq!(back, p);
         let out = run(&mut Coalescer::new(true, false), &p);
         assert_eq!(out.len(), p.len(), "no USO: one write each");
+        let empty = udp(7000, 0, 0, 1);
+        let out = run(
+            &mut Coalescer::new(true, true),
+            &[empty.clone(), empty.clone()],
+        );
+        assert_eq!(out.len(), 2, "empty datagrams go as they are");
         let many: Vec<Vec<u8>> = (0..100).map(|i| udp(7000, 132, 1, i)).collect();
         let out = run(&mut Coalescer::new(true, true), &many);
         assert_eq!(
@@ -589,5 +597,37 @@ mod tests {
         let tcp = flow(1, 0, &[1000; 3], false);
         let out = run(&mut Coalescer::new(false, false), &tcp);
         assert_eq!(out.len(), 3, "no offloads: one write each");
+    }
+
+    #[test]
+    fn any_bytes_are_taken_without_a_panic() {
+        // Packets come from authenticated peers but are not trusted: truncated and corrupted
+        // variants of valid packets, and noise.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut c = Coalescer::new(true, true);
+        let base = [tcp(1, 0, 77, 1000, ACK, 0), udp(7, 100, 3, 0)];
+        let mut pkts = Vec::new();
+        for i in 0..5000 {
+            let mut p = base[i % 2].clone();
+            match next() % 3 {
+                0 => p.truncate((next() % p.len() as u64) as usize),
+                1 => {
+                    let at = (next() % p.len() as u64) as usize;
+                    p[at] = next() as u8;
+                }
+                _ => p = (0..next() % 200).map(|_| next() as u8).collect(),
+            }
+            pkts.push(p);
+            if pkts.len() == 64 {
+                run(&mut c, &pkts);
+                pkts.clear();
+            }
+        }
     }
 }
