@@ -34,10 +34,15 @@ import labctl  # noqa: E402
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
+def stat_cpu_seconds(path):
+    """User + system CPU seconds from a /proc stat file (a process's or a thread's)."""
+    with open(path) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def cpu_seconds(pid):
+    return stat_cpu_seconds(f"/proc/{pid}/stat")
 
 
 def mem_kib(pid, key):
@@ -266,13 +271,12 @@ def thread_cpu_seconds(pid):
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            cpu = stat_cpu_seconds(f"/proc/{pid}/task/{tid}/stat")
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 name = f.read().strip()
         except FileNotFoundError:
             continue  # the thread ended
-        out[tid] = (name, (int(fields[11]) + int(fields[12])) / TICK)
+        out[tid] = (name, cpu)
     return out
 
 

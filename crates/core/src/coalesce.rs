@@ -36,6 +36,8 @@ const KEEP_CAPACITY: usize = 16 * 1024;
 
 const TCP: u8 = 6;
 const UDP: u8 = 17;
+/// The IPv4 header of every candidate: options are never joined, so it is always 20 bytes.
+const IP: usize = 20;
 
 /// A flow a super-packet is being built for: the write it is, what it needs to take more.
 #[derive(Clone, Copy)]
@@ -148,7 +150,7 @@ impl Coalescer {
             return false;
         }
         if c.proto == TCP {
-            let t = c.ip_len;
+            let t = IP;
             // Acknowledgement, data offset, flags other than PSH, window, options: all equal.
             let (a, b) = (&first[t + 8..c.headers], &pkt[t + 8..c.headers]);
             let flags_equal = a[..5] == b[..5] && a[5] & !PSH == b[5] & !PSH && a[6..8] == b[6..8];
@@ -167,7 +169,7 @@ impl Coalescer {
         let w = &mut self.writes[head.write];
         w.extend_from_slice(&pkt[c.headers..]);
         if c.psh {
-            w[VNET_HDR + c.ip_len + 13] |= PSH;
+            w[VNET_HDR + IP + 13] |= PSH;
         }
         self.counts[head.write] += 1;
         let head = &mut self.heads[h];
@@ -216,7 +218,6 @@ const ACK: u8 = 0x10;
 struct Candidate {
     proto: u8,
     key: [u8; 12],
-    ip_len: usize,
     headers: usize,
     seq: u32,
     psh: bool,
@@ -239,7 +240,7 @@ impl Candidate {
         key[8..].copy_from_slice(&pkt[20..24]);
         match pkt[9] {
             TCP if tcp && pkt.len() > 40 => {
-                let headers = 20 + usize::from(pkt[32] >> 4) * 4;
+                let headers = IP + usize::from(pkt[32] >> 4) * 4;
                 let flags = pkt[33];
                 if pkt.len() <= headers || headers < 40 || (flags != ACK && flags != ACK | PSH) {
                     return None;
@@ -247,7 +248,6 @@ impl Candidate {
                 Some(Candidate {
                     proto: TCP,
                     key,
-                    ip_len: 20,
                     headers,
                     seq: u32::from_be_bytes([pkt[24], pkt[25], pkt[26], pkt[27]]),
                     psh: flags & PSH != 0,
@@ -263,7 +263,6 @@ impl Candidate {
                 Some(Candidate {
                     proto: UDP,
                     key,
-                    ip_len: 20,
                     headers: 28,
                     seq: 0,
                     psh: false,
@@ -285,7 +284,7 @@ fn pseudo_sum(pkt: &[u8], proto: u8, len: usize) -> u64 {
 }
 
 fn transport_checksum_ok(pkt: &[u8], proto: u8) -> bool {
-    let l4 = &pkt[20..];
+    let l4 = &pkt[IP..];
     checksum_fold(checksum_sum(l4, pseudo_sum(pkt, proto, l4.len()))) == 0xffff
 }
 

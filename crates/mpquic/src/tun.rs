@@ -184,16 +184,14 @@ impl Tun {
     }
 
     fn with_backend(name: &str, backend: Backend) -> Tun {
-        let (tcp, udp) = match &backend {
-            Backend::Kernel(d) => (d.tcp_gso(), d.udp_gso()),
-            #[cfg(test)]
-            Backend::Memory(_) => (false, false),
-        };
-        Tun {
+        let mut tun = Tun {
             backend,
             name: name.to_string(),
-            outbox: Mutex::new(Outbox::new(tcp, udp)),
-        }
+            outbox: Mutex::default(),
+        };
+        // The outbox joins what the device takes joined.
+        tun.outbox = Mutex::new(Outbox::new(tun.offload(), tun.udp_offload()));
+        tun
     }
 
     /// Whether reads and writes carry the virtio header (offloads on).
