@@ -59,7 +59,7 @@ def test_client_killed_and_restarted_works_at_once(make_lab):
     report(f"client SIGKILL + restart: tunnel up and ping answered {took:.2f} s after the restart")
     assert p["received"] and took < 3.0
     srv = lab.status("server")
-    assert [t["peer"] for t in srv["tunnels"]] == ["site1"], "the old session was replaced, not duplicated"
+    assert [t["peer"] for t in srv["tunnels"]] == ["site1/mpq0"], "the old session was replaced, not duplicated"
     assert all(x["connects"] == 1 for x in srv["tunnels"][0]["paths"]), srv
     assert "client restarted; replacing its old session" in lab.log("server")
 

@@ -22,9 +22,9 @@ def test_status_metrics_and_mss_clamp(make_lab):
     fetch = ("import urllib.request;"
              "print(urllib.request.urlopen('http://127.0.0.1:9464/metrics', timeout=5).read().decode())")
     text = lab.sh(lab.server_ns, ["python3", "-c", fetch]).stdout
-    assert 'mpquic_path_up{tunnel="site1",path="wan1"} 1' in text, text[:2000]
+    assert 'mpquic_path_up{tunnel="site1/mpq0",path="wan1"} 1' in text, text[:2000]
     assert "# TYPE mpquic_path_tx_bytes counter" in text and text.rstrip().endswith("# EOF")
-    assert 'mpquic_drops_total{tunnel="site1",path="wan1",reason="spoofed_source"} 0' in text
+    assert 'mpquic_drops_total{tunnel="site1/mpq0",path="wan1",reason="spoofed_source"} 0' in text
     # The control socket is root-only.
     import os
     import stat

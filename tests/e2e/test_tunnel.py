@@ -31,7 +31,7 @@ def test_ping_tcp_both_directions_and_udp(make_lab, mode):
     cli = lab.status("client0")["tunnels"][0]
     srv = lab.status("server")["tunnels"][0]
     assert sum(x["tx_packets"] for x in cli["paths"]) > 0
-    assert srv["peer"] == "site1" and srv["address"] == "10.200.17.1/24"
+    assert srv["peer"] == "site1/mpq0" and srv["address"] == "10.200.17.1/24"
 
 
 def test_two_clients_own_addresses_and_spoofed_source_dropped(make_lab):
@@ -46,7 +46,7 @@ def test_two_clients_own_addresses_and_spoofed_source_dropped(make_lab):
         p = lab.ping(count=5, interval=0.05, c=c)
         assert len(p["received"]) == 5, (c, p)
     st = {t["peer"]: t for t in lab.status("server")["tunnels"]}
-    assert st["site1"]["address"] == "10.200.17.1/24"
+    assert st["site1/mpq0"]["address"] == "10.200.17.1/24"
     assert st["site2"]["address"] == "10.200.17.2/24"
     # site1 sends packets claiming site2's address: dropped by the server, counted.
     ns = lab.client_ns(0)
@@ -55,7 +55,7 @@ def test_two_clients_own_addresses_and_spoofed_source_dropped(make_lab):
     r = lab.sh(ns, "ping -n -c 5 -i 0.05 -W 1 -I 10.200.17.2 10.200.17.254", check=False)
     assert " 0 received" in r.stdout, r.stdout
     st = {t["peer"]: t for t in lab.status("server")["tunnels"]}
-    spoofed = sum(x["drops"]["spoofed_source"] for x in st["site1"]["paths"])
+    spoofed = sum(x["drops"]["spoofed_source"] for x in st["site1/mpq0"]["paths"])
     report(f"two clients: site1=10.200.17.1 site2=10.200.17.2; spoofed packets from site1 dropped: {spoofed}")
     assert spoofed >= 5
     assert sum(x["drops"]["spoofed_source"] for x in st["site2"]["paths"]) == 0

@@ -30,14 +30,17 @@ pub fn mask(prefix: u8) -> u32 {
     }
 }
 
-/// The tunnel address for client `name`: its reserved one from `clients:`, else the one it asks
-/// for when free and allowed, else the one it had before, else the lowest free one (preferring
-/// addresses no other client had). `owner(a)` names the connected client using address `a`.
+/// The tunnel address for client session `name` (`identity`, or `identity/instance` for one of
+/// several instances of a site): its reserved one from `clients:` (listed by `name`, else by
+/// `identity`), else the one it asks for when free and allowed, else the one it had before,
+/// else the lowest free one (preferring addresses no other client had). `owner(a)` names the
+/// connected client using address `a`.
 pub fn assign(
     scfg: &AddressPlan,
     owner: impl Fn(Ipv4Addr) -> Option<String>,
     remembered: &HashMap<String, Ipv4Addr>,
     name: &str,
+    identity: &str,
     requested: Option<&str>,
 ) -> Result<Ipv4Addr, String> {
     let net = u32::from(scfg.tun_addr) & mask(scfg.prefix);
@@ -52,7 +55,9 @@ pub fn assign(
         let x = u32::from(a);
         x & mask(scfg.prefix) == net && x != net && x != bcast && a != scfg.tun_addr
     };
-    let free = |a: Ipv4Addr| owner(a).is_none() && reserved_for(a).is_none_or(|n| n == name);
+    let free = |a: Ipv4Addr| {
+        owner(a).is_none() && reserved_for(a).is_none_or(|n| n == name || n == identity)
+    };
     let requested = match requested {
         Some(r) => Some(
             parse_cidr(r)
@@ -61,7 +66,9 @@ pub fn assign(
         ),
         None => None,
     };
-    if let Some((_, fixed)) = scfg.fixed.iter().find(|(n, _)| n == name) {
+    let fixed = (scfg.fixed.iter().find(|(n, _)| n == name))
+        .or_else(|| scfg.fixed.iter().find(|(n, _)| n == identity));
+    if let Some((_, fixed)) = fixed {
         if let Some(r) = requested.filter(|r| r != fixed) {
             return Err(format!(
                 "this client's address is {fixed} (server `clients:` list); it asked for {r}: change its tun_cidr or remove it"
@@ -136,34 +143,39 @@ mod tests {
         let none = |_| None;
         let mem = HashMap::new();
         // Pool: lowest free, skipping the reservation.
-        assert_eq!(assign(&s, none, &mem, "a", None), Ok(ip("10.0.0.2")));
+        assert_eq!(assign(&s, none, &mem, "a", "a", None), Ok(ip("10.0.0.2")));
         // The reserved client gets its address, and only that one.
-        assert_eq!(assign(&s, none, &mem, "fixed", None), Ok(ip("10.0.0.1")));
-        assert!(assign(&s, none, &mem, "fixed", Some("10.0.0.9/24"))
-            .unwrap_err()
-            .contains("clients:"));
+        assert_eq!(
+            assign(&s, none, &mem, "fixed", "fixed", None),
+            Ok(ip("10.0.0.1"))
+        );
+        assert!(
+            assign(&s, none, &mem, "fixed", "fixed", Some("10.0.0.9/24"))
+                .unwrap_err()
+                .contains("clients:")
+        );
         // Requests: honoured when free and allowed.
         assert_eq!(
-            assign(&s, none, &mem, "a", Some("10.0.0.9/24")),
+            assign(&s, none, &mem, "a", "a", Some("10.0.0.9/24")),
             Ok(ip("10.0.0.9"))
         );
-        assert!(assign(&s, none, &mem, "a", Some("10.0.0.1/24"))
+        assert!(assign(&s, none, &mem, "a", "a", Some("10.0.0.1/24"))
             .unwrap_err()
             .contains("reserved for client `fixed`"));
-        assert!(assign(&s, none, &mem, "a", Some("10.0.0.254/24"))
+        assert!(assign(&s, none, &mem, "a", "a", Some("10.0.0.254/24"))
             .unwrap_err()
             .contains("not a usable"));
-        assert!(assign(&s, none, &mem, "a", Some("10.0.0.255/24"))
+        assert!(assign(&s, none, &mem, "a", "a", Some("10.0.0.255/24"))
             .unwrap_err()
             .contains("not a usable"));
-        assert!(assign(&s, none, &mem, "a", Some("192.168.0.1/24"))
+        assert!(assign(&s, none, &mem, "a", "a", Some("192.168.0.1/24"))
             .unwrap_err()
             .contains("not a usable"));
-        assert!(assign(&s, none, &mem, "a", Some("garbage"))
+        assert!(assign(&s, none, &mem, "a", "a", Some("garbage"))
             .unwrap_err()
             .contains("not a.b.c.d/len"));
         let used = |a: Ipv4Addr| (a == ip("10.0.0.9")).then(|| "b".to_string());
-        assert!(assign(&s, used, &mem, "a", Some("10.0.0.9/24"))
+        assert!(assign(&s, used, &mem, "a", "a", Some("10.0.0.9/24"))
             .unwrap_err()
             .contains("in use by client `b`"));
         // Memory: a returning client gets its old address; others avoid it while possible.
@@ -172,8 +184,8 @@ mod tests {
             ("b".to_string(), ip("10.0.0.2")),
         ]
         .into();
-        assert_eq!(assign(&s, none, &mem, "a", None), Ok(ip("10.0.0.7")));
-        assert_eq!(assign(&s, none, &mem, "c", None), Ok(ip("10.0.0.3")));
+        assert_eq!(assign(&s, none, &mem, "a", "a", None), Ok(ip("10.0.0.7")));
+        assert_eq!(assign(&s, none, &mem, "c", "c", None), Ok(ip("10.0.0.3")));
         // Exhaustion: a /30 has two hosts, one is the server's (.254 is outside, so both are free).
         let small = AddressPlan {
             tun_addr: ip("10.0.0.2"),
@@ -181,8 +193,38 @@ mod tests {
             ..scfg(30, &[])
         };
         let full = |a: Ipv4Addr| (a == ip("10.0.0.1")).then(|| "x".to_string());
-        assert!(assign(&small, full, &HashMap::new(), "a", None)
+        assert!(assign(&small, full, &HashMap::new(), "a", "a", None)
             .unwrap_err()
             .contains("exhausted"));
+    }
+
+    #[test]
+    fn instances_of_a_site() {
+        // One reservation per instance (`site/instance`), or one for the identity.
+        let s = scfg(24, &[("site/cr2", [10, 0, 0, 1]), ("solo", [10, 0, 0, 3])]);
+        let none = |_| None;
+        let mem = HashMap::new();
+        assert_eq!(
+            assign(&s, none, &mem, "site/cr2", "site", None),
+            Ok(ip("10.0.0.1"))
+        );
+        // Another instance of the site: a request is honoured, the pool otherwise.
+        assert_eq!(
+            assign(&s, none, &mem, "site/br2", "site", Some("10.0.0.5/24")),
+            Ok(ip("10.0.0.5"))
+        );
+        assert_eq!(
+            assign(&s, none, &mem, "site/df2", "site", None),
+            Ok(ip("10.0.0.2"))
+        );
+        // The identity's reservation applies to an instance not listed by itself.
+        assert_eq!(
+            assign(&s, none, &mem, "solo/mpq0", "solo", None),
+            Ok(ip("10.0.0.3"))
+        );
+        let used = |a: Ipv4Addr| (a == ip("10.0.0.3")).then(|| "solo/mpq0".to_string());
+        assert!(assign(&s, used, &mem, "solo/mpq1", "solo", None)
+            .unwrap_err()
+            .contains("in use by client `solo/mpq0`"));
     }
 }

@@ -5,6 +5,7 @@
 pub mod addressing;
 pub mod bond;
 pub mod cc;
+pub mod classify;
 pub mod coalesce;
 pub mod drops;
 pub mod fec;

@@ -14,6 +14,8 @@ pub struct PacketInfo {
     /// Source and destination port for TCP/UDP/SCTP when the packet carries them
     /// (not for non-first IPv4 fragments).
     pub ports: Option<(u16, u16)>,
+    /// Differentiated services code point (IPv4 TOS / IPv6 traffic class, upper 6 bits).
+    pub dscp: u8,
     /// Offset of the transport header, when known.
     transport_offset: Option<usize>,
 }
@@ -34,24 +36,39 @@ impl PacketInfo {
 
     /// A 64-bit flow key: identical for all packets of one 5-tuple flow and direction.
     pub fn flow_hash(&self) -> u64 {
-        let mut h = Fnv::new();
-        match (self.src, self.dst) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => {
-                h.write(&s.octets());
-                h.write(&d.octets());
-            }
-            (s, d) => {
-                h.write(&to_v6(s).octets());
-                h.write(&to_v6(d).octets());
-            }
-        }
-        h.write(&[self.proto]);
-        if let Some((sp, dp)) = self.ports {
-            h.write(&sp.to_be_bytes());
-            h.write(&dp.to_be_bytes());
-        }
-        h.finish()
+        tuple_hash(self.src, self.dst, self.proto, self.ports)
     }
+
+    /// The `flow_hash` of this flow's other direction (the answers to this packet), so a
+    /// return packet finds what was learned from the flow's first direction.
+    pub fn reply_hash(&self) -> u64 {
+        tuple_hash(
+            self.dst,
+            self.src,
+            self.proto,
+            self.ports.map(|(s, d)| (d, s)),
+        )
+    }
+}
+
+fn tuple_hash(src: IpAddr, dst: IpAddr, proto: u8, ports: Option<(u16, u16)>) -> u64 {
+    let mut h = Fnv::new();
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            h.write(&s.octets());
+            h.write(&d.octets());
+        }
+        (s, d) => {
+            h.write(&to_v6(s).octets());
+            h.write(&to_v6(d).octets());
+        }
+    }
+    h.write(&[proto]);
+    if let Some((sp, dp)) = ports {
+        h.write(&sp.to_be_bytes());
+        h.write(&dp.to_be_bytes());
+    }
+    h.finish()
 }
 
 fn to_v6(a: IpAddr) -> Ipv6Addr {
@@ -99,6 +116,7 @@ fn parse_v4(pkt: &[u8]) -> Option<PacketInfo> {
         dst: IpAddr::V4(dst),
         proto,
         ports,
+        dscp: pkt[1] >> 2,
         transport_offset,
     })
 }
@@ -147,6 +165,8 @@ fn parse_v6(pkt: &[u8]) -> Option<PacketInfo> {
         dst: IpAddr::V6(Ipv6Addr::from(dst)),
         proto: next,
         ports,
+        // Traffic class: the low nibble of byte 0 and the high nibble of byte 1.
+        dscp: ((pkt[0] & 0x0f) << 2) | (pkt[1] >> 6),
         transport_offset,
     })
 }

@@ -14,6 +14,16 @@ use crate::addressing::{self, AddressPlan};
 
 /// A session with no connected path for this long is forgotten (its address becomes free).
 pub const SESSION_LINGER: Duration = Duration::from_secs(120);
+/// The session name of a client instance: its identity (certificate CN), and the instance (its
+/// TUN device's name) when the client says which: one certificate per site serves several
+/// instances (seed 000: one per traffic class), each its own session and address.
+pub fn session_name(identity: &str, instance: Option<&str>) -> String {
+    match instance {
+        Some(i) => format!("{identity}/{i}"),
+        None => identity.to_string(),
+    }
+}
+
 /// Paths one session may have: far more WAN links (x pipes) than a site has, small enough that a
 /// misbehaving or hostile client cannot grow a session's path table without bound.
 pub const MAX_PATHS_PER_SESSION: usize = 64;
@@ -57,11 +67,15 @@ impl<S> Default for Registry<S> {
 impl<S: Clone> Registry<S> {
     /// The session a path of client `name` with session `id` belongs to: the existing one, or a
     /// new one (made by `make(addr)`) with an address from `plan`, replacing any older session of
-    /// the same identity. Refused (with the reason for the client) when no address can be given.
+    /// the same name. Refused (with the reason for the client) when no address can be given.
+    /// `name` is the client's `identity`, or `identity/instance` for one of several instances
+    /// of a site (`session_name`): each is a session of its own.
+    #[allow(clippy::too_many_arguments)]
     pub fn join(
         &mut self,
         plan: &AddressPlan,
         name: &str,
+        identity: &str,
         id: u64,
         requested_addr: Option<&str>,
         now: Instant,
@@ -79,7 +93,14 @@ impl<S: Clone> Registry<S> {
         // counts as free for it; the old session goes only once the new one has an address (a
         // refused attempt leaves the running session alone).
         let owner = |a: Ipv4Addr| self.by_addr.get(&a).filter(|n| *n != name).cloned();
-        let addr = addressing::assign(plan, owner, &self.remembered, name, requested_addr)?;
+        let addr = addressing::assign(
+            plan,
+            owner,
+            &self.remembered,
+            name,
+            identity,
+            requested_addr,
+        )?;
         let replaced = self.remove(name);
         let value = make(addr);
         self.insert(name, id, addr, value.clone(), now);
@@ -180,19 +201,39 @@ mod tests {
         let t0 = Instant::now();
         let mut r: Registry<u32> = Registry::default();
         let p = plan();
-        let a = r.join(&p, "site1", 7, None, t0, |_| 1).unwrap();
+        let a = r.join(&p, "site1", "site1", 7, None, t0, |_| 1).unwrap();
         assert_eq!(new_addr(&a), Some((Ipv4Addr::new(10, 0, 0, 1), None)));
         // A second path of the same process joins the same session.
-        let b = r.join(&p, "site1", 7, None, t0, |_| 2).unwrap();
+        let b = r.join(&p, "site1", "site1", 7, None, t0, |_| 2).unwrap();
         assert!(!b.created && b.value == 1 && b.addr == Ipv4Addr::new(10, 0, 0, 1));
         // Another client gets another address.
-        let c = r.join(&p, "site2", 9, None, t0, |_| 3).unwrap();
+        let c = r.join(&p, "site2", "site2", 9, None, t0, |_| 3).unwrap();
         assert_eq!(new_addr(&c), Some((Ipv4Addr::new(10, 0, 0, 2), None)));
         // site1 restarted (new session id): the old session is replaced, the address kept.
-        let d = r.join(&p, "site1", 8, None, t0, |_| 4).unwrap();
+        let d = r.join(&p, "site1", "site1", 8, None, t0, |_| 4).unwrap();
         assert_eq!(new_addr(&d), Some((Ipv4Addr::new(10, 0, 0, 1), Some(1))));
         assert_eq!(r.by_addr(Ipv4Addr::new(10, 0, 0, 1)), Some(&4));
         assert_eq!(r.sessions().len(), 2);
+    }
+
+    #[test]
+    fn instances_of_one_identity_are_sessions_of_their_own() {
+        let t0 = Instant::now();
+        let mut r: Registry<u32> = Registry::default();
+        let p = plan();
+        let cr = session_name("site1", Some("cr2"));
+        let br = session_name("site1", Some("br2"));
+        assert_eq!(cr, "site1/cr2");
+        let a = r.join(&p, &cr, "site1", 7, None, t0, |_| 1).unwrap();
+        // Another instance (its own process: its own session id) is not a restart of the first.
+        let b = r.join(&p, &br, "site1", 9, None, t0, |_| 2).unwrap();
+        assert!(b.created && b.replaced.is_none());
+        assert_ne!(a.addr, b.addr);
+        assert_eq!(r.sessions().len(), 2);
+        // Restarting one instance replaces only that one.
+        let c = r.join(&p, &br, "site1", 10, None, t0, |_| 3).unwrap();
+        assert_eq!(c.replaced, Some(2));
+        assert_eq!(r.by_addr(a.addr), Some(&1));
     }
 
     #[test]
@@ -200,10 +241,10 @@ mod tests {
         let t0 = Instant::now();
         let mut r: Registry<u32> = Registry::default();
         let p = plan();
-        r.join(&p, "fixed", 1, None, t0, |_| 1).unwrap();
+        r.join(&p, "fixed", "fixed", 1, None, t0, |_| 1).unwrap();
         // The restarted process asks for an address it may not have: refused, and the session
         // of the running process is not torn down by a bad attempt.
-        let e = r.join(&p, "fixed", 2, Some("10.0.0.9/24"), t0, |_| 2);
+        let e = r.join(&p, "fixed", "fixed", 2, Some("10.0.0.9/24"), t0, |_| 2);
         assert!(e.is_err_and(|e| e.contains("clients:")));
         assert_eq!(r.by_addr(Ipv4Addr::new(10, 0, 0, 50)), Some(&1));
     }
@@ -213,8 +254,8 @@ mod tests {
         let t0 = Instant::now();
         let mut r: Registry<u32> = Registry::default();
         let p = plan();
-        r.join(&p, "a", 1, None, t0, |_| 1).unwrap();
-        r.join(&p, "b", 1, None, t0, |_| 2).unwrap();
+        r.join(&p, "a", "a", 1, None, t0, |_| 1).unwrap();
+        r.join(&p, "b", "b", 1, None, t0, |_| 2).unwrap();
         // `a` keeps a path, `b` has none.
         let connected = |s: &u32| *s == 1;
         assert!(r.expire(t0 + SESSION_LINGER, connected).is_empty());
@@ -222,7 +263,7 @@ mod tests {
         assert_eq!(gone, vec![("b".to_string(), Ipv4Addr::new(10, 0, 0, 2), 2)]);
         assert!(r.by_addr(Ipv4Addr::new(10, 0, 0, 2)).is_none());
         // A returning client gets its remembered address back.
-        let j = r.join(&p, "b", 5, None, t0, |_| 3).unwrap();
+        let j = r.join(&p, "b", "b", 5, None, t0, |_| 3).unwrap();
         assert_eq!(new_addr(&j), Some((Ipv4Addr::new(10, 0, 0, 2), None)));
     }
 

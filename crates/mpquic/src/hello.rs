@@ -35,6 +35,35 @@ pub struct Hello {
     /// (`transport: stripe`); absent: in the QUIC connection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stripe: Option<StripeOf>,
+    /// The client instance (its TUN device's name): one site may run several instances with
+    /// one certificate (seed 000: one per traffic class, cr2 / br2 / df2), each its own session
+    /// with its own address. Absent: the identity's only instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// This connection carries one traffic class of the instance (`classes:`); absent: the
+    /// instance has no classes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<ClassOf>,
+}
+
+impl Hello {
+    /// What names this connection's path among the session's: the path, in its class (each
+    /// class has its own connections on every path).
+    pub fn pipe_key(&self) -> String {
+        match &self.class {
+            Some(c) => format!("{}/{}", c.name, self.path),
+            None => self.path.clone(),
+        }
+    }
+}
+
+/// A traffic class: its name, its rank (0 = highest priority) and whether it is the class that
+/// takes what no rule matches (the server sends flows it has not seen in it).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ClassOf {
+    pub name: String,
+    pub rank: u8,
+    pub default: bool,
 }
 
 /// A stripe path: how many pipes (UDP sockets) the client registers.

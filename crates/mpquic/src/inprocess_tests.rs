@@ -360,11 +360,13 @@ async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
         priority: 1,
         weight: 1,
         policy: "failover".into(),
-        mode: ccfg.mode,
+        mode: c.classes[0].mode,
         addr: None,
         fec: None,
         pipe: Some(PipeOf { index: 1, count: 2 }),
         stripe: None,
+        instance: None,
+        class: None,
     };
     let (t, ack) = dialer.dial(&c.paths[1], &stray, None).await.unwrap();
     t.close(0, "done");
@@ -545,11 +547,13 @@ async fn stripe_path_to_a_server_without_stripe_is_refused() {
         priority: 1,
         weight: 1,
         policy: "failover".into(),
-        mode: ccfg.mode,
+        mode: c.classes[0].mode,
         addr: None,
         fec: None,
         pipe: None,
         stripe: None,
+        instance: None,
+        class: None,
     };
     use crate::transport::Dialer;
     let (t, ack) = dialer.dial(&c.paths[0], &hello, None).await.unwrap();
@@ -559,4 +563,112 @@ async fn stripe_path_to_a_server_without_stripe_is_refused() {
     let refused = status_of(d, "server").refused;
     assert_eq!(refused.get("stripe_disabled"), Some(&1), "{refused:?}");
     stop_all(&net, vec![("server", server)]).await;
+}
+
+/// An IPv4/UDP packet from `src:sport` to `dst:dport` carrying `seq`.
+fn udp_ports(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, seq: u32) -> Vec<u8> {
+    let mut p = udp_packet(src, dst, seq);
+    p[20..22].copy_from_slice(&sport.to_be_bytes());
+    p[22..24].copy_from_slice(&dport.to_be_bytes());
+    p
+}
+
+/// Traffic classes in one client: a flow its rule puts in `critical` goes up in that class, and
+/// the server sends the flow's answers back in it (learnt from the flow); a flow no rule
+/// matches goes in `default` both ways; each class has its own connection on each path; status
+/// counts both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classes_carry_their_flows_both_ways() {
+    let dir = pki_dir(1);
+    let d = dir.path();
+    let net = Network::new();
+    let mut srv_host = net.host("srv0");
+    let mut cli_host = net.host("cli0");
+    let classes = "classes:\n- name: critical\n  multipath_policy: redundant\n  transport_mode: datagram\n  match:\n  - protocol: udp\n    port: 5060\n- name: default\n";
+    let server = spawn_server(d, &net);
+    let client = spawn_client(&net, nth_client_config(d, 0, "datagram", classes, ""));
+    warm_up(&mut cli_host, &mut srv_host).await;
+    let before = |who: &str| {
+        status_of(d, who)
+            .tunnels
+            .iter()
+            .map(|t| (t.class.clone(), t.classified_packets + t.unmatched_packets))
+            .collect::<Vec<_>>()
+    };
+    let (cli0, srv0) = (before("client"), before("server"));
+
+    let (mut up, mut down) = (Vec::new(), Vec::new());
+    // SIP (critical) and web (default) from the site, then their answers (once the server has
+    // seen each flow: an answer to a flow it has not seen goes in the default class).
+    for seq in 0..200u32 {
+        for dport in [5060, 80] {
+            let p = udp_ports(CLIENT_TUN, SERVER_TUN, 40000, dport, seq);
+            cli_host.to_dev.send(p).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for seq in 0..200u32 {
+        for sport in [5060, 80] {
+            let p = udp_ports(SERVER_TUN, CLIENT_TUN, sport, 40000, seq);
+            srv_host.to_dev.send(p).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drain(&mut srv_host, &mut up);
+    drain(&mut cli_host, &mut down);
+    for (dir, got) in [("up", &up), ("down", &down)] {
+        let n = got.iter().filter(|(s, _)| *s < 200).count();
+        assert_eq!(n, 400, "{dir}: every packet of both classes, once");
+    }
+
+    for who in ["client", "server"] {
+        let st = status_of(d, who);
+        let classes: Vec<_> = st.tunnels.iter().map(|t| t.class.clone()).collect();
+        assert_eq!(
+            classes,
+            [Some("critical".to_string()), Some("default".to_string())],
+            "{who}"
+        );
+        let (crit, dflt) = (&st.tunnels[0], &st.tunnels[1]);
+        assert_eq!(crit.policy, "redundant", "{who}: the class's own bond");
+        assert_eq!(dflt.policy, "failover", "{who}");
+        let base = if who == "client" { &cli0 } else { &srv0 };
+        let counted = |t: &mpquic_status::TunnelStatus, i: usize| {
+            t.classified_packets + t.unmatched_packets - base[i].1
+        };
+        // The client classifies by its rules; the server by the class each flow arrived in.
+        assert_eq!(
+            crit.classified_packets - base[0].1,
+            200,
+            "{who}: critical {crit:?}"
+        );
+        assert_eq!(counted(dflt, 1), 200, "{who}: default");
+        if who == "client" {
+            assert_eq!(
+                dflt.classified_packets, 0,
+                "the default class takes no rule's packets"
+            );
+        }
+        // Each class's packets went on its own connections: both classes sent on path 1.
+        for t in [crit, dflt] {
+            let wan1 = t.paths.iter().find(|p| p.name == "wan1").unwrap();
+            assert!(
+                wan1.tx_packets >= 200,
+                "{who} {:?}: {}",
+                t.class,
+                wan1.tx_packets
+            );
+        }
+        if who == "server" {
+            assert_eq!(crit.peer, "site1/cli0", "a session per instance");
+        }
+    }
+    let m = crate::control::get_over_socket(&d.join("server.sock"), "/metrics").unwrap();
+    assert!(
+        m.contains("mpquic_path_up{tunnel=\"site1/cli0\",class=\"critical\",path=\"wan1\"} 1"),
+        "{m}"
+    );
+    stop_all(&net, vec![("server", server), ("client", client)]).await;
 }

@@ -7,13 +7,15 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use mpquic_core::classify::FlowClasses;
 use mpquic_core::fec::FecMode;
 use mpquic_core::sessions::{self, Registry};
-use mpquic_core::{DropReason, Drops, HealthMode, PathId, PathSpec, Policy};
+use mpquic_core::{DropReason, Drops, HealthMode, PacketInfo, PathId, PathSpec, Policy};
 use tracing::{info, warn};
 
 use crate::config::{Config, ServerConfig};
@@ -23,23 +25,92 @@ use crate::status::StatusReport;
 use crate::transport::quic::QuicListener;
 use crate::transport::{Listener, Offer};
 use crate::tun::Tun;
-use crate::tunnel::{close, Routed, Tunnel};
+use crate::tunnel::{close, Carriage, ClassTag, Shares, Tunnel};
 use crate::{quic, runtime};
 
+/// Traffic classes one session may have (each a tunnel with its connections).
+const MAX_CLASSES: usize = crate::config::MAX_CLASSES;
 /// How often sessions are checked for expiry (path health runs on each session's own timers).
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
 
 /// What the shell keeps per session; the rules (which session a path joins, replacement,
-/// expiry, addresses, the path bound) are the core's `sessions::Registry`.
+/// expiry, addresses, the path bound) are the core's `sessions::Registry`. A client instance
+/// without traffic classes has one tunnel; with classes, one per class, each made by the first
+/// connection of its class.
 struct Session {
+    classes: RwLock<Vec<SessionClass>>,
+    /// Which class each flow's answers go back in (learnt from the packets the client sends).
+    flows: Arc<Mutex<FlowClasses>>,
+}
+
+/// One class of a session (or the session's only tunnel).
+struct SessionClass {
     tunnel: Arc<Tunnel>,
+    /// The class that takes flows the client has not sent on (`ClassOf::default`).
+    default: bool,
+    /// Packets sent in this class because their flow arrived in it / (default class) because
+    /// their flow was not seen.
+    classified: AtomicU64,
+    unmatched: AtomicU64,
     /// The task serving the tunnel's timers; it ends with the session.
     timers: tokio::task::AbortHandle,
 }
 
-impl Drop for Session {
+impl Drop for SessionClass {
     fn drop(&mut self) {
         self.timers.abort();
+    }
+}
+
+impl Session {
+    fn classes(&self) -> std::sync::RwLockReadGuard<'_, Vec<SessionClass>> {
+        self.classes.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn tunnels(&self) -> Vec<Arc<Tunnel>> {
+        self.classes().iter().map(|c| c.tunnel.clone()).collect()
+    }
+
+    fn connected(&self) -> bool {
+        self.classes()
+            .iter()
+            .any(|c| c.tunnel.connected_paths() > 0)
+    }
+
+    fn close_all(&self, code: u32, reason: &str) {
+        for t in self.tunnels() {
+            t.close_all(code, reason);
+        }
+    }
+
+    /// The tunnel an inner packet for this client goes through: with classes, the class its
+    /// flow arrived in, else the default class (both counted).
+    fn pick(&self, info: &PacketInfo, now: Instant, to: impl FnOnce(&Arc<Tunnel>)) {
+        let classes = self.classes();
+        let c = match classes.len() {
+            0 => return,
+            1 => &classes[0],
+            _ => {
+                let marked = self
+                    .flows
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .class_of(info.flow_hash(), now);
+                let c = marked.and_then(|r| classes.iter().find(|c| c.tunnel.rank() == r));
+                match c {
+                    Some(c) => {
+                        c.classified.fetch_add(1, Ordering::Relaxed);
+                        c
+                    }
+                    None => {
+                        let c = classes.iter().find(|c| c.default).unwrap_or(&classes[0]);
+                        c.unmatched.fetch_add(1, Ordering::Relaxed);
+                        c
+                    }
+                }
+            }
+        };
+        to(&c.tunnel)
     }
 }
 
@@ -111,8 +182,7 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
     info!("server shutting down");
     let sessions = server.write().drain();
     for sess in sessions {
-        sess.tunnel
-            .close_all(close::SHUTDOWN, "server shutting down");
+        sess.close_all(close::SHUTDOWN, "server shutting down");
     }
     listener
         .close(close::SHUTDOWN, "server shutting down")
@@ -154,9 +224,17 @@ impl Server {
             uptime_s: started.elapsed().as_secs_f64(),
             tunnels: sessions
                 .iter()
-                .map(|(addr, s)| {
-                    s.tunnel
-                        .status(Some(format!("{addr}/{}", self.scfg.prefix)))
+                .flat_map(|(addr, s)| {
+                    let address = format!("{addr}/{}", self.scfg.prefix);
+                    s.classes()
+                        .iter()
+                        .map(|c| {
+                            let mut st = c.tunnel.status(Some(address.clone()));
+                            st.classified_packets = c.classified.load(Ordering::Relaxed);
+                            st.unmatched_packets = c.unmatched.load(Ordering::Relaxed);
+                            st
+                        })
+                        .collect::<Vec<_>>()
                 })
                 .collect(),
             drops: self
@@ -184,20 +262,17 @@ impl Server {
 
     /// Forget sessions that have been without paths for long (`sessions::SESSION_LINGER`).
     fn expire_sessions(&self) {
-        let gone = self
-            .write()
-            .expire(Instant::now(), |s| s.tunnel.connected_paths() > 0);
+        let gone = self.write().expire(Instant::now(), |s| s.connected());
         for (name, addr, _) in gone {
             info!(client = %name, address = %addr, "session expired");
         }
     }
 
     /// Inner packets from the TUN device, a batch per wake-up, to the sessions that own their
-    /// destinations (each session's share of the batch routed in one call).
+    /// destinations (each session's share of the batch routed in one call; with classes, each
+    /// class's share).
     async fn tun_reader(&self) {
-        // The batch's packets grouped by session, and each session's routing; reused from batch
-        // to batch.
-        let mut by_session: Vec<(Arc<Session>, Vec<usize>, Routed)> = Vec::new();
+        let mut shares = Shares::default();
         self.tun
             .read_loop(
                 self.mtu,
@@ -209,9 +284,7 @@ impl Server {
                     for _ in 0..drops.unsplit {
                         self.drop_packet(DropReason::Malformed);
                     }
-                    for (_, picks, _) in &mut by_session {
-                        picks.clear();
-                    }
+                    let now = Instant::now();
                     {
                         let registry = self.read();
                         for (i, info) in infos.iter().enumerate() {
@@ -227,26 +300,10 @@ impl Server {
                                 self.drop_packet(DropReason::NoRoute);
                                 continue;
                             };
-                            match by_session.iter_mut().find(|(x, ..)| Arc::ptr_eq(x, s)) {
-                                Some((_, picks, _)) => picks.push(i),
-                                None => by_session.push((s.clone(), vec![i], Routed::default())),
-                            }
+                            s.pick(info, now, |t| shares.add(t, i));
                         }
                     }
-                    // Every session writes its headers into the batch before any sends (sending
-                    // shares the batch, and it takes no header after that).
-                    for (s, picks, routed) in &mut by_session {
-                        if !picks.is_empty() {
-                            s.tunnel.route_batch(batch, picks, infos, routed);
-                        }
-                    }
-                    for (s, picks, routed) in &mut by_session {
-                        if !picks.is_empty() {
-                            s.tunnel.send_routed(batch, routed);
-                        }
-                    }
-                    // Forget sessions that took nothing this time (ended ones go with them).
-                    by_session.retain(|(_, picks, _)| !picks.is_empty());
+                    shares.send(batch, infos);
                 },
             )
             .await
@@ -262,7 +319,7 @@ impl Server {
             reply,
         } = offer;
         match self.join(&name, &h) {
-            Ok((session, addr, path)) => {
+            Ok((tunnel, addr, path)) => {
                 let ack = HelloAck {
                     ok: true,
                     addr: Some(format!("{addr}/{}", self.scfg.prefix)),
@@ -272,7 +329,7 @@ impl Server {
                 };
                 match reply.accept(ack).await {
                     Ok(transport) => {
-                        session.tunnel.install(path, transport);
+                        tunnel.install(path, transport);
                     }
                     Err(e) => {
                         warn!(client = %name, %remote, error = %format!("{e:#}"), "path not set up")
@@ -293,57 +350,50 @@ impl Server {
         }
     }
 
-    /// Attach a path to the client's session, creating or replacing the session as needed.
-    /// Returns the session, its tunnel address and the path's id in it.
+    /// Attach a path to the client's session (and with classes to its class's tunnel), creating
+    /// or replacing the session as needed. Returns the tunnel, its address and the path's id in
+    /// it.
     fn join(
         &self,
-        name: &str,
+        identity: &str,
         h: &Hello,
-    ) -> Result<(Arc<Session>, std::net::Ipv4Addr, PathId), String> {
+    ) -> Result<(Arc<Tunnel>, std::net::Ipv4Addr, PathId), String> {
         let policy =
             Policy::parse(&h.policy).ok_or_else(|| format!("unknown policy `{}`", h.policy))?;
         let fec = match h.fec.as_deref() {
             Some(f) => FecMode::parse(f)?,
             None => FecMode::Off,
         };
+        let name = sessions::session_name(identity, h.instance.as_deref());
         let plan = self.scfg.address_plan();
         let joined = self.write().join(
             &plan,
-            name,
+            &name,
+            identity,
             h.session,
             h.addr.as_deref(),
             Instant::now(),
-            |addr| {
-                let tunnel = Tunnel::new(
-                    name.to_string(),
-                    self.tun.clone(),
-                    h.mode,
-                    policy,
-                    Some(addr),
-                    HealthMode::Follow,
-                    fec,
-                );
-                let t = tunnel.clone();
-                let timers = tokio::spawn(async move { t.run_timers().await }).abort_handle();
-                Arc::new(Session { tunnel, timers })
+            |_| {
+                Arc::new(Session {
+                    classes: RwLock::new(Vec::new()),
+                    flows: Arc::default(),
+                })
             },
         )?;
         if let Some(old) = &joined.replaced {
             info!(client = %name, "client restarted; replacing its old session");
-            old.tunnel
-                .close_all(close::REPLACED, "replaced by a new session");
+            old.close_all(close::REPLACED, "replaced by a new session");
         }
         if joined.created {
             info!(client = %name, address = %joined.addr, policy = policy.as_str(), mode = h.mode.as_str(), "client session started");
         }
+        let tunnel = self.class_tunnel(&joined.value, &name, joined.addr, h, policy, fec)?;
         let spec = PathSpec {
             name: h.path.clone(),
             priority: h.priority,
             weight: h.weight.max(1),
         };
-        let path = joined
-            .value
-            .tunnel
+        let path = tunnel
             .path(spec, sessions::MAX_PATHS_PER_SESSION)
             .ok_or_else(|| {
                 format!(
@@ -351,6 +401,72 @@ impl Server {
                     sessions::MAX_PATHS_PER_SESSION
                 )
             })?;
-        Ok((joined.value, joined.addr, path))
+        Ok((tunnel, joined.addr, path))
+    }
+
+    /// The session's tunnel for the hello's class (the session's only one without classes),
+    /// made by the class's first connection.
+    fn class_tunnel(
+        &self,
+        session: &Session,
+        name: &str,
+        addr: std::net::Ipv4Addr,
+        h: &Hello,
+        policy: Policy,
+        fec: FecMode,
+    ) -> Result<Arc<Tunnel>, String> {
+        let mut classes = session.classes.write().unwrap_or_else(|e| e.into_inner());
+        let class = h.class.as_ref();
+        let same =
+            |c: &SessionClass| c.tunnel.class.as_ref().map(|t| &t.name) == class.map(|c| &c.name);
+        if let Some(c) = classes.iter().find(|c| same(c)) {
+            return Ok(c.tunnel.clone());
+        }
+        // A session is either classless (one tunnel) or all classes, as its client is.
+        if classes
+            .first()
+            .is_some_and(|c| c.tunnel.class.is_some() != class.is_some())
+        {
+            return Err("this session's connections disagree on traffic classes".into());
+        }
+        if classes.len() >= MAX_CLASSES {
+            return Err(format!("too many traffic classes (at most {MAX_CLASSES})"));
+        }
+        if let Some(c) = class {
+            if classes.iter().any(|x| x.tunnel.rank() == c.rank) {
+                return Err(format!(
+                    "class `{}`: rank {} is another class's",
+                    c.name, c.rank
+                ));
+            }
+            info!(client = %name, class = %c.name, rank = c.rank, policy = policy.as_str(), mode = h.mode.as_str(), "traffic class started");
+        }
+        let tunnel = Tunnel::new(
+            name.to_string(),
+            self.tun.clone(),
+            Some(addr),
+            HealthMode::Follow,
+            Carriage {
+                mode: h.mode,
+                policy,
+                fec,
+                class: class.map(|c| ClassTag {
+                    name: c.name.clone(),
+                    rank: c.rank,
+                    marks: Some(session.flows.clone()),
+                }),
+            },
+        );
+        let t = tunnel.clone();
+        let timers = tokio::spawn(async move { t.run_timers().await }).abort_handle();
+        classes.push(SessionClass {
+            tunnel: tunnel.clone(),
+            default: class.is_none_or(|c| c.default),
+            classified: AtomicU64::new(0),
+            unmatched: AtomicU64::new(0),
+            timers,
+        });
+        classes.sort_by_key(|c| c.tunnel.rank());
+        Ok(tunnel)
     }
 }

@@ -9,6 +9,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use mpquic_core::classify::FlowClasses;
 use mpquic_core::fec::{self, FecMode};
 use mpquic_core::pmtu::{PathMtu, Resize};
 use mpquic_core::reseq::Verdict;
@@ -81,9 +82,22 @@ impl State {
     }
 }
 
+/// The traffic class a tunnel carries: one of a client's `classes:` (each has its own tunnel:
+/// bond, connections, controllers), or on the server that class of a client's session.
+pub struct ClassTag {
+    pub name: String,
+    /// Priority: 0 is the highest (the order of `classes:`).
+    pub rank: u8,
+    /// Server: each packet delivered from the client marks its flow's answers as this class
+    /// (`classify::FlowClasses`, shared by the session's classes).
+    pub marks: Option<Arc<Mutex<FlowClasses>>>,
+}
+
 pub struct Tunnel {
     /// Client name on the server, instance name on the client.
     pub peer: String,
+    /// The traffic class this tunnel carries; `None` when the instance has no classes.
+    pub class: Option<ClassTag>,
     tun: Arc<Tun>,
     mode: TransportMode,
     /// FEC on what this side sends (the client's choice, for both directions).
@@ -102,20 +116,34 @@ pub struct Tunnel {
     timers_changed: Notify,
 }
 
+/// How a tunnel carries its packets: the client's choices (for a class, the class's), which the
+/// server learns from the hello.
+pub struct Carriage {
+    pub mode: TransportMode,
+    pub policy: Policy,
+    pub fec: FecMode,
+    pub class: Option<ClassTag>,
+}
+
 impl Tunnel {
     /// `expect_src`: on the server, the client's tunnel address (packets from any other source
     /// are dropped); `None` on the client.
     pub fn new(
         peer: String,
         tun: Arc<Tun>,
-        mode: TransportMode,
-        policy: Policy,
         expect_src: Option<Ipv4Addr>,
         health: HealthMode,
-        fec: FecMode,
+        carriage: Carriage,
     ) -> Arc<Tunnel> {
+        let Carriage {
+            mode,
+            policy,
+            fec,
+            class,
+        } = carriage;
         Arc::new(Tunnel {
             peer,
+            class,
             tun,
             mode,
             fec,
@@ -137,6 +165,11 @@ impl Tunnel {
             }),
             timers_changed: Notify::new(),
         })
+    }
+
+    /// Send order among tunnels sharing a batch (`Shares`): the class's rank; no class last.
+    pub fn rank(&self) -> u8 {
+        self.class.as_ref().map_or(u8::MAX, |c| c.rank)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -476,18 +509,30 @@ impl Tunnel {
     /// Deliver a packet received on `path` to the TUN device. The TUN write (which runs the
     /// kernel's forwarding of the packet) happens outside the lock.
     fn deliver(&self, path: PathId, pkt: &[u8]) {
-        if let Some(expect) = self.expect_src {
-            let refused = match PacketInfo::parse(pkt) {
-                Some(info) if info.src == IpAddr::V4(expect) => None,
-                Some(info) => {
+        let marks = self
+            .class
+            .as_ref()
+            .and_then(|c| Some((c.marks.as_ref()?, c.rank)));
+        if self.expect_src.is_some() || marks.is_some() {
+            let info = PacketInfo::parse(pkt);
+            let refused = match (&info, self.expect_src) {
+                (None, _) => Some(DropReason::Malformed),
+                (Some(info), Some(expect)) if info.src != IpAddr::V4(expect) => {
                     debug!(tunnel = %self.peer, src = %info.src, "spoofed inner source dropped");
                     Some(DropReason::SpoofedSource)
                 }
-                None => Some(DropReason::Malformed),
+                _ => None,
             };
             if let Some(reason) = refused {
                 self.lock().router.drop_on(path, reason, 1);
                 return;
+            }
+            if let (Some(info), Some((marks, rank))) = (info, marks) {
+                marks.lock().unwrap_or_else(|e| e.into_inner()).mark(
+                    info.reply_hash(),
+                    rank,
+                    Instant::now(),
+                );
             }
         }
         // Written at the end of this receive wake-up (`flush_tun`), coalesced with the
@@ -940,6 +985,10 @@ impl Tunnel {
             .collect();
         TunnelStatus {
             peer: self.peer.clone(),
+            class: self.class.as_ref().map(|c| c.name.clone()),
+            // The shell that classifies fills these in.
+            classified_packets: 0,
+            unmatched_packets: 0,
             address,
             policy: s.router.bond().policy().as_str().into(),
             mode: self.mode.as_str().into(),
@@ -999,6 +1048,52 @@ fn too_big_reply(batch: &PacketBatch, i: usize, max_datagram: usize) -> Option<V
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// A TUN batch's packets shared among tunnels: a server's client sessions, a client's (or a
+/// session's) traffic classes. Every tunnel routes its share and writes its headers before any
+/// sends (a transport that takes packets shares the batch, and no header can be written after
+/// that), and the shares go out highest class first, so a critical packet reaches its
+/// transport before the bulk read with it. Owned by a TUN reader and reused for every batch.
+#[derive(Default)]
+pub struct Shares {
+    groups: Vec<(Arc<Tunnel>, Vec<usize>, Routed)>,
+}
+
+impl Shares {
+    /// Packet `i` of the batch goes through `tunnel`.
+    pub fn add(&mut self, tunnel: &Arc<Tunnel>, i: usize) {
+        match self
+            .groups
+            .iter_mut()
+            .find(|(t, ..)| Arc::ptr_eq(t, tunnel))
+        {
+            Some((_, picks, _)) => picks.push(i),
+            None => self
+                .groups
+                .push((tunnel.clone(), vec![i], Routed::default())),
+        }
+    }
+
+    /// Route and send every share of `batch`, then start over for the next batch.
+    pub fn send(&mut self, batch: &mut PacketBatch, infos: &[Option<PacketInfo>]) {
+        self.groups.sort_by_key(|(t, ..)| t.rank());
+        for (t, picks, routed) in &mut self.groups {
+            if !picks.is_empty() {
+                t.route_batch(batch, picks, infos, routed);
+            }
+        }
+        for (t, picks, routed) in &mut self.groups {
+            if !picks.is_empty() {
+                t.send_routed(batch, routed);
+            }
+        }
+        // Forget tunnels that took nothing this time (ended ones go with them).
+        self.groups.retain(|(_, picks, _)| !picks.is_empty());
+        for (_, picks, _) in &mut self.groups {
+            picks.clear();
+        }
+    }
 }
 
 /// A batch's routing, per path: the transport and the packets it got. Owned by a TUN reader and

@@ -131,8 +131,21 @@ pub struct PipeStatus {
 
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct TunnelStatus {
-    /// The client's name (server side) or this instance's name (client side).
+    /// The client's name (server side: its identity, `identity/instance` for a site that runs
+    /// several instances) or this instance's name (client side).
     pub peer: String,
+    /// The traffic class this tunnel carries (`classes:`): each class is a tunnel of its own
+    /// (bond, connections, controllers) over the same paths. Absent without classes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+    /// With classes: packets put in this class, by a rule (client) or by the class their flow
+    /// arrived in (server)...
+    #[serde(default)]
+    pub classified_packets: u64,
+    /// ...and packets in it because no rule matched them, or (server) their flow was not seen
+    /// from the client: the default class only.
+    #[serde(default)]
+    pub unmatched_packets: u64,
     pub address: Option<String>,
     pub policy: String,
     pub mode: String,
@@ -245,23 +258,19 @@ impl PathStatus {
 impl StatusReport {
     /// Every drop counter, as (tunnel peer or "", path name or "", reason, count): the instance's,
     /// each tunnel's, each path's.
-    pub fn all_drops(&self) -> Vec<(&str, &str, &str, u64)> {
-        let mut out: Vec<(&str, &str, &str, u64)> = self
+    pub fn all_drops(&self) -> Vec<(Option<&TunnelStatus>, &str, &str, u64)> {
+        let mut out: Vec<(Option<&TunnelStatus>, &str, &str, u64)> = self
             .drops
             .iter()
-            .map(|(r, n)| ("", "", r.as_str(), *n))
+            .map(|(r, n)| (None, "", r.as_str(), *n))
             .collect();
         for t in &self.tunnels {
-            out.extend(
-                t.drops
-                    .iter()
-                    .map(|(r, n)| (t.peer.as_str(), "", r.as_str(), *n)),
-            );
+            out.extend(t.drops.iter().map(|(r, n)| (Some(t), "", r.as_str(), *n)));
             for p in &t.paths {
                 out.extend(
                     p.drops
                         .iter()
-                        .map(|(r, n)| (t.peer.as_str(), p.name.as_str(), r.as_str(), *n)),
+                        .map(|(r, n)| (Some(t), p.name.as_str(), r.as_str(), *n)),
                 );
             }
         }

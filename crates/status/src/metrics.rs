@@ -1,8 +1,8 @@
 //! `/metrics`: the status report in the OpenMetrics text format, through the `prometheus-client`
 //! crate (escaping, TYPE/HELP lines, `_total` suffixes and `# EOF` are its job). The report is a
 //! snapshot, so each scrape fills a fresh registry from it; every metric is declared here with
-//! its kind and help, read from a typed field, and labelled by tunnel and path (class, pipe and
-//! client labels join the label sets as those features arrive).
+//! its kind and help, read from a typed field, and labelled by tunnel (and class, for a tunnel of
+//! a traffic class), path and pipe.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -11,7 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
-use crate::{PathStatus, StatusReport};
+use crate::{PathStatus, StatusReport, TunnelStatus};
 
 /// The HTTP Content-Type of what `to_openmetrics` returns.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -21,37 +21,19 @@ struct RoleLabels {
     role: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PathLabels {
-    tunnel: String,
-    path: String,
-}
+/// A label set: `tunnel`, then `class` for a tunnel of a traffic class (absent otherwise, so
+/// an instance without classes keeps its series), then the metric's own labels (`path`,
+/// `reason`, `event`, `pipe`: a pipe is "path.N", as in the seed's `wan5.0`). Drops of the
+/// instance have an empty tunnel and path.
+type Labels = Vec<(&'static str, String)>;
 
-/// Drops of the instance (tunnel and path empty), of a tunnel (path empty) or of a path.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DropLabels {
-    tunnel: String,
-    path: String,
-    reason: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReorderLabels {
-    tunnel: String,
-    event: String,
-}
-
-/// A pipe of a path: `pipe` is "path.N", as in the seed (`wan5.0`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PipeLabels {
-    tunnel: String,
-    path: String,
-    pipe: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TunnelLabels {
-    tunnel: String,
+fn labels(t: Option<&TunnelStatus>, own: &[(&'static str, &str)]) -> Labels {
+    let mut l = vec![("tunnel", t.map(|t| t.peer.clone()).unwrap_or_default())];
+    if let Some(c) = t.and_then(|t| t.class.as_ref()) {
+        l.push(("class", c.clone()));
+    }
+    l.extend(own.iter().map(|(k, v)| (*k, v.to_string())));
+    l
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -284,14 +266,10 @@ impl StatusReport {
             .set(self.uptime_s);
         registry.register("mpquic_uptime_seconds", "Seconds since start", uptime);
 
-        let drops = Family::<DropLabels, Counter>::default();
-        for (tunnel, path, reason, n) in self.all_drops() {
+        let drops = Family::<Labels, Counter>::default();
+        for (t, path, reason, n) in self.all_drops() {
             drops
-                .get_or_create(&DropLabels {
-                    tunnel: tunnel.into(),
-                    path: path.into(),
-                    reason: reason.into(),
-                })
+                .get_or_create(&labels(t, &[("path", path), ("reason", reason)]))
                 .inc_by(n);
         }
         registry.register(
@@ -314,22 +292,15 @@ impl StatusReport {
             refused,
         );
 
-        let reorder = Family::<ReorderLabels, Counter>::default();
-        let holding = Family::<TunnelLabels, Gauge>::default();
+        let reorder = Family::<Labels, Counter>::default();
+        let holding = Family::<Labels, Gauge>::default();
         for t in &self.tunnels {
             for (event, n) in &t.reorder {
                 if event == "holding" {
-                    holding
-                        .get_or_create(&TunnelLabels {
-                            tunnel: t.peer.clone(),
-                        })
-                        .set(*n as i64);
+                    holding.get_or_create(&labels(Some(t), &[])).set(*n as i64);
                 } else {
                     reorder
-                        .get_or_create(&ReorderLabels {
-                            tunnel: t.peer.clone(),
-                            event: event.clone(),
-                        })
+                        .get_or_create(&labels(Some(t), &[("event", event)]))
                         .inc_by(*n);
                 }
             }
@@ -347,24 +318,20 @@ impl StatusReport {
 
         for (name, help, value) in PATH_METRICS {
             let labelled = self.tunnels.iter().flat_map(|t| {
-                t.paths.iter().map(move |p| {
-                    let l = PathLabels {
-                        tunnel: t.peer.clone(),
-                        path: p.name.clone(),
-                    };
-                    (l, p)
-                })
+                t.paths
+                    .iter()
+                    .map(move |p| (labels(Some(t), &[("path", &p.name)]), p))
             });
             match value {
                 PathValue::Counter(f) => {
-                    let fam = Family::<PathLabels, Counter>::default();
+                    let fam = Family::<Labels, Counter>::default();
                     for (l, p) in labelled {
                         fam.get_or_create(&l).inc_by(f(p));
                     }
                     registry.register(*name, *help, fam);
                 }
                 PathValue::Gauge(f) => {
-                    let fam = Family::<PathLabels, FloatGauge>::default();
+                    let fam = Family::<Labels, FloatGauge>::default();
                     for (l, p) in labelled {
                         if let Some(v) = f(p) {
                             fam.get_or_create(&l).set(v);
@@ -414,25 +381,21 @@ impl StatusReport {
             self.tunnels.iter().flat_map(|t| {
                 t.paths.iter().flat_map(move |path| {
                     path.pipes.iter().enumerate().map(move |(i, p)| {
-                        let l = PipeLabels {
-                            tunnel: t.peer.clone(),
-                            path: path.name.clone(),
-                            pipe: format!("{}.{i}", path.name),
-                        };
-                        (l, p)
+                        let pipe = format!("{}.{i}", path.name);
+                        (labels(Some(t), &[("path", &path.name), ("pipe", &pipe)]), p)
                     })
                 })
             })
         };
         for (name, help, read) in counters {
-            let fam = Family::<PipeLabels, Counter>::default();
+            let fam = Family::<Labels, Counter>::default();
             for (l, p) in pipes() {
                 fam.get_or_create(&l).inc_by(read(p));
             }
             registry.register(name, help, fam);
         }
-        let rtt = Family::<PipeLabels, FloatGauge>::default();
-        let in_flight = Family::<PipeLabels, Gauge>::default();
+        let rtt = Family::<Labels, FloatGauge>::default();
+        let in_flight = Family::<Labels, Gauge>::default();
         for (l, p) in pipes() {
             rtt.get_or_create(&l).set(p.rtt_ms);
             in_flight.get_or_create(&l).set(p.in_flight_bytes as i64);

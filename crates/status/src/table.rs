@@ -15,9 +15,20 @@ impl StatusReport {
             self.role, self.version, self.tun_name, self.tun_mtu, self.congestion, self.uptime_s
         );
         for t in &self.tunnels {
+            let class = match &t.class {
+                Some(c) => format!(
+                    "  class {c} ({} packets{})",
+                    t.classified_packets,
+                    match t.unmatched_packets {
+                        0 => String::new(),
+                        n => format!(", {n} unmatched"),
+                    }
+                ),
+                None => String::new(),
+            };
             let _ = writeln!(
                 o,
-                "\n{} {}  policy {}  mode {}{}{}",
+                "\n{} {}{class}  policy {}  mode {}{}{}",
                 t.peer,
                 t.address.as_deref().unwrap_or("(no address)"),
                 t.policy,

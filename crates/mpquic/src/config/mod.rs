@@ -14,6 +14,8 @@ pub use mpquic_core::addressing::{mask, parse_cidr};
 use mpquic_core::Policy;
 use serde::Deserialize;
 
+mod classes;
+pub use classes::MAX_CLASSES;
 mod positions;
 mod validate;
 
@@ -95,6 +97,66 @@ struct RawPath {
     transport: Option<String>,
 }
 
+/// One value or a list of them (`dscp: 46` or `dscp: [46, 34]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+impl<T: Clone> OneOrMany<T> {
+    fn to_vec(&self) -> Vec<T> {
+        match self {
+            OneOrMany::One(v) => vec![v.clone()],
+            OneOrMany::Many(v) => v.clone(),
+        }
+    }
+}
+
+/// A number or a word (`protocol: udp` or `protocol: 17`; `port: 5060` or `port: 16384-32767`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum NumOrText {
+    Num(u64),
+    Text(String),
+}
+
+impl fmt::Display for NumOrText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NumOrText::Num(n) => write!(f, "{n}"),
+            NumOrText::Text(t) => f.write_str(t),
+        }
+    }
+}
+
+/// One rule of a class's `match` list: every key it has must hold.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    dscp: Option<OneOrMany<NumOrText>>,
+    protocol: Option<OneOrMany<NumOrText>>,
+    src: Option<OneOrMany<String>>,
+    dst: Option<OneOrMany<String>>,
+    src_port: Option<OneOrMany<NumOrText>>,
+    dst_port: Option<OneOrMany<NumOrText>>,
+    port: Option<OneOrMany<NumOrText>>,
+}
+
+/// A traffic class (`classes:`, client): its rules and its own bond over the shared paths.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClass {
+    name: String,
+    #[serde(rename = "match", default)]
+    rules: Vec<RawRule>,
+    multipath_policy: Option<String>,
+    transport_mode: Option<TransportMode>,
+    congestion_algorithm: Option<Congestion>,
+    fec: Option<String>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawClient {
@@ -141,6 +203,9 @@ struct RawConfig {
     tun_offload: Option<bool>,
     #[serde(default)]
     clients: Vec<RawClient>,
+    /// Client: traffic classes, in priority order (`classes.rs`).
+    #[serde(default)]
+    classes: Vec<RawClass>,
 }
 
 /// Where a path's UDP socket is bound.
@@ -191,6 +256,24 @@ pub struct ClientConfig {
     /// The server's stripe port for `transport: stripe` paths; `None`: the one the server
     /// announces in its hello answer.
     pub stripe_port: Option<u16>,
+    /// Traffic classes in priority order (highest first); without `classes:`, one class
+    /// (`explicit: false`) from the top-level keys.
+    pub classes: Vec<ClassConfig>,
+    /// Which class each packet read from the TUN device belongs to.
+    pub classifier: mpquic_core::classify::Classifier,
+}
+
+/// A traffic class: its own bond (policy), and on every path its own connection (congestion
+/// controller, transport mode, FEC).
+#[derive(Debug, Clone)]
+pub struct ClassConfig {
+    pub name: String,
+    /// Declared under `classes:` (its hellos name it); `false`: the only class, implicit.
+    pub explicit: bool,
+    pub policy: Policy,
+    pub mode: TransportMode,
+    pub congestion: Congestion,
+    pub fec: mpquic_core::fec::FecMode,
 }
 
 #[derive(Debug, Clone)]
@@ -220,7 +303,6 @@ pub struct Config {
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
     pub congestion: Congestion,
-    pub mode: TransportMode,
     pub control_socket: PathBuf,
     pub metrics_listen: Option<SocketAddr>,
     /// Threads of the async runtime. 1 (the default) measured fastest on a 2-core machine.
@@ -408,6 +490,128 @@ multipath_paths:
   weight: 1
 ";
 
+    /// The seed's three classes in one client: rules in several forms, per-class settings with
+    /// the top-level keys as defaults, and the classifier that results.
+    #[test]
+    fn classes_load_and_classify() {
+        let text = SEED_CLIENT.to_string()
+            + "classes:
+- name: critical
+  multipath_policy: redundant
+  transport_mode: datagram
+  match:
+  - dscp: [ef, 34]
+  - protocol: icmp
+  - protocol: udp
+    port: 5060-5061
+- name: default
+- name: bulk
+  multipath_policy: wlb
+  congestion_algorithm: bbr3
+  match:
+  - dst: [192.0.2.0/24, 2001:db8::/32]
+    dst_port: 873
+";
+        let c = parse(&text).unwrap_or_else(|e| panic!("{e}"));
+        let RoleConfig::Client(cl) = &c.role else {
+            panic!()
+        };
+        let names: Vec<&str> = cl.classes.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(names, ["critical", "default", "bulk"]);
+        let (crit, dflt, bulk) = (&cl.classes[0], &cl.classes[1], &cl.classes[2]);
+        assert!(crit.explicit && dflt.explicit);
+        assert_eq!(
+            (crit.policy, crit.mode),
+            (Policy::Redundant, TransportMode::Datagram)
+        );
+        // Unset keys come from the top level (balanced, reliable, bbr).
+        assert_eq!(
+            (dflt.policy, dflt.mode),
+            (Policy::Balanced, TransportMode::Reliable)
+        );
+        assert_eq!(
+            (bulk.policy, bulk.congestion),
+            (Policy::Wlb, Congestion::Bbr3)
+        );
+        assert_eq!(cl.classifier.default_class(), 1);
+        // ICMP echo to anywhere: critical.
+        let mut ping = vec![0u8; 28];
+        ping[0] = 0x45;
+        ping[2..4].copy_from_slice(&28u16.to_be_bytes());
+        ping[9] = 1;
+        ping[12..16].copy_from_slice(&[10, 0, 0, 1]);
+        ping[16..20].copy_from_slice(&[192, 0, 2, 1]);
+        let info = mpquic_core::PacketInfo::parse(&ping);
+        assert_eq!(cl.classifier.classify(info.as_ref()), (0, true));
+        // Without classes: one implicit class of the top-level keys.
+        let plain = parse(SEED_CLIENT).unwrap();
+        let RoleConfig::Client(p) = &plain.role else {
+            panic!()
+        };
+        assert_eq!(p.classes.len(), 1);
+        assert!(!p.classes[0].explicit);
+    }
+
+    #[test]
+    fn class_mistakes_are_located_with_hints() {
+        let with = |classes: &str| {
+            parse(&(SEED_CLIENT.to_string() + "classes:\n" + classes))
+                .unwrap_err()
+                .to_string()
+        };
+        // Every class has rules: nothing takes the rest.
+        let e = with("- name: a\n  match:\n  - protocol: udp\n");
+        assert!(
+            e.contains("no default class") && e.contains("hint: add a class without `match`"),
+            "{e}"
+        );
+        // Two catch-all classes.
+        let e = with("- name: a\n- name: b\n");
+        assert!(
+            e.contains("test.yaml:29:") && e.contains("only one class takes"),
+            "{e}"
+        );
+        let e = with("- name: a\n  match:\n  - dscp: af5\n- name: b\n");
+        assert!(
+            e.contains("`dscp`: `af5` is not a DSCP value") && e.contains("hint: use 0-63"),
+            "{e}"
+        );
+        let e = with("- name: a\n  match:\n  - protocol: ospfx\n- name: b\n");
+        assert!(
+            e.contains("`protocol`: `ospfx` is not an IP protocol"),
+            "{e}"
+        );
+        let e = with("- name: a\n  match:\n  - port: 90-80\n- name: b\n");
+        assert!(e.contains("`port`: `90-80` is not a port or range"), "{e}");
+        let e = with("- name: a\n  match:\n  - dst: 10.0.0.0/40\n- name: b\n");
+        assert!(
+            e.contains("`dst`: `10.0.0.0/40` is not an address or prefix"),
+            "{e}"
+        );
+        let e = with("- name: a\n  match:\n  - {}\n- name: b\n");
+        assert!(e.contains("an empty rule would match every packet"), "{e}");
+        let e = with("- name: a\n  match:\n  - dscpp: 46\n- name: b\n");
+        assert!(e.contains("did you mean `dscp`"), "{e}");
+        let e = with("- name: a\n  fec: auto\n  transport_mode: reliable\n  match:\n  - port: 1\n- name: b\n");
+        assert!(e.contains("`fec` needs `transport_mode: datagram`"), "{e}");
+        let e = with("- name: a b\n");
+        assert!(e.contains("class name `a b` is not valid"), "{e}");
+        let e = with("- name: a\n  match:\n  - port: 1\n- name: a\n");
+        assert!(e.contains("class `a`: duplicate name"), "{e}");
+        // A server has no classes.
+        let server = "role: server\ntun_cidr: 10.0.0.254/24\ntls_cert_file: a\ntls_key_file: b\ntls_ca_file: c\nclasses:\n- name: a\n";
+        let e = parse(server).unwrap_err().to_string();
+        assert!(e.contains("`classes` is a client option"), "{e}");
+    }
+
+    /// The transport mode of a client without classes (its one class's).
+    fn mode_of(c: &Config) -> TransportMode {
+        match &c.role {
+            RoleConfig::Client(cl) => cl.classes[0].mode,
+            RoleConfig::Server(_) => panic!("a client config"),
+        }
+    }
+
     #[test]
     fn seed_client_loads() {
         let c = parse(SEED_CLIENT).unwrap();
@@ -417,7 +621,7 @@ multipath_paths:
         assert_eq!(cl.paths.len(), 2);
         assert_eq!(cl.paths[1].bind, Bind::Interface("enp7s7".into()));
         assert_eq!(cl.policy, Policy::Balanced);
-        assert_eq!(c.mode, TransportMode::Reliable);
+        assert_eq!(mode_of(&c), TransportMode::Reliable);
         // The seed's `bbr` is our model-based BBR (the loss-tolerant one); its earlier name
         // still works.
         assert_eq!(c.congestion, Congestion::Bbr);
@@ -435,7 +639,7 @@ multipath_paths:
         )
         .unwrap();
         assert_eq!(bare.congestion, Congestion::Bbr);
-        assert_eq!(bare.mode, TransportMode::Reliable);
+        assert_eq!(mode_of(&bare), TransportMode::Reliable);
         // Status prints the name the config spells.
         for c in [
             Congestion::Bbr,
@@ -461,7 +665,7 @@ multipath_paths:
         // Off by default; auto alone also picks datagram mode (FEC is for datagrams).
         assert_eq!(client(&bare).fec, FecMode::Off);
         let auto = parse(&(bare.clone() + "fec: auto\n")).unwrap();
-        assert_eq!(auto.mode, TransportMode::Datagram);
+        assert_eq!(mode_of(&auto), TransportMode::Datagram);
         assert_eq!(client(&(bare.clone() + "fec: auto\n")).fec, FecMode::Auto);
         assert_eq!(
             client(&(bare.clone() + "fec: 10/2\n")).fec,
@@ -503,7 +707,7 @@ multipath_paths:
         // The seed's shards default to 10/2; stripe runs the tunnel in datagram mode, and says
         // so when the file asks for reliable.
         assert_eq!(cl.fec, FecMode::Fixed { k: 10, m: 2 });
-        assert_eq!(c.mode, TransportMode::Datagram);
+        assert_eq!(mode_of(&c), TransportMode::Datagram);
         assert!(
             c.warnings.iter().any(|w| w.contains("datagram mode")),
             "{:?}",

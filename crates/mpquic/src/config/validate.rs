@@ -14,12 +14,12 @@ use super::positions::Positions;
 /// Pipes per path: each is a QUIC connection and a socket.
 const MAX_PIPES: u32 = 16;
 use super::{
-    closest, mask, parse_cidr, Bind, ClientConfig, Config, Congestion, PathConfig, PathKind,
-    Problem, RawConfig, Role, RoleConfig, ServerConfig, TransportMode, DEFAULT_PORT,
+    closest, mask, parse_cidr, Bind, ClassConfig, ClientConfig, Config, Congestion, PathConfig,
+    PathKind, Problem, RawConfig, Role, RoleConfig, ServerConfig, TransportMode, DEFAULT_PORT,
 };
 
 /// Collects located problems (errors) and warnings.
-struct Checker {
+pub(super) struct Checker {
     positions: Positions,
     problems: Vec<Problem>,
     warnings: Vec<String>,
@@ -28,7 +28,7 @@ struct Checker {
 impl Checker {
     /// A problem at the key `path` (e.g. `multipath_paths[1].weight`), or at the nearest
     /// enclosing key when the key itself is missing.
-    fn at(&mut self, path: &str, message: String, hint: Option<String>) {
+    pub(super) fn at(&mut self, path: &str, message: String, hint: Option<String>) {
         let (line, column) = self.positions.find(path);
         self.problems.push(Problem {
             line,
@@ -39,7 +39,7 @@ impl Checker {
     }
 
     /// A value from a fixed list, with "did you mean" when it is close to one.
-    fn unknown_value(&mut self, path: &str, what: &str, bad: &str, valid: &[&str]) {
+    pub(super) fn unknown_value(&mut self, path: &str, what: &str, bad: &str, valid: &[&str]) {
         let hint = closest(bad, valid)
             .map(|b| format!("did you mean `{b}`?"))
             .unwrap_or_else(|| format!("valid values: {}", valid.join(", ")));
@@ -88,11 +88,31 @@ pub(super) fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem
         warnings: Vec::new(),
     };
     let g = general(&raw, &mut c);
-    let role = match raw.role {
+    let mut role = match raw.role {
         Role::Server => RoleConfig::Server(server(&raw, &g, &mut c)),
         Role::Client => RoleConfig::Client(client(&raw, &g, &mut c)),
     };
     let mode = mode(&raw, &role, &mut c);
+    // Defaults chosen by measurement for lossy links (docs/BENCHMARKS.md, "The default").
+    let congestion = raw.congestion_algorithm.unwrap_or(Congestion::Bbr);
+    if let RoleConfig::Client(cl) = &mut role {
+        let top = ClassConfig {
+            name: "default".into(),
+            explicit: false,
+            policy: cl.policy,
+            mode,
+            congestion,
+            fec: cl.fec,
+        };
+        let stripe = cl.paths.iter().any(|p| p.transport == PathKind::Stripe);
+        (cl.classes, cl.classifier) = super::classes::classes(&raw, &mut c, top, stripe);
+    } else if !raw.classes.is_empty() {
+        c.at(
+            "classes",
+            "`classes` is a client option".into(),
+            Some("the server keeps each flow's class from the packets the client sends".into()),
+        );
+    }
     if !c.problems.is_empty() {
         c.problems.sort_by_key(|p| (p.line, p.column));
         return Err(c.problems);
@@ -107,9 +127,7 @@ pub(super) fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem
         log_level: g.log_level,
         cert_file: raw.tls_cert_file,
         key_file: raw.tls_key_file,
-        // Defaults chosen by measurement for lossy links (docs/BENCHMARKS.md, "The default").
-        congestion: raw.congestion_algorithm.unwrap_or(Congestion::Bbr),
-        mode,
+        congestion,
         control_socket,
         metrics_listen: raw.metrics_listen,
         worker_threads: raw.worker_threads.unwrap_or(1),
@@ -417,6 +435,9 @@ fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
         insecure_skip_verify: raw.tls_insecure_skip_verify,
         fec,
         stripe_port: raw.stripe_port,
+        // Filled in by `validate` once the transport mode is known (`classes.rs`).
+        classes: Vec::new(),
+        classifier: mpquic_core::classify::Classifier::new(vec![Vec::new()], 0),
     }
 }
 

@@ -688,7 +688,7 @@ async fn offer(incoming: quinn::Incoming, accepting: Arc<Accepting>) -> Option<O
             return None;
         }
         Some(p) => {
-            let key = (identity.clone(), hello.session, hello.path.clone());
+            let key = (identity.clone(), hello.session, hello.pipe_key());
             if p.index > 0 {
                 join_pipe(&accepting, key, p, conn, send, recv, hello.mode).await;
                 return None;
