@@ -26,7 +26,7 @@ mpquic:
   priorities: [1, 2]
 mpquic_variants:
   - {label: failover}
-  - {label: classes, requires: [classes]}
+  - {label: ipv6, requires: [ipv6]}
 traffic:
   - {kind: ping, interval: 20ms, duration: 8s}
   - {kind: iperf3, label: tcp, duration: 8s, streams: 2, rate: 10M}
@@ -57,7 +57,7 @@ def test_run_smoke_scenario():
         res = json.load(open(os.path.join(out, "results.json")))
         md = open(os.path.join(out, "report.md")).read()
         systems = {s["system"]: s for s in res["systems"]}
-        assert systems["mpquic-classes"]["status"] == "unsupported"
+        assert systems["mpquic-ipv6"]["status"] == "unsupported"
         direct = systems["direct"]["traffic"][0]
         mpq = systems["mpquic-failover"]["traffic"][0]
         report(f"runner smoke: direct longest gap {direct['longest_gap_s']:.2f} s, "

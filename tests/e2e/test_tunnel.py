@@ -47,7 +47,7 @@ def test_two_clients_own_addresses_and_spoofed_source_dropped(make_lab):
         assert len(p["received"]) == 5, (c, p)
     st = {t["peer"]: t for t in lab.status("server")["tunnels"]}
     assert st["site1/mpq0"]["address"] == "10.200.17.1/24"
-    assert st["site2"]["address"] == "10.200.17.2/24"
+    assert st["site2/mpq0"]["address"] == "10.200.17.2/24"
     # site1 sends packets claiming site2's address: dropped by the server, counted.
     ns = lab.client_ns(0)
     # (without the lab's LAN masquerade, which would rewrite the forged source to site1's own)
@@ -58,7 +58,7 @@ def test_two_clients_own_addresses_and_spoofed_source_dropped(make_lab):
     spoofed = sum(x["drops"]["spoofed_source"] for x in st["site1/mpq0"]["paths"])
     report(f"two clients: site1=10.200.17.1 site2=10.200.17.2; spoofed packets from site1 dropped: {spoofed}")
     assert spoofed >= 5
-    assert sum(x["drops"]["spoofed_source"] for x in st["site2"]["paths"]) == 0
+    assert sum(x["drops"]["spoofed_source"] for x in st["site2/mpq0"]["paths"]) == 0
     # A client asking for an address outside the server's network gets a clear error and stops.
     bad = lab.client_yaml(1).replace("tun_cidr: 10.200.17.2/24", "tun_cidr: 10.99.99.1/24")
     lab.stop("client1")

@@ -192,6 +192,7 @@ fn main() -> ExitCode {
                 },
                 requires: Vec::new(),
                 fec: None,
+                classes: None,
             },
         ),
         Cmd::Route {

@@ -146,14 +146,25 @@ fn server_yaml(m: &MpquicOpts, pki: &str, me: &Instance) -> String {
     )
 }
 
+/// The scenario's traffic classes as the client's `classes:` key.
+fn classes_yaml(m: &MpquicOpts) -> String {
+    let Some(classes) = &m.classes else {
+        return String::new();
+    };
+    let mut top = serde_yaml_ng::Mapping::new();
+    top.insert("classes".into(), classes.clone());
+    serde_yaml_ng::to_string(&top).unwrap_or_default()
+}
+
 fn client_yaml(lab: &LabState, c: usize, m: &MpquicOpts, pki: &str, me: &Instance) -> String {
     let mut y = format!(
         "role: client\nmultipath_enabled: true\nmultipath_policy: {pol}\ntun_name: mpq0\n\
          tun_cidr: {tun}\nlog_level: info\n\
          tls_ca_file: {pki}/ca.crt\ntls_cert_file: {pki}/{site}.crt\ntls_key_file: {pki}/{site}.key\n\
          tls_server_name: {SERVER_NAME}\n{cc}{mode}\
-         control_socket: {s}\n{fec}{extra}multipath_paths:\n",
+         control_socket: {s}\n{fec}{extra}{classes}multipath_paths:\n",
         fec = m.fec.as_ref().map(|f| format!("fec: {f}\n")).unwrap_or_default(),
+        classes = classes_yaml(m),
         pol = m.policy,
         tun = me.tun_addr,
         site = me.name,

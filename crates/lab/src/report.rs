@@ -155,12 +155,14 @@ fn mpquic_drops(o: &mut String, status: &Value) {
             lines.push(format!("{who} status unreadable"));
             continue;
         };
-        for (_, path, reason, n) in st.all_drops() {
+        for (t, path, reason, n) in st.all_drops() {
             if n > 0 {
-                let scope = if path.is_empty() {
-                    String::new()
-                } else {
-                    format!("{path}: ")
+                let class = t.and_then(|t| t.class.as_deref());
+                let scope = match (class, path.is_empty()) {
+                    (None, true) => String::new(),
+                    (None, false) => format!("{path}: "),
+                    (Some(c), true) => format!("class {c}: "),
+                    (Some(c), false) => format!("class {c} {path}: "),
                 };
                 lines.push(format!("{who} {scope}{reason} {n}"));
             }
@@ -175,6 +177,58 @@ fn mpquic_drops(o: &mut String, status: &Value) {
             lines.join(", ")
         }
     );
+}
+
+/// Traffic classes at the end of the run, side by side: what each side put in each class and
+/// carried in it, and its drops.
+fn mpquic_classes(o: &mut String, status: &Value) {
+    let statuses = final_statuses(status);
+    let tunnels = |who: &str| -> Vec<mpquic_status::TunnelStatus> {
+        statuses
+            .iter()
+            .filter(|(w, _)| *w == who)
+            .flat_map(|(_, s)| s.iter().flat_map(|s| s.tunnels.clone()))
+            .filter(|t| t.class.is_some())
+            .collect()
+    };
+    let (client, server) = (tunnels("client"), tunnels("server"));
+    if client.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "
+Traffic classes at the end (packets put in the class: by a rule / unmatched; MB sent):
+
+         | class | policy / mode | client packets | MB up | server packets | MB down | drops |
+|---|---|---|---|---|---|---|"
+    );
+    for c in &client {
+        let s = server.iter().find(|s| s.class == c.class);
+        let sent = |t: &mpquic_status::TunnelStatus| {
+            t.paths.iter().map(|p| p.tx_bytes).sum::<u64>() as f64 / 1e6
+        };
+        let drops = |t: &mpquic_status::TunnelStatus| {
+            t.drops.values().sum::<u64>()
+                + t.paths.iter().flat_map(|p| p.drops.values()).sum::<u64>()
+        };
+        let _ = writeln!(
+            o,
+            "| {} | {} / {} | {} / {} | {:.1} | {} | {} | {} |",
+            c.class.as_deref().unwrap_or(""),
+            c.policy,
+            c.mode,
+            c.classified_packets,
+            c.unmatched_packets,
+            sent(c),
+            s.map_or("-".into(), |s| format!(
+                "{} / {}",
+                s.classified_packets, s.unmatched_packets
+            )),
+            s.map_or("-".into(), |s| format!("{:.1}", sent(s))),
+            drops(c) + s.map_or(0, drops),
+        );
+    }
 }
 
 /// FEC at the end of the run, per side and path that had it: what the sender added and what
@@ -334,6 +388,7 @@ fn markdown(r: &Value, plots: &crate::plot::Plots) -> String {
         let samples = s["samples"].as_array().map_or(&[][..], Vec::as_slice);
         process_table(&mut o, samples);
         tunnel_drops(&mut o, samples);
+        mpquic_classes(&mut o, &s["mpquic_status"]);
         mpquic_drops(&mut o, &s["mpquic_status"]);
         mpquic_fec(&mut o, &s["mpquic_status"]);
         emulator_health(&mut o, &s["emulator"]);

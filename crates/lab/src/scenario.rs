@@ -13,7 +13,7 @@ use crate::emu::LinkSpec;
 
 /// Features mpquic does not have yet; a scenario that requires one reports "unsupported" for
 /// mpquic and still runs its other systems.
-pub const NOT_YET: &[&str] = &["classes"];
+pub const NOT_YET: &[&str] = &["ipv6"];
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -85,6 +85,10 @@ pub struct MpquicOpts {
     /// The clients' `fec` (off, auto, K/M); absent: not written (mpquic's default).
     #[serde(default)]
     pub fec: Option<String>,
+    /// The clients' traffic classes, written as their `classes:` (docs/CONFIG.md); absent:
+    /// none.
+    #[serde(default)]
+    pub classes: Option<serde_yaml_ng::Value>,
 }
 
 impl Default for MpquicOpts {
@@ -100,6 +104,7 @@ impl Default for MpquicOpts {
             requires: Vec::new(),
             extra_yaml: String::new(),
             fec: None,
+            classes: None,
         }
     }
 }
@@ -117,6 +122,7 @@ pub struct Variant {
     pub fec: Option<String>,
     pub pipes: Option<Vec<u32>>,
     pub transport: Option<Vec<String>>,
+    pub classes: Option<serde_yaml_ng::Value>,
     #[serde(default)]
     pub requires: Vec<String>,
 }
@@ -437,6 +443,7 @@ impl Scenario {
                         o.fec = v.fec.clone().or(o.fec);
                         o.pipes = v.pipes.clone().or(o.pipes);
                         o.transport = v.transport.clone().or(o.transport);
+                        o.classes = v.classes.clone().or(o.classes);
                         o.requires.extend(v.requires.iter().cloned());
                         out.push((format!("mpquic-{}", v.label), System::Mpquic(o)));
                     }

@@ -1,0 +1,109 @@
+"""Traffic classes (issue 11): classes in one client, and the seed's layout of one instance per
+class (its own TUN device) sharing one certificate, one server port and one subnet."""
+
+import re
+
+from conftest import report
+import labctl
+
+CLASSES = """classes:
+- name: critical
+  multipath_policy: redundant
+  transport_mode: datagram
+  match:
+  - protocol: icmp
+- name: default
+- name: bulk
+  match:
+  - port: 5201
+"""
+
+
+def by_class(st):
+    return {t.get("class"): t for t in st["tunnels"]}
+
+
+def test_classes_in_one_client(make_lab):
+    lab = make_lab(paths=2, mode="reliable", policy="failover", priorities=[1, 1],
+                   extra_yaml="metrics_listen: 127.0.0.1:9464\n")
+    lab.pki()
+    lab.start_server()
+    lab.start_client(yaml=lab.client_yaml(0) + CLASSES)
+    lab.wait_tunnel()
+    ping = lab.ping(count=20, interval=0.02)
+    assert len(ping["received"]) == 20, ping
+    lab.iperf_server()
+    up = lab.iperf(seconds=3)["end"]["sum_received"]["bits_per_second"] / 1e6
+    # Something no rule matches: UDP to port 9 goes in the default class, counted as unmatched.
+    send = ("import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);"
+            "[s.sendto(b'x'*100,('%s',9)) for _ in range(30)]" % lab.inet_addr)
+    lab.sh(lab.lan_ns(0), ["python3", "-c", send])
+
+    cli, srv = by_class(lab.status("client0")), by_class(lab.status("server"))
+    assert list(cli) == ["critical", "default", "bulk"], list(cli)
+    assert list(srv) == ["critical", "default", "bulk"], list(srv)
+    report(f"classes: ping 20/20, TCP up {up:.0f} Mbit/s in bulk; client packets critical "
+           f"{cli['critical']['classified_packets']}, bulk {cli['bulk']['classified_packets']}, "
+           f"default unmatched {cli['default']['unmatched_packets']}; server sent critical "
+           f"{srv['critical']['classified_packets']}, bulk {srv['bulk']['classified_packets']}")
+    assert cli["critical"]["classified_packets"] >= 20
+    assert cli["critical"]["policy"] == "redundant" and cli["critical"]["mode"] == "datagram"
+    assert cli["bulk"]["mode"] == "reliable"
+    assert cli["bulk"]["classified_packets"] > 1000 and up > 20
+    assert cli["default"]["unmatched_packets"] >= 30 and cli["default"]["classified_packets"] == 0
+    # The server sends each flow's answers in the class the flow arrived in.
+    assert srv["critical"]["classified_packets"] >= 20
+    assert srv["bulk"]["classified_packets"] > 100
+    # Every class has its own connection on both paths, all up.
+    for side in (cli, srv):
+        for t in side.values():
+            assert sorted(p["name"] for p in t["paths"]) == ["wan1", "wan2"]
+            assert all(p["state"] == "up" for p in t["paths"]), t["paths"]
+    assert all(t["peer"] == "site1/mpq0" for t in srv.values())
+    # redundant: every ping went on both paths (of the same priority).
+    crit_tx = [p["tx_packets"] for p in cli["critical"]["paths"]]
+    assert min(crit_tx) >= 20, crit_tx
+
+    table = labctl.run([labctl.BIN, "status", "--socket", lab.sock("client0")]).stdout
+    assert re.search(r"class critical \(\d+ packets\)", table), table
+    assert re.search(r"class default \(0 packets, \d+ unmatched\)", table), table
+    fetch = ("import urllib.request;"
+             "print(urllib.request.urlopen('http://127.0.0.1:9464/metrics', timeout=5).read().decode())")
+    text = lab.sh(lab.server_ns, ["python3", "-c", fetch]).stdout
+    assert 'mpquic_path_up{tunnel="site1/mpq0",class="critical",path="wan1"} 1' in text, text[:3000]
+
+
+def test_seed_layout_three_instances_one_certificate(make_lab):
+    """Seed 000 section 4: cr2, br2, df2 on one site, each its own instance and TUN device with
+    its own address in the server's one subnet, all with the site's one certificate."""
+    lab = make_lab(paths=1, mode="reliable")
+    lab.pki()
+    lab.start_server()
+    base = lab.client_yaml(0)
+    sock = lab.sock("client0")
+    instances = [("cr2", "10.200.17.1"), ("br2", "10.200.17.5"), ("df2", "10.200.17.9")]
+    for name, addr in instances:
+        y = (base.replace("tun_name: mpq0", f"tun_name: {name}")
+                 .replace("tun_cidr: 10.200.17.1/24", f"tun_cidr: {addr}/24")
+                 .replace(sock, sock.replace(".sock", f"-{name}.sock")))
+        assert f"tun_name: {name}" in y and f"{addr}/24" in y
+        lab.spawn(name, lab.client_ns(0), [labctl.BIN, "--config", lab.write(f"{name}.yaml", y)])
+    server = {}
+    for _ in range(100):
+        server = {t["peer"]: t for t in lab.status("server")["tunnels"]}
+        if len(server) == 3 and all(p["state"] == "up" for t in server.values() for p in t["paths"]):
+            break
+        labctl.time.sleep(0.1)
+    assert sorted(server) == ["site1/br2", "site1/cr2", "site1/df2"], server.keys()
+    for name, addr in instances:
+        assert server[f"site1/{name}"]["address"] == f"{addr}/24"
+    # The seed's ping test: through each tunnel in turn (bound to its device: the three share
+    # one subnet, so the route alone would send all of them through the first).
+    for name, addr in instances:
+        r = lab.sh(lab.client_ns(0), ["ping", "-n", "-c", "10", "-i", "0.02", "-W", "1", "-I", name,
+                                      "10.200.17.254"], check=False)
+        got = labctl.parse_ping(r.stdout)
+        assert len(got["received"]) == 10, (name, r.stdout, lab.log(name))
+    rx = {t["peer"]: sum(p["rx_packets"] for p in t["paths"]) for t in lab.status("server")["tunnels"]}
+    report(f"seed layout: three instances of site1, packets received by the server per instance {rx}")
+    assert all(n >= 10 for n in rx.values()), rx
