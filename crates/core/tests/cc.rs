@@ -58,13 +58,18 @@ struct Flow<'a> {
     rtts: Vec<Duration>,
     /// The receiver's unacknowledged packets and when the first of them arrived.
     pending: (Vec<u64>, Option<Instant>),
+    /// Also pace at the controller's `pacing_rate` (reliable mode's stream writer does).
+    own_pacing: bool,
 }
 
 impl Flow<'_> {
     /// quinn's pacer rate: 1.25 x window / smoothed RTT.
     fn pace_rate(&self) -> Option<f64> {
-        self.srtt
-            .map(|s| 1.25 * self.ctl.window() as f64 / s.as_secs_f64())
+        let quinn = self
+            .srtt
+            .map(|s| 1.25 * self.ctl.window() as f64 / s.as_secs_f64())?;
+        let own = self.ctl.pacing_rate().filter(|_| self.own_pacing);
+        Some(own.map_or(quinn, |r| quinn.min(r as f64)))
     }
 
     fn send(&mut self, now: Instant, id: usize, up: &mut Link<Pkt>) {
@@ -135,12 +140,20 @@ impl Flow<'_> {
 }
 
 fn run(ctl: &mut dyn Controller, path: &str, secs: u64, seed: u64) -> Run {
-    run_shared(vec![ctl], path, secs, seed).remove(0)
+    run_shared(vec![ctl], path, secs, seed, None, false).remove(0)
 }
 
 /// Flows through one bottleneck (`path`), each acknowledged over a clean return link of the
-/// same delay; they start together.
-fn run_shared(ctls: Vec<&mut dyn Controller>, path: &str, secs: u64, seed: u64) -> Vec<Run> {
+/// same delay; they start together. `change`: at that time the bottleneck becomes another spec
+/// (a route change).
+fn run_shared(
+    ctls: Vec<&mut dyn Controller>,
+    path: &str,
+    secs: u64,
+    seed: u64,
+    mut change: Option<(Duration, &str)>,
+    own_pacing: bool,
+) -> Vec<Run> {
     let t0 = Instant::now();
     let mut up: Link<Pkt> = Link::new(LinkSpec::parse(path).unwrap(), seed);
     let one_way = LinkSpec::parse(path).unwrap().delay;
@@ -164,11 +177,16 @@ fn run_shared(ctls: Vec<&mut dyn Controller>, path: &str, secs: u64, seed: u64) 
             delivered: 0,
             rtts: Vec::new(),
             pending: (Vec::new(), None),
+            own_pacing,
         })
         .collect();
     let mut arrived = Vec::new();
     let mut acks: Vec<Ack> = Vec::new();
     while now < end {
+        if let Some((_, spec)) = change.filter(|(at, _)| now >= t0 + *at) {
+            up.set_spec(LinkSpec::parse(spec).unwrap());
+            change = None;
+        }
         for (id, f) in flows.iter_mut().enumerate() {
             f.send(now, id, &mut up);
         }
@@ -330,6 +348,7 @@ fn model_controllers_fill_a_clean_bottleneck_without_filling_its_queue() {
         let r = run(&mut newreno(), path, 20, 3);
         for (name, b) in [
             ("bbr", run(&mut bbr(), path, 20, 3)),
+            ("bbr yielding", run(&mut Bbr::yielding(MSS as u16), path, 20, 3)),
             ("bbr3", run(&mut bbr3(1), path, 20, 3)),
         ] {
             println!(
@@ -343,6 +362,24 @@ fn model_controllers_fill_a_clean_bottleneck_without_filling_its_queue() {
             );
             assert!(r.rtt_median_ms > b.rtt_median_ms, "{path}: newreno {r:?}");
         }
+    }
+}
+
+/// A route that gets longer (10 -> 25 ms one way) keeps every RTT sample above the old minimum
+/// until ProbeRtt replaces it: that reads as a standing queue, and draining it must not spiral
+/// the rate down (`DRAIN_FLOOR`).
+#[test]
+fn a_longer_route_is_not_drained_to_nothing() {
+    let path = "rate=50mbit,delay=10ms,queue=200ms";
+    let longer = "rate=50mbit,delay=25ms,queue=200ms";
+    for (name, ctl) in [
+        ("bbr", &mut bbr() as &mut dyn Controller),
+        ("bbr yielding", &mut Bbr::yielding(MSS as u16)),
+    ] {
+        let change = Some((Duration::from_secs(5), longer));
+        let r = run_shared(vec![ctl], path, 20, 4, change, true).remove(0);
+        println!("route 10 -> 25 ms at 5 s, paced at the model's rate: {name} {:.1} Mbit/s, RTT median {:.1} ms", r.goodput_mbit, r.rtt_median_ms);
+        assert!(r.goodput_mbit >= 0.85 * 50.0, "{name}: {r:?}");
     }
 }
 
@@ -364,11 +401,11 @@ fn bbr3_shares_a_bottleneck_with_a_loss_based_flow() {
     ] {
         let rate: f64 = LinkSpec::parse(path).unwrap().rate_bps.unwrap() as f64 / 1e6;
         let (mut a, mut r) = (bbr(), newreno());
-        let v1 = run_shared(vec![&mut a, &mut r], path, 60, 5);
+        let v1 = run_shared(vec![&mut a, &mut r], path, 60, 5, None, false);
         let (mut a, mut r) = (bbr3(1), newreno());
-        let v3 = run_shared(vec![&mut a, &mut r], path, 60, 5);
+        let v3 = run_shared(vec![&mut a, &mut r], path, 60, 5, None, false);
         let (mut a, mut b) = (bbr3(1), bbr3(2));
-        let two = run_shared(vec![&mut a, &mut b], path, 60, 5);
+        let two = run_shared(vec![&mut a, &mut b], path, 60, 5, None, false);
         let g = |r: &[Run]| (r[0].goodput_mbit, r[1].goodput_mbit);
         let ((b1, r1), (b3, r3), (x, y)) = (g(&v1), g(&v3), g(&two));
         println!(

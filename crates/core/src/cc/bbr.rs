@@ -34,15 +34,35 @@ const STARTUP_CWND_GAIN: f64 = 2.885;
 /// ProbeBw's phases, each about one minimum RTT long: probe above the estimate, drain what that
 /// queued, then cruise.
 const CYCLE: [f64; 8] = [1.25, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+/// A yielding controller's (`Bbr::yielding`) probe: 1.1x, so the queue a probe builds is 0.1
+/// BDP rather than 0.25 (5 ms at 20 ms RTT, which a critical class beside it would wait behind);
+/// it still finds 10% more bandwidth per cycle.
+const YIELDING_PROBE_GAIN: f64 = 1.1;
 /// The pipe is full when the bandwidth grew by less than this over `FULL_BW_ROUNDS` rounds.
 const FULL_BW_GROWTH: f64 = 1.25;
 const FULL_BW_ROUNDS: u32 = 3;
 /// While every RTT sample of the last round was above the minimum by more than
 /// `STANDING_QUEUE` of it (`STANDING_QUEUE_MIN` at least), ProbeBw's cruising and draining
-/// phases pace at `DRAIN_GAIN`: the bandwidth estimate is a maximum of delivery-rate samples,
-/// which ACK compression inflates by a few percent, so a pacer at 1.0x it keeps whatever queue
-/// formed (scenario 10: RTT 20 -> 31 ms within 5 s under one upload).
+/// phases pace at `DRAIN_GAIN` of the last round's delivery rate (when below the estimate): the bandwidth
+/// estimate is a maximum of delivery-rate samples, which ACK compression inflates by a few
+/// percent, so a pacer at 1.0x it keeps whatever queue formed (scenario 10: RTT 20 -> 31 ms
+/// within 5 s under one upload), and at 0.95x an estimate inflated by more than 5% the queue
+/// still grew, for seconds until the next ProbeRtt (scenario 17: 10 ms queues lasting 1-2 s).
+/// While a queue stands the link is saturated, so the last round's rate is the link's.
 const DRAIN_GAIN: f64 = 0.95;
+/// ...but never below this share of the estimate: a "standing queue" can also be a minimum RTT
+/// that no longer holds (a route that got longer keeps every sample above it until ProbeRtt
+/// replaces it, up to 10 s), and pacing at 0.95x the last round's own delivery rate would then
+/// spiral down round after round. At 0.9 the drain still works for estimates inflated by up to
+/// ~17%.
+const DRAIN_FLOOR: f64 = 0.9;
+/// A standing queue that this many rounds of draining (delivering below the estimate) did not
+/// shrink (the round's smallest RTT fell by less than a quarter of the excess) is taken for a
+/// minimum RTT that no longer holds
+/// (a longer route): ProbeRtt measures it now rather than when it expires, up to 10 s later.
+/// While a queue stands nothing probes above the estimate (the probes of an estimate that ACK
+/// compression inflated kept a queue growing for seconds: scenario 17).
+const STALE_MIN_ROUNDS: u32 = 8;
 const STANDING_QUEUE: f64 = 0.1;
 const STANDING_QUEUE_MIN: Duration = Duration::from_millis(1);
 /// ProbeRtt holds the window at `PROBE_RTT_GAIN` BDP (BBRv3's; BBRv1's four packets stall a
@@ -78,6 +98,9 @@ pub enum State {
 #[derive(Debug, Clone)]
 pub struct Bbr {
     mss: u64,
+    /// ProbeBw's probing gain (`CYCLE[0]`, or `YIELDING_PROBE_GAIN`); the draining phase after
+    /// it mirrors it (2 - gain).
+    probe_gain: f64,
     state: State,
     window: u64,
     bw: MaxBwFilter,
@@ -89,6 +112,14 @@ pub struct Bbr {
     /// The smallest RTT sample of the round under way, and of the last complete round.
     round_min_rtt: Option<Duration>,
     last_round_min_rtt: Option<Duration>,
+    /// The largest delivery rate of the round under way, and of the last complete round.
+    round_rate: u64,
+    last_round_rate: u64,
+    /// Rounds a standing queue has shown for, of them those that delivered below the estimate,
+    /// and the smallest RTT of the round it began in.
+    queue_rounds: u32,
+    drained_rounds: u32,
+    queue_onset_rtt: Option<Duration>,
     // Startup: is the pipe full yet? (Judged only on rounds that used the window: the most
     // in flight during the round, and the window when it began.)
     round_max_in_flight: u64,
@@ -118,6 +149,7 @@ impl Bbr {
         let mss = u64::from(mtu);
         Bbr {
             mss,
+            probe_gain: CYCLE[0],
             state: State::Startup,
             window: INITIAL_WINDOW_PACKETS * mss,
             bw: MaxBwFilter::default(),
@@ -127,6 +159,11 @@ impl Bbr {
             round_start: false,
             round_min_rtt: None,
             last_round_min_rtt: None,
+            round_rate: 0,
+            last_round_rate: 0,
+            queue_rounds: 0,
+            drained_rounds: 0,
+            queue_onset_rtt: None,
             round_max_in_flight: 0,
             round_window: 0,
             full_bw: 0,
@@ -141,6 +178,24 @@ impl Bbr {
             random_loss: 0.0,
             loss_acked: 0,
             loss_lost: 0,
+        }
+    }
+
+    /// A controller for a traffic class below another on the same paths (`classes:`): it
+    /// probes for bandwidth gently, so its probes barely queue at a shared bottleneck.
+    pub fn yielding(mtu: u16) -> Bbr {
+        Bbr {
+            probe_gain: YIELDING_PROBE_GAIN,
+            ..Bbr::new(mtu)
+        }
+    }
+
+    /// ProbeBw's gain in phase `cycle`.
+    fn cycle_gain(&self, cycle: usize) -> f64 {
+        match cycle {
+            0 => self.probe_gain,
+            1 => 2.0 - self.probe_gain,
+            c => CYCLE[c],
         }
     }
 
@@ -259,7 +314,7 @@ impl Bbr {
                 let elapsed = now.saturating_duration_since(start);
                 let drained = self.bdp().is_some_and(|bdp| self.in_flight <= bdp);
                 // The draining phase may end early, once the probe's queue is gone.
-                if elapsed > min_rtt || (CYCLE[self.cycle] < 1.0 && drained) {
+                if elapsed > min_rtt || (self.cycle_gain(self.cycle) < 1.0 && drained) {
                     self.cycle = (self.cycle + 1) % CYCLE.len();
                     self.cycle_start = Some(now);
                 }
@@ -279,11 +334,44 @@ impl Bbr {
                 }
             }
         }
-        if self.state != State::ProbeRtt && self.min_rtt.expired(now) {
+        let stale = self.round_start && self.queue_does_not_drain();
+        if self.state != State::ProbeRtt && (self.min_rtt.expired(now) || stale) {
             self.state = State::ProbeRtt;
             self.probe_rtt_until = None;
             self.probe_rtt_min = None;
         }
+    }
+
+    /// At a round's start (ProbeBw): has a standing queue shown for `STALE_MIN_ROUNDS` without
+    /// shrinking? Counts the rounds.
+    fn queue_does_not_drain(&mut self) -> bool {
+        if self.state != State::ProbeBw || !self.standing_queue() {
+            self.queue_rounds = 0;
+            self.drained_rounds = 0;
+            self.queue_onset_rtt = None;
+            return false;
+        }
+        self.queue_rounds += 1;
+        // Only a queue we did drain (delivered below the estimate all along) says something:
+        // where nothing paces at our rate (datagram mode: the engine paces from the window),
+        // the window's own queue stands whatever the pacing rate says.
+        if self.last_round_rate > 0 && (self.last_round_rate as f64) < 0.97 * self.bw.get() as f64
+        {
+            self.drained_rounds += 1;
+        }
+        let (Some(now_rtt), Some(min)) = (self.last_round_min_rtt, self.min_rtt.get()) else {
+            return false;
+        };
+        let onset = *self.queue_onset_rtt.get_or_insert(now_rtt);
+        if self.queue_rounds < STALE_MIN_ROUNDS {
+            return false;
+        }
+        let drained = self.drained_rounds >= STALE_MIN_ROUNDS;
+        self.queue_rounds = 0;
+        self.drained_rounds = 0;
+        self.queue_onset_rtt = None;
+        let excess = onset.saturating_sub(min);
+        drained && now_rtt + excess / 4 > onset
     }
 
     fn update_window(&mut self) {
@@ -306,7 +394,7 @@ impl Bbr {
             State::ProbeRtt => self.probe_rtt_window(),
             State::Drain | State::ProbeBw => {
                 let gain = match self.state {
-                    State::ProbeBw => CWND_GAIN * CYCLE[self.cycle],
+                    State::ProbeBw => CWND_GAIN * self.cycle_gain(self.cycle),
                     _ => 1.0,
                 };
                 let aggregation = (self.bandwidth() as f64 * ACK_AGGREGATION.as_secs_f64()) as u64;
@@ -350,6 +438,7 @@ impl Controller for Bbr {
         if sample.new_round {
             self.round_start = true;
             self.last_round_min_rtt = self.round_min_rtt.take();
+            self.last_round_rate = std::mem::take(&mut self.round_rate);
             self.sample_loss();
         }
         // An application-limited sample shows what the sender offered, not what the path can
@@ -357,6 +446,9 @@ impl Controller for Bbr {
         let rate = sample.rate;
         if rate > 0 && (!app_limited || rate >= self.bw.get()) {
             self.bw.update(self.delivery.round(), rate);
+        }
+        if !app_limited {
+            self.round_rate = self.round_rate.max(rate);
         }
     }
 
@@ -380,6 +472,7 @@ impl Controller for Bbr {
             // route, an outage). Start over from a minimal window.
             *self = Bbr {
                 min_rtt: self.min_rtt.clone(),
+                probe_gain: self.probe_gain,
                 ..Bbr::new(self.mss as u16)
             };
             self.window = self.min_window();
@@ -414,12 +507,19 @@ impl Controller for Bbr {
     /// first second, inner cubic left slow start at 34 KB).
     fn pacing_rate(&self) -> Option<u64> {
         let bw = self.bw.get();
-        let gain = match self.state {
+        let (gain, rate) = match self.state {
             State::Startup | State::Drain => return None,
-            State::ProbeBw if self.standing_queue() && CYCLE[self.cycle] <= 1.0 => DRAIN_GAIN,
-            State::ProbeBw => CYCLE[self.cycle],
-            State::ProbeRtt => 1.0,
+            State::ProbeBw if self.standing_queue() => {
+                let floor = (DRAIN_FLOOR * bw as f64) as u64;
+                let measured = match self.last_round_rate {
+                    0 => bw,
+                    r => r.clamp(floor, bw),
+                };
+                (DRAIN_GAIN, measured)
+            }
+            State::ProbeBw => (self.cycle_gain(self.cycle), bw),
+            State::ProbeRtt => (1.0, bw),
         };
-        (bw > 0).then_some((gain * bw as f64) as u64)
+        (rate > 0).then_some((gain * rate as f64) as u64)
     }
 }

@@ -43,6 +43,10 @@ pub enum Congestion {
     /// quinn's BBRv1 port (enters recovery on any loss), kept for comparison.
     #[serde(rename = "quinn-bbr")]
     QuinnBbr,
+    /// Not a configuration value: `bbr` for a traffic class below another on the same paths
+    /// (`mpquic_core::cc::Bbr::yielding`: gentle probes), chosen by the client per class.
+    #[serde(skip)]
+    BbrYielding,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -59,6 +63,7 @@ impl Congestion {
     pub fn as_str(self) -> &'static str {
         match self {
             Congestion::Bbr => "bbr",
+            Congestion::BbrYielding => "bbr (yielding)",
             Congestion::Bbr3 => "bbr3",
             Congestion::Cubic => "cubic",
             Congestion::Newreno => "newreno",
@@ -71,7 +76,10 @@ impl Congestion {
     /// One of the core's controllers (`mpquic_core::cc`), which the stripe transport can run
     /// outside the QUIC engine.
     pub fn is_ours(self) -> bool {
-        matches!(self, Congestion::Bbr | Congestion::Bbr3)
+        matches!(
+            self,
+            Congestion::Bbr | Congestion::BbrYielding | Congestion::Bbr3
+        )
     }
 }
 
