@@ -348,7 +348,10 @@ fn model_controllers_fill_a_clean_bottleneck_without_filling_its_queue() {
         let r = run(&mut newreno(), path, 20, 3);
         for (name, b) in [
             ("bbr", run(&mut bbr(), path, 20, 3)),
-            ("bbr yielding", run(&mut Bbr::yielding(MSS as u16), path, 20, 3)),
+            (
+                "bbr yielding",
+                run(&mut Bbr::yielding(MSS as u16), path, 20, 3),
+            ),
             ("bbr3", run(&mut bbr3(1), path, 20, 3)),
         ] {
             println!(
