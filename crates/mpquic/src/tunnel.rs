@@ -895,12 +895,23 @@ impl Tunnel {
         for chunk in packets.chunks(crate::batch::BATCH_PACKETS) {
             batch.clear();
             infos.clear();
-            for p in chunk {
+            for frame in chunk {
+                // The frame as the dead path carried it: a per-packet policy's numbering goes
+                // (the packet is numbered again where it goes now; sent with it, the receiver
+                // took the old header for the packet: `malformed` on the live path).
+                let p = match wire::decode(frame) {
+                    Some(Datagram::Packet(p)) => p,
+                    Some(Datagram::Bonded { packet, .. }) => packet,
+                    _ => {
+                        self.drop_unsent(DropReason::Malformed, 1);
+                        continue;
+                    }
+                };
                 batch.slot(p.len())[..p.len()].copy_from_slice(p);
                 batch.commit(p.len());
                 infos.push(PacketInfo::parse(p));
             }
-            let which: Vec<usize> = (0..chunk.len()).collect();
+            let which: Vec<usize> = (0..batch.len()).collect();
             self.send_batch(&mut batch, &which, &infos, &mut scratch);
         }
     }
