@@ -107,3 +107,29 @@ def test_seed_layout_three_instances_one_certificate(make_lab):
     rx = {t["peer"]: sum(p["rx_packets"] for p in t["paths"]) for t in lab.status("server")["tunnels"]}
     report(f"seed layout: three instances of site1, packets received by the server per instance {rx}")
     assert all(n >= 10 for n in rx.values()), rx
+
+
+def test_class_with_its_own_tun_device(make_lab):
+    """A class with its own TUN device (`tun_name` in the class: sites that route a VLAN into a
+    class): what the device reads goes in that class, the answers come back on it."""
+    lab = make_lab(paths=1, mode="reliable")
+    lab.pki()
+    lab.start_server()
+    classes = ("classes:\n- name: critical\n  match:\n  - protocol: icmp\n- name: default\n"
+               "- name: bulk\n  tun_name: blk0\n")
+    lab.start_client(yaml=lab.client_yaml(0) + classes)
+    lab.wait_tunnel()
+    r = lab.sh(lab.client_ns(0), ["ping", "-n", "-c", "10", "-i", "0.02", "-W", "1", "-I", "blk0",
+                                  "10.200.17.254"], check=False)
+    got = labctl.parse_ping(r.stdout)
+    assert len(got["received"]) == 10, (r.stdout, lab.log("client0"))
+    cli = by_class(lab.status("client0"))
+    srv = by_class(lab.status("server"))
+    report(f"class bulk on its own device blk0: ping 10/10; client bulk {cli['bulk']['classified_packets']} "
+           f"packets, critical {cli['critical']['classified_packets']}; server bulk "
+           f"{srv['bulk']['classified_packets']}")
+    # The device is the rule: ICMP read from blk0 is bulk, not critical.
+    assert cli["bulk"]["classified_packets"] >= 10
+    assert srv["bulk"]["classified_packets"] >= 10
+    addr = lab.sh(lab.client_ns(0), ["ip", "-4", "-o", "addr", "show", "dev", "blk0"]).stdout
+    assert "10.200.17.1/24" in addr, addr

@@ -26,7 +26,7 @@ use crate::status::StatusReport;
 use crate::transport::quic::QuicDialer;
 use crate::transport::{Dialer, PathTransport};
 use crate::tun::Tun;
-use crate::tunnel::{close, Carriage, ClassTag, Shares, Tunnel};
+use crate::tunnel::{close, Carriage, ClassTag, Routed, Shares, Tunnel};
 use crate::{quic, runtime};
 
 /// Bound on socket setup + handshake + hello for one attempt.
@@ -52,6 +52,8 @@ struct Client {
 struct Class {
     cfg: ClassConfig,
     tunnel: Arc<Tunnel>,
+    /// The class's own TUN device (`tun_name` of the class), read by its own reader.
+    own_tun: Option<Arc<Tun>>,
     /// The tunnel's id of each configured path, in config order.
     path_ids: Vec<PathId>,
     /// Dials with the class's congestion controller.
@@ -80,12 +82,18 @@ pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<
         0
     };
     let mtu = runtime::tun_mtu(&cfg, link_mtu.saturating_sub(bond_header));
-    let tun = Arc::new(runtime::open_tun(&platform, &cfg, mtu)?);
+    let tun = Arc::new(runtime::open_tun(&platform, &cfg, &cfg.tun_name, mtu)?);
     let classes = ccfg
         .classes
         .iter()
         .enumerate()
-        .map(|(rank, k)| Class::new(&cfg, &ccfg, k, rank, &tun, link_mtu, &platform))
+        .map(|(rank, k)| {
+            let own = match &k.tun_name {
+                Some(name) => Some(Arc::new(runtime::open_tun(&platform, &cfg, name, mtu)?)),
+                None => None,
+            };
+            Class::new(&cfg, &ccfg, k, rank, own, &tun, link_mtu, &platform)
+        })
         .collect::<Result<Vec<_>>>()?;
     // The first refusal ends the process; later ones (other paths) are dropped.
     let (fatal_tx, mut fatal_rx) = mpsc::channel(1);
@@ -125,6 +133,12 @@ pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<
     }
     let c = client.clone();
     tokio::spawn(async move { c.tun_reader().await });
+    for k in 0..client.classes.len() {
+        if client.classes[k].own_tun.is_some() {
+            let c = client.clone();
+            tokio::spawn(async move { c.class_tun_reader(k).await });
+        }
+    }
 
     let result = tokio::select! {
         _ = platform.stopped() => Ok(()),
@@ -204,6 +218,31 @@ impl Client {
                 },
             )
             .await
+    }
+
+    /// A class's own TUN device: everything read from it goes in the class (counted as put
+    /// there by a rule: the device is the rule).
+    async fn class_tun_reader(&self, k: usize) {
+        let class = &self.classes[k];
+        let Some(tun) = &class.own_tun else { return };
+        let mut routed = Routed::default();
+        let mut all: Vec<usize> = Vec::new();
+        tun.read_loop(
+            self.mtu,
+            mpquic_core::mtu::tcp_mss(self.mtu),
+            |batch, infos, drops| {
+                let t = &class.tunnel;
+                t.drop_unsent(DropReason::Oversized, drops.oversized);
+                t.drop_unsent(DropReason::Malformed, drops.unsplit);
+                all.clear();
+                all.extend(0..batch.len());
+                t.send_batch(batch, &all, infos, &mut routed);
+                class
+                    .classified
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            },
+        )
+        .await
     }
 
     /// Keep path `idx` connected for the life of the process.
@@ -366,9 +405,12 @@ impl Client {
     fn set_address(&self, a: Ipv4Addr, l: u8) -> Result<()> {
         let mut cur = self.addr.lock().unwrap_or_else(|e| e.into_inner());
         if *cur != Some((a, l)) {
-            self.tun
-                .set_ipv4(a, l)
-                .context("cannot set the tunnel address")?;
+            // The classes' own devices carry the same address (policy routing picks the device).
+            let own = self.classes.iter().filter_map(|k| k.own_tun.as_ref());
+            for tun in std::iter::once(&self.tun).chain(own) {
+                tun.set_ipv4(a, l)
+                    .context("cannot set the tunnel address")?;
+            }
             info!(address = %format!("{a}/{l}"), tun = %self.cfg.tun_name, "tunnel address assigned");
             *cur = Some((a, l));
         }
@@ -377,20 +419,23 @@ impl Client {
 }
 
 impl Class {
-    /// Class `k` (`rank`) of the client: its tunnel with the client's paths, and a dialer with
-    /// its congestion controller.
+    /// Class `k` (`rank`) of the client: its tunnel with the client's paths, writing to its own
+    /// TUN device (`own`) or the instance's (`tun`), and a dialer with its congestion
+    /// controller.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         cfg: &Config,
         ccfg: &ClientConfig,
         k: &ClassConfig,
         rank: usize,
+        own: Option<Arc<Tun>>,
         tun: &Arc<Tun>,
         link_mtu: u32,
         platform: &Platform,
     ) -> Result<Class> {
         let tunnel = Tunnel::new(
             cfg.tun_name.clone(),
-            tun.clone(),
+            own.clone().unwrap_or_else(|| tun.clone()),
             None,
             // The client probes every path; the server follows its view (core health.rs).
             HealthMode::Probe,
@@ -442,6 +487,7 @@ impl Class {
         Ok(Class {
             cfg: k.clone(),
             tunnel,
+            own_tun: own,
             path_ids,
             dialer,
             payload: Mutex::new(vec![None; ccfg.paths.len()]),

@@ -12,13 +12,14 @@ pub fn tun_mtu(cfg: &Config, link_mtu: u32) -> u32 {
 pub fn open_tun(
     platform: &crate::platform::Platform,
     cfg: &Config,
+    name: &str,
     mtu: u32,
 ) -> std::io::Result<crate::tun::Tun> {
-    let tun = platform.tun(&cfg.tun_name, cfg.tun_offload)?;
+    let tun = platform.tun(name, cfg.tun_offload)?;
     tun.set_mtu(mtu)?;
     tun.disable_ipv6();
     tracing::info!(
-        tun = %cfg.tun_name,
+        tun = %name,
         offload = tun.offload(),
         udp_offload = tun.udp_offload(),
         "TUN device open"

@@ -136,7 +136,7 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
     )?;
 
     let mtu = runtime::tun_mtu(&cfg, quic::DEFAULT_LINK_MTU);
-    let tun = Arc::new(runtime::open_tun(&platform, &cfg, mtu)?);
+    let tun = Arc::new(runtime::open_tun(&platform, &cfg, &cfg.tun_name, mtu)?);
     tun.set_ipv4(scfg.tun_addr, scfg.prefix)?;
     info!(listen = %scfg.listen, tun = %cfg.tun_name, address = %format!("{}/{}", scfg.tun_addr, scfg.prefix), mtu, "server listening");
 

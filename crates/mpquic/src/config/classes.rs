@@ -19,6 +19,7 @@ pub(super) fn classes(
     c: &mut Checker,
     top: ClassConfig,
     stripe: bool,
+    tun_name: &str,
 ) -> (Vec<ClassConfig>, Classifier) {
     if raw.classes.is_empty() {
         return (vec![top], Classifier::new(vec![Vec::new()], 0));
@@ -55,6 +56,16 @@ pub(super) fn classes(
                 Some("use 1-15 letters, digits, '-' or '_', e.g. critical".into()),
             );
         }
+        if let Some(t) = &rc.tun_name {
+            let taken = t == tun_name || out.iter().any(|o| o.tun_name.as_ref() == Some(t));
+            if !valid_interface(t) || taken {
+                c.at(
+                    &at("tun_name"),
+                    format!("`tun_name`: `{t}` is not a valid interface name of its own"),
+                    Some("1-15 characters without '/' or spaces, not the instance's or another class's device".into()),
+                );
+            }
+        }
         if out.iter().any(|o| o.name == rc.name) {
             c.at(
                 &at("name"),
@@ -62,7 +73,8 @@ pub(super) fn classes(
                 None,
             );
         }
-        if rc.rules.is_empty() {
+        // A class with its own device and no rules takes what that device reads, not the rest.
+        if rc.rules.is_empty() && rc.tun_name.is_none() {
             match default {
                 None => default = Some(i),
                 Some(d) => c.at(
@@ -129,6 +141,7 @@ fn class(rc: &RawClass, c: &mut Checker, top: &ClassConfig, i: usize) -> ClassCo
     }
     ClassConfig {
         name: rc.name.clone(),
+        tun_name: rc.tun_name.clone(),
         explicit: true,
         policy,
         mode,
@@ -208,6 +221,10 @@ fn has_any(r: &RawRule) -> bool {
         || r.src_port.is_some()
         || r.dst_port.is_some()
         || r.port.is_some()
+}
+
+fn valid_interface(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 15 && !name.contains(['/', ' '])
 }
 
 /// A DSCP number (0-63) or a per-hop behaviour's name (RFC 2474, 2597, 3246).

@@ -163,6 +163,7 @@ struct RawClass {
     transport_mode: Option<TransportMode>,
     congestion_algorithm: Option<Congestion>,
     fec: Option<String>,
+    tun_name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -282,6 +283,10 @@ pub struct ClassConfig {
     pub mode: TransportMode,
     pub congestion: Congestion,
     pub fec: mpquic_core::fec::FecMode,
+    /// The class's own TUN device (sites that classify by VLAN: route a VLAN into it): what it
+    /// reads goes in this class, what the class receives is written to it. `None`: the
+    /// instance's device.
+    pub tun_name: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -602,6 +607,23 @@ multipath_paths:
         assert!(e.contains("did you mean `dscp`"), "{e}");
         let e = with("- name: a\n  fec: auto\n  transport_mode: reliable\n  match:\n  - port: 1\n- name: b\n");
         assert!(e.contains("`fec` needs `transport_mode: datagram`"), "{e}");
+        // A class's own device: a valid name, not the instance's (mp1) or another class's.
+        let e = with("- name: a\n  tun_name: mp1\n  match:\n  - port: 1\n- name: b\n");
+        assert!(
+            e.contains("`tun_name`: `mp1` is not a valid interface name of its own"),
+            "{e}"
+        );
+        let e =
+            with("- name: a\n  tun_name: x0\n  match:\n  - port: 1\n- name: b\n  tun_name: x0\n");
+        assert!(
+            e.contains("`x0` is not a valid interface name of its own"),
+            "{e}"
+        );
+        assert!(parse(
+            &(SEED_CLIENT.to_string()
+                + "classes:\n- name: a\n  tun_name: x0\n  match:\n  - port: 1\n- name: b\n")
+        )
+        .is_ok());
         let e = with("- name: a b\n");
         assert!(e.contains("class name `a b` is not valid"), "{e}");
         let e = with("- name: a\n  match:\n  - port: 1\n- name: a\n");

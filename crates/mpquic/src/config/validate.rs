@@ -103,9 +103,11 @@ pub(super) fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem
             mode,
             congestion,
             fec: cl.fec,
+            tun_name: None,
         };
         let stripe = cl.paths.iter().any(|p| p.transport == PathKind::Stripe);
-        (cl.classes, cl.classifier) = super::classes::classes(&raw, &mut c, top, stripe);
+        (cl.classes, cl.classifier) =
+            super::classes::classes(&raw, &mut c, top, stripe, &g.tun_name);
     } else if !raw.classes.is_empty() {
         c.at(
             "classes",
