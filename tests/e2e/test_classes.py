@@ -107,6 +107,16 @@ def test_seed_layout_three_instances_one_certificate(make_lab):
     rx = {t["peer"]: sum(p["rx_packets"] for p in t["paths"]) for t in lab.status("server")["tunnels"]}
     report(f"seed layout: three instances of site1, packets received by the server per instance {rx}")
     assert all(n >= 10 for n in rx.values()), rx
+    # Seed tests 1-2 on this layout: 10% loss on the link (all three cross it; the seed put it on
+    # br2's device only). Reliable mode (these instances' default) retransmits: no ping lost.
+    lab.set_link(0, "loss=10%")
+    lost = {}
+    for name, _ in instances:
+        r = lab.sh(lab.client_ns(0), ["ping", "-n", "-c", "50", "-i", "0.02", "-W", "3", "-I", name,
+                                      "10.200.17.254"], check=False, timeout=60)
+        lost[name] = 50 - len(labctl.parse_ping(r.stdout)["received"])
+    report(f"seed layout, 10% loss on the link: pings lost per instance (of 50) {lost}")
+    assert all(n == 0 for n in lost.values()), lost
 
 
 def test_class_with_its_own_tun_device(make_lab):
