@@ -84,11 +84,12 @@ impl Session {
     }
 
     /// The tunnel an inner packet for this client goes through: with classes, the class its
-    /// flow arrived in, else the default class (both counted).
-    fn pick(&self, info: &PacketInfo, now: Instant, to: impl FnOnce(&Arc<Tunnel>)) {
+    /// flow arrived in, else the default class (both counted). `false`: the session has no
+    /// tunnel yet (its first connection is still being set up).
+    fn pick(&self, info: &PacketInfo, now: Instant, to: impl FnOnce(&Arc<Tunnel>)) -> bool {
         let classes = self.classes();
         let c = match classes.len() {
-            0 => return,
+            0 => return false,
             1 => &classes[0],
             _ => {
                 let marked = self
@@ -110,7 +111,8 @@ impl Session {
                 }
             }
         };
-        to(&c.tunnel)
+        to(&c.tunnel);
+        true
     }
 }
 
@@ -300,7 +302,9 @@ impl Server {
                                 self.drop_packet(DropReason::NoRoute);
                                 continue;
                             };
-                            s.pick(info, now, |t| shares.add(t, i));
+                            if !s.pick(info, now, |t| shares.add(t, i)) {
+                                self.drop_packet(DropReason::NoPath);
+                            }
                         }
                     }
                     shares.send(batch, infos);
