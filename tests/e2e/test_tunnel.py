@@ -1,6 +1,8 @@
 """Traffic through the tunnel, several clients, authentication, MTU: real namespaces, TUN, TLS."""
 
+import json
 import os
+import subprocess
 import time
 
 import pytest
@@ -67,6 +69,46 @@ def test_two_clients_own_addresses_and_spoofed_source_dropped(make_lab):
     log = lab.log(key)
     assert rc != 0, log
     assert "not a usable host address" in log, log
+
+
+def test_server_tun_queue_per_thread_sessions_spread(make_lab):
+    """A server with `worker_threads: 2` opens its TUN device with two queues, a reader each;
+    its two clients' sessions write to different queues, and the kernel hands each flow's
+    packets to the queue that wrote the flow, so both queues (and readers) carry traffic while
+    both clients move data both ways at once."""
+    lab = make_lab(paths=1, clients=2, emulated=False)
+    lab.pki()
+    lab.extra_yaml = "worker_threads: 2\n"
+    lab.start_server()
+    lab.extra_yaml = ""
+    for c in (0, 1):
+        lab.start_client(c)
+    for c in (0, 1):
+        lab.wait_tunnel(c)
+    assert "queues=2" in lab.log("server"), lab.log("server")
+    for c in (0, 1):
+        lab.iperf_server(5201 + c)
+    # Client 0 uploads while client 1 downloads, then the other way round: 4 streams each.
+    got = {}
+    for swap in (False, True):
+        procs = []
+        for c in (0, 1):
+            reverse = (c == 1) != swap
+            cmd = ["ip", "netns", "exec", lab.lan_ns(c), "iperf3", "-c", lab.inet_addr, "-p",
+                   str(5201 + c), "-t", "3", "-P", "4", "-J"] + (["-R"] if reverse else [])
+            procs.append((c, reverse, subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)))
+        for c, reverse, proc in procs:
+            out = json.loads(proc.communicate(timeout=60)[0])
+            got[(c, "down" if reverse else "up")] = out["end"]["sum_received"]["bits_per_second"] / 1e6
+    st = lab.status("server")
+    queues = st["tun_queue_packets"]
+    table = lab.sh(lab.server_ns, f"{labctl.BIN} status --socket {lab.sock('server')}").stdout
+    report(f"server with 2 TUN queues: packets read per queue {queues}; Mbit/s "
+           + ", ".join(f"site{c + 1} {d} {v:.0f}" for (c, d), v in sorted(got.items())))
+    assert len(queues) == 2 and min(queues) > 1000, queues
+    assert "tun queues 2" in table, table
+    assert all(v > 50 for v in got.values()), got
+    assert sum(st["drops"].values()) == 0, st["drops"]
 
 
 def test_foreign_ca_and_missing_certificate_are_refused(make_lab):

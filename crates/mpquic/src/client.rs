@@ -181,6 +181,7 @@ impl Client {
                 .collect(),
             drops: Default::default(),
             refused: Default::default(),
+            tun_queue_packets: Vec::new(),
         }
     }
 

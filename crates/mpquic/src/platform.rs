@@ -36,11 +36,13 @@ impl Platform {
         }
     }
 
-    pub fn tun(&self, name: &str, offload: bool) -> std::io::Result<Tun> {
+    /// The TUN device `name` as `queues` queues (`Tun::create`); the memory network's devices
+    /// have one queue whatever is asked.
+    pub fn tun(&self, name: &str, offload: bool, queues: usize) -> std::io::Result<Vec<Tun>> {
         match &self.kind {
-            Kind::System => Tun::create(name, offload),
+            Kind::System => Tun::create(name, offload, queues),
             #[cfg(test)]
-            Kind::Memory(net) => net.tun(name),
+            Kind::Memory(net) => Ok(vec![net.tun(name)?]),
         }
     }
 

@@ -1,4 +1,6 @@
-//! The server (VPS) side: one UDP port, many clients, one TUN device. A client is the identity
+//! The server (VPS) side: one UDP port, many clients, one TUN device with a queue per runtime
+//! thread (each queue read by its own task, each session writing to one queue, sessions spread
+//! over the queues). A client is the identity
 //! in its certificate; its paths are grouped by that identity and its session id, so NAT
 //! rebinding, new ports and reconnections just work. Inner packets from the TUN device are routed
 //! to the client that owns the destination address. Connections reach it as offers from a
@@ -38,6 +40,8 @@ const HOUSEKEEPING: Duration = Duration::from_secs(1);
 /// without traffic classes has one tunnel; with classes, one per class, each made by the first
 /// connection of its class.
 struct Session {
+    /// The TUN queue the session's tunnels write to (`Server::queues`).
+    tun: Arc<Tun>,
     classes: RwLock<Vec<SessionClass>>,
     /// Which class each flow's answers go back in (learnt from the packets the client sends).
     flows: Arc<Mutex<FlowClasses>>,
@@ -119,7 +123,12 @@ impl Session {
 struct Server {
     cfg: Config,
     scfg: ServerConfig,
-    tun: Arc<Tun>,
+    /// The TUN device's queues; the first also carries the device's settings.
+    queues: Vec<Arc<Tun>>,
+    /// Packets read from each queue (status: are the queues, and so the threads, all used).
+    queue_packets: Vec<AtomicU64>,
+    /// Sessions made so far: the next session writes to queue `made % queues`.
+    made: AtomicU64,
     mtu: u32,
     registry: RwLock<Registry<Arc<Session>>>,
     drops: Mutex<Drops>,
@@ -138,14 +147,21 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
     )?;
 
     let mtu = runtime::tun_mtu(&cfg, quic::DEFAULT_LINK_MTU);
-    let tun = Arc::new(runtime::open_tun(&platform, &cfg, &cfg.tun_name, mtu)?);
-    tun.set_ipv4(scfg.tun_addr, scfg.prefix)?;
-    info!(listen = %scfg.listen, tun = %cfg.tun_name, address = %format!("{}/{}", scfg.tun_addr, scfg.prefix), mtu, "server listening");
+    // One queue per runtime thread: that many readers can run at once.
+    let queues: Vec<Arc<Tun>> =
+        runtime::open_tun_queues(&platform, &cfg, &cfg.tun_name, mtu, cfg.worker_threads)?
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+    queues[0].set_ipv4(scfg.tun_addr, scfg.prefix)?;
+    info!(listen = %scfg.listen, tun = %cfg.tun_name, address = %format!("{}/{}", scfg.tun_addr, scfg.prefix), mtu, queues = queues.len(), "server listening");
 
     let server = Arc::new(Server {
         cfg,
         scfg,
-        tun,
+        queue_packets: queues.iter().map(|_| AtomicU64::new(0)).collect(),
+        queues,
+        made: AtomicU64::new(0),
         mtu,
         registry: RwLock::new(Registry::default()),
         drops: Mutex::new(Drops::default()),
@@ -168,8 +184,10 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
             s.expire_sessions();
         }
     });
-    let s = server.clone();
-    tokio::spawn(async move { s.tun_reader().await });
+    for q in 0..server.queues.len() {
+        let s = server.clone();
+        tokio::spawn(async move { s.tun_reader(q).await });
+    }
     let listener: Arc<dyn Listener> = Arc::new(listener);
     let l = listener.clone();
     let s = server.clone();
@@ -251,6 +269,14 @@ impl Server {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
+            tun_queue_packets: match self.queue_packets.len() {
+                1 => Vec::new(),
+                _ => self
+                    .queue_packets
+                    .iter()
+                    .map(|n| n.load(Ordering::Relaxed))
+                    .collect(),
+            },
         }
     }
 
@@ -270,16 +296,18 @@ impl Server {
         }
     }
 
-    /// Inner packets from the TUN device, a batch per wake-up, to the sessions that own their
+    /// Inner packets from TUN queue `q`, a batch per wake-up, to the sessions that own their
     /// destinations (each session's share of the batch routed in one call; with classes, each
-    /// class's share).
-    async fn tun_reader(&self) {
+    /// class's share). A flow's packets all come from one queue, so readers of different
+    /// queues never reorder a flow.
+    async fn tun_reader(&self, q: usize) {
         let mut shares = Shares::default();
-        self.tun
+        self.queues[q]
             .read_loop(
                 self.mtu,
                 mpquic_core::mtu::tcp_mss(self.mtu),
                 |batch, infos, drops| {
+                    self.queue_packets[q].fetch_add(infos.len() as u64, Ordering::Relaxed);
                     for _ in 0..drops.oversized {
                         self.drop_packet(DropReason::Oversized);
                     }
@@ -378,7 +406,9 @@ impl Server {
             h.addr.as_deref(),
             Instant::now(),
             |_| {
+                let made = self.made.fetch_add(1, Ordering::Relaxed) as usize;
                 Arc::new(Session {
+                    tun: self.queues[made % self.queues.len()].clone(),
                     classes: RwLock::new(Vec::new()),
                     flows: Arc::default(),
                 })
@@ -447,7 +477,7 @@ impl Server {
         }
         let tunnel = Tunnel::new(
             name.to_string(),
-            self.tun.clone(),
+            session.tun.clone(),
             Some(addr),
             HealthMode::Follow,
             Carriage {

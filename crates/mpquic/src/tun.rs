@@ -164,9 +164,16 @@ impl Default for ReadScratch {
 }
 
 impl Tun {
-    /// Create the TUN device `name`, without packet information headers; with `offload`, with
-    /// the virtio header and the kernel's segmentation and checksum offloads.
-    pub fn create(name: &str, offload: bool) -> io::Result<Tun> {
+    /// Create the TUN device `name` with `queues` queues (`queue_count`), without packet
+    /// information headers; with `offload`, with the virtio header and the kernel's
+    /// segmentation and checksum offloads. Each queue is a `Tun` of its own (its descriptor and
+    /// its outbox); the first one also sets the device up (MTU, address).
+    ///
+    /// Why queues: with more than one (IFF_MULTI_QUEUE) the kernel hands each flow's packets to
+    /// one queue (by flow hash, or to the queue that last wrote the flow's other direction), so
+    /// one reader per queue spreads the device's reads over the runtime's threads without
+    /// reordering a flow, and writers of different queues never share an outbox lock.
+    pub fn create(name: &str, offload: bool, queues: usize) -> io::Result<Vec<Tun>> {
         if name.is_empty() || name.len() >= libc::IFNAMSIZ {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -176,11 +183,27 @@ impl Tun {
         let dev = tun_rs::DeviceBuilder::new()
             .name(name)
             .offload(offload)
+            .multi_queue(queues > 1)
+            // Down until `set_ipv4`: up before `disable_ipv6`, the kernel sent an IPv6 router
+            // solicitation into the device (ff02::2), which the server counted as no_route.
+            .enable(false)
             .build_async()
             .map_err(|e| {
                 io::Error::new(e.kind(), format!("cannot create TUN device {name}: {e}"))
             })?;
-        Ok(Tun::with_backend(name, Backend::Kernel(dev)))
+        let mut more = Vec::with_capacity(queues.saturating_sub(1));
+        for q in 1..queues {
+            more.push(dev.try_clone().map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot open queue {q} of TUN device {name}: {e}"),
+                )
+            })?);
+        }
+        Ok(std::iter::once(dev)
+            .chain(more)
+            .map(|d| Tun::with_backend(name, Backend::Kernel(d)))
+            .collect())
     }
 
     fn with_backend(name: &str, backend: Backend) -> Tun {

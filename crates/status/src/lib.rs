@@ -176,6 +176,10 @@ pub struct StatusReport {
     /// Server: connections refused, by reason (handshake_failed, bad_hello, ...).
     #[serde(default)]
     pub refused: BTreeMap<String, u64>,
+    /// Packets read from each queue of the TUN device (the server has one queue per runtime
+    /// thread, each with its own reader); empty for a single queue.
+    #[serde(default)]
+    pub tun_queue_packets: Vec<u64>,
 }
 
 impl PathStatus {

@@ -41,6 +41,11 @@ struct ReasonLabels {
     reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    queue: String,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// A per-path metric: its name (counters without `_total`, the encoder adds it), help and value.
@@ -292,6 +297,20 @@ impl StatusReport {
             refused,
         );
 
+        let queues = Family::<QueueLabels, Counter>::default();
+        for (queue, n) in self.tun_queue_packets.iter().enumerate() {
+            queues
+                .get_or_create(&QueueLabels {
+                    queue: queue.to_string(),
+                })
+                .inc_by(*n);
+        }
+        registry.register(
+            "mpquic_tun_queue_read_packets",
+            "Packets read from each queue of the TUN device (server, one queue per thread)",
+            queues,
+        );
+
         let reorder = Family::<Labels, Counter>::default();
         let holding = Family::<Labels, Gauge>::default();
         for t in &self.tunnels {
@@ -431,6 +450,7 @@ mod tests {
             role: "server".into(),
             refused: [("handshake_failed".to_string(), 3)].into(),
             drops: [("no_route".to_string(), 4)].into(),
+            tun_queue_packets: vec![7, 9],
             tunnels: vec![TunnelStatus {
                 peer: "site\"1".into(),
                 paths: vec![p],
@@ -465,6 +485,10 @@ mod tests {
         );
         assert!(
             m.contains("mpquic_refused_connections_total{reason=\"handshake_failed\"} 3"),
+            "{m}"
+        );
+        assert!(
+            m.contains("mpquic_tun_queue_read_packets_total{queue=\"1\"} 9"),
             "{m}"
         );
         // An unknown RTT is no sample, not a zero.
@@ -507,6 +531,9 @@ mod tests {
         assert!(r
             .render()
             .contains("refused connections: handshake_failed=3"));
+        assert!(r
+            .render()
+            .contains("tun queues 2, packets read per queue: 7 / 9"));
         assert!(r.render().contains("wan1"));
         assert!(!r.render().contains("mtu wan1"));
         let mut r = r;

@@ -14,6 +14,15 @@ impl StatusReport {
             "mpquic {} {}  tun {} mtu {}  cc {}  up {:.0}s",
             self.role, self.version, self.tun_name, self.tun_mtu, self.congestion, self.uptime_s
         );
+        if !self.tun_queue_packets.is_empty() {
+            let per: Vec<String> = self.tun_queue_packets.iter().map(u64::to_string).collect();
+            let _ = writeln!(
+                o,
+                "tun queues {}, packets read per queue: {}",
+                per.len(),
+                per.join(" / ")
+            );
+        }
         for t in &self.tunnels {
             let class = match &t.class {
                 Some(c) => format!(
