@@ -1,4 +1,7 @@
-"""Status table, Prometheus metrics, MSS clamping, congestion controllers, fixed client addresses."""
+"""Status table (once and --watch), finding the live instance, Prometheus metrics, JSON logs, MSS
+clamping, congestion controllers, fixed client addresses."""
+
+import json
 
 import pytest
 
@@ -73,3 +76,113 @@ def test_fixed_client_address_from_server_list(make_lab):
     assert rc != 0 and "server `clients:` list" in lab.log(key), lab.log(key)
     report("fixed address: site1 got 10.200.17.50; asking for 10.200.17.1 was refused: "
            + next(l for l in lab.log(key).splitlines() if "refused" in l).split("mpquic: ")[-1])
+
+
+def test_status_finds_the_live_instance_and_watches(make_lab):
+    """Instances with their control sockets in the default directory, /run/mpquic: after SIGTERM
+    (socket removed) or SIGKILL (socket left behind) of one of two instances, `mpquic status`
+    without flags shows the live one; a restarted instance replaces its stale socket.
+    `--watch` refreshes the table (or prints one JSON line per refresh)."""
+    import glob
+    import os
+    import signal
+    import socket
+    import subprocess
+
+    def live_sockets():
+        out = []
+        for p in glob.glob("/run/mpquic/*.sock"):
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(p)
+                out.append(p)
+            except OSError:
+                pass
+            finally:
+                s.close()
+        return out
+
+    if live_sockets():
+        pytest.skip(f"other mpquic instances run on this machine: {live_sockets()}")
+    lab = make_lab(paths=1)
+    lab.pki()
+    socks = {}
+    for who in ("server", "client0"):
+        inst = lab._instance(who)
+        socks[who] = f"/run/mpquic/e2e-{os.getpid()}-{who}.sock"
+        with open(inst["config"]) as f:
+            text = f.read()
+        assert inst["socket"] in text
+        with open(inst["config"], "w") as f:
+            f.write(text.replace(inst["socket"], socks[who]))
+        inst["socket"] = socks[who]
+
+    def status(*args):
+        return subprocess.run([labctl.BIN, "status", *args], capture_output=True, text=True, timeout=10)
+
+    try:
+        lab.start_server()
+        lab.start_client()
+        lab.wait_tunnel()
+        r = status()
+        assert r.returncode != 0 and "several instances are running" in r.stderr, r
+        assert socks["server"] in r.stderr and socks["client0"] in r.stderr, r.stderr
+
+        # SIGTERM: the client's socket goes with it; status finds the server alone.
+        lab.stop("client0")
+        assert not os.path.exists(socks["client0"])
+        r = status()
+        assert r.returncode == 0 and r.stdout.startswith("mpquic server"), r
+
+        # SIGKILL: the server's socket stays behind, nobody answers on it; status skips it.
+        lab.start_client()
+        lab.wait_tunnel()
+        lab.stop("server", sig=signal.SIGKILL)
+        assert os.path.exists(socks["server"])
+        r = status()
+        report(f"mpquic status after SIGKILL of the server: {r.stdout.splitlines()[:1]} {r.stderr.strip()}")
+        assert r.returncode == 0 and r.stdout.startswith("mpquic client"), r
+
+        # A restarted server replaces its stale socket.
+        lab.start_server()
+        lab.wait_tunnel()
+        assert "several instances are running" in status().stderr
+
+        # --watch: a refreshing table; with --json one report per line.
+        w = subprocess.run(["timeout", "1.5", labctl.BIN, "status", "--watch", "0.2", "--socket", socks["client0"]],
+                           capture_output=True, text=True)
+        frames = w.stdout.count("Every 0.2s: mpquic status")
+        assert w.returncode == 124 and frames >= 3 and w.stdout.count("wan1") >= 3, w
+        w = subprocess.run(["timeout", "1.5", labctl.BIN, "status", "--watch", "0.2", "--json", "--socket",
+                            socks["server"]], capture_output=True, text=True)
+        lines = [json.loads(line) for line in w.stdout.splitlines()]
+        assert len(lines) >= 3 and all(x["role"] == "server" for x in lines), w
+        r = status("--watch", "0", "--socket", socks["server"])
+        assert r.returncode != 0 and "refresh interval" in r.stderr, r
+        report(f"status --watch 0.2 for 1.5 s: {frames} tables, --json: {len(lines)} lines")
+    finally:
+        for who in ("client0", "server"):
+            lab.stop(who)
+        for p in socks.values():
+            if os.path.exists(p):
+                os.unlink(p)
+
+
+def test_json_logs_carry_path_class_and_client_fields(make_lab):
+    """`log_format: json`: every line the instances log is one JSON object, with the event's
+    fields (path, tunnel, client, class) as keys."""
+    lab = make_lab(paths=2, extra_yaml="log_format: json\n")
+    lab.pki()
+    lab.start_server()
+    lab.start_client()
+    lab.wait_tunnel()
+    events = {}
+    for who in ("server", "client0"):
+        lines = [l for l in lab.log(who).splitlines() if l.strip()]
+        events[who] = [json.loads(l) for l in lines]
+        assert events[who] and all({"timestamp", "level", "message"} <= e.keys() for e in events[who])
+    connected = [e for e in events["client0"] if e["message"] == "path connected"]
+    assert {e["path"] for e in connected} == {"wan1", "wan2"}, connected
+    started = [e for e in events["server"] if e["message"] == "client session started"]
+    assert started and started[0]["client"] == "site1/mpq0", started  # identity/instance
+    report(f"json log line: {json.dumps(connected[0])}")

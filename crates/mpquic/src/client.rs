@@ -115,7 +115,8 @@ pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<
 
     let started = Instant::now();
     let status_client = client.clone();
-    crate::control::serve(
+    // Held until run returns: the socket file goes with the instance.
+    let _control = crate::control::serve(
         &client.cfg.control_socket,
         client.cfg.metrics_listen,
         Arc::new(move || status_client.status(started)),

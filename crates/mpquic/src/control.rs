@@ -32,12 +32,35 @@ fn metrics_text(
     )
 }
 
-/// Serve the control socket (and the metrics listener) until the runtime stops.
+/// The control socket of a running instance: removed when dropped (the instance returns from
+/// its run, on SIGTERM as well as on an error), so a stopped instance leaves nothing for
+/// `mpquic status` to trip on. One killed with SIGKILL does leave its socket; the next
+/// instance of the same name replaces it, and `mpquic status` skips sockets nobody answers on.
+pub struct ControlSocket {
+    path: PathBuf,
+    /// Device and inode of the socket file this instance bound: removed only if the file is
+    /// still that one (not one a later instance put there).
+    id: (u64, u64),
+}
+
+impl Drop for ControlSocket {
+    fn drop(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(m) = std::fs::symlink_metadata(&self.path) {
+            if (m.dev(), m.ino()) == self.id {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
+/// Serve the control socket (and the metrics listener) until the runtime stops; keep the
+/// returned guard for as long as the instance runs.
 pub async fn serve(
     socket: &Path,
     metrics: Option<std::net::SocketAddr>,
     status: StatusFn,
-) -> Result<()> {
+) -> Result<ControlSocket> {
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
@@ -52,6 +75,14 @@ pub async fn serve(
     let listener = tokio::net::UnixListener::bind(socket)
         .with_context(|| format!("cannot create control socket {}", socket.display()))?;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
+    let guard = {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(socket)?;
+        ControlSocket {
+            path: socket.to_path_buf(),
+            id: (m.dev(), m.ino()),
+        }
+    };
     let s1 = status.clone();
     let s2 = status.clone();
     let app = Router::new()
@@ -75,10 +106,12 @@ pub async fn serve(
             }
         });
     }
-    Ok(())
+    Ok(guard)
 }
 
-/// The control socket to query when `--socket` is not given: the only one in /run/mpquic.
+/// The control socket to query when `--socket` is not given: the only one in /run/mpquic that
+/// an instance answers on. Sockets nobody listens on (left by an instance killed with SIGKILL)
+/// are skipped and named in the error when no live one is left.
 pub fn default_socket() -> Result<PathBuf> {
     let mut found: Vec<PathBuf> = std::fs::read_dir(RUN_DIR)
         .map(|d| {
@@ -88,16 +121,40 @@ pub fn default_socket() -> Result<PathBuf> {
         })
         .unwrap_or_default();
     found.sort();
-    match found.len() {
-        0 => bail!("no running instance found in {RUN_DIR}; give --socket PATH"),
-        1 => Ok(found.remove(0)),
+    pick_live(RUN_DIR, found)
+}
+
+/// Of the sockets `found` in `dir`, the one live one (see `default_socket`).
+fn pick_live(dir: &str, found: Vec<PathBuf>) -> Result<PathBuf> {
+    let (mut live, mut stale, mut unusable) = (Vec::new(), Vec::new(), Vec::new());
+    for p in found {
+        match UnixStream::connect(&p) {
+            Ok(_) => live.push(p),
+            // Nobody listens: the instance is gone.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => stale.push(p),
+            Err(e) => unusable.push(format!("{}: {e}", p.display())),
+        }
+    }
+    let names = |v: &[PathBuf]| {
+        v.iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match live.len() {
+        1 => Ok(live.remove(0)),
+        0 if !unusable.is_empty() => bail!(
+            "cannot use the control sockets in {dir} ({}); mpquic status needs root",
+            unusable.join("; ")
+        ),
+        0 if !stale.is_empty() => bail!(
+            "no running instance found in {dir}; not answering (left by stopped instances): {}",
+            names(&stale)
+        ),
+        0 => bail!("no running instance found in {dir}; give --socket PATH"),
         _ => bail!(
             "several instances are running; choose one with --socket: {}",
-            found
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+            names(&live)
         ),
     }
 }
@@ -122,4 +179,64 @@ pub fn get_over_socket(socket: &Path, path: &str) -> Result<String> {
         );
     }
     Ok(body.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    #[test]
+    fn status_skips_sockets_nobody_answers_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display().to_string();
+        let live = dir.path().join("live.sock");
+        let _l = UnixListener::bind(&live).unwrap();
+        // A socket whose listener is gone: what SIGKILL leaves behind.
+        let stale = dir.path().join("stale.sock");
+        drop(UnixListener::bind(&stale).unwrap());
+
+        assert_eq!(
+            pick_live(&d, vec![live.clone(), stale.clone()]).unwrap(),
+            live
+        );
+        let e = pick_live(&d, vec![stale.clone()]).unwrap_err().to_string();
+        assert!(
+            e.contains("not answering") && e.contains("stale.sock"),
+            "{e}"
+        );
+        let other = dir.path().join("other.sock");
+        let _o = UnixListener::bind(&other).unwrap();
+        let e = pick_live(&d, vec![live, stale, other])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("several instances") && !e.contains("stale.sock"),
+            "{e}"
+        );
+        let e = pick_live(&d, vec![]).unwrap_err().to_string();
+        assert!(e.contains("no running instance"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn the_socket_goes_with_the_instance_and_a_stale_one_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("inst.sock");
+        drop(UnixListener::bind(&path).unwrap()); // stale, as after SIGKILL
+        let status: StatusFn = Arc::new(StatusReport::default);
+        let guard = serve(&path, None, status.clone()).await.unwrap();
+        assert!(UnixStream::connect(&path).is_ok());
+        // A second instance of the same name is refused while the first answers.
+        let e = serve(&path, None, status.clone()).await.err().unwrap();
+        assert!(e.to_string().contains("in use"), "{e}");
+        drop(guard);
+        assert!(!path.exists());
+
+        // A file a later instance put in its place is not removed.
+        let guard = serve(&path, None, status.clone()).await.unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let _later = UnixListener::bind(&path).unwrap();
+        drop(guard);
+        assert!(path.exists());
+    }
 }

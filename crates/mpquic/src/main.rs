@@ -60,9 +60,13 @@ enum Cmd {
         /// Control socket (default: the only one in /run/mpquic).
         #[arg(long)]
         socket: Option<PathBuf>,
-        /// Machine-readable output.
+        /// Machine-readable output (with --watch: one JSON line per refresh).
         #[arg(long)]
         json: bool,
+        /// Refresh every SECONDS (default 1) until interrupted; an instance that stops
+        /// answering is shown as an error line and queried again at the next refresh.
+        #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "1")]
+        watch: Option<f64>,
     },
 }
 
@@ -95,21 +99,27 @@ enum PkiCmd {
     },
 }
 
-fn init_logging(level: &str) {
+/// Logs on stderr (journald takes them from there): text, or with `json` one JSON object per
+/// line whose keys are the event's fields (`path`, `tunnel`, `class`, ...), for log shippers.
+fn init_logging(level: &str, json: bool) {
     let filter = std::env::var("RUST_LOG")
         .ok()
         .unwrap_or_else(|| format!("warn,mpquic={level},mpquic_core={level}"));
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match json {
+        true => fmt.json().flatten_event(true).init(),
+        false => fmt
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
 }
 
 fn run_instance(path: &std::path::Path) -> anyhow::Result<()> {
     let cfg = Config::load(path)?;
-    init_logging(&cfg.log_level);
+    init_logging(&cfg.log_level, cfg.log_json);
     for w in &cfg.warnings {
         tracing::warn!("{w}");
     }
@@ -131,6 +141,65 @@ fn run_instance(path: &std::path::Path) -> anyhow::Result<()> {
     // Background tasks (blocked reads) must not delay exit.
     rt.shutdown_timeout(std::time::Duration::from_millis(100));
     Ok(())
+}
+
+/// `mpquic status`: the instance's report once, or with `watch` refreshed until interrupted.
+fn status_cmd(socket: Option<PathBuf>, json: bool, watch: Option<f64>) -> anyhow::Result<()> {
+    use std::io::Write;
+    let socket = match socket {
+        Some(s) => s,
+        None => control::default_socket()?,
+    };
+    let once = || -> anyhow::Result<String> {
+        let body = control::get_over_socket(&socket, "/status")?;
+        Ok(match json {
+            true => format!("{}\n", body.trim_end()),
+            false => serde_json::from_str::<status::StatusReport>(&body)?.render(),
+        })
+    };
+    let Some(every) = watch else {
+        print!("{}", once()?);
+        return Ok(());
+    };
+    if !(every.is_finite() && (0.1..=3600.0).contains(&every)) {
+        anyhow::bail!("--watch {every}: give a refresh interval from 0.1 to 3600 seconds");
+    }
+    let mut out = std::io::stdout().lock();
+    loop {
+        let shown = match (once(), json) {
+            (Ok(text), true) => text,
+            // One JSON object per line for scripts; errors go to stderr.
+            (Err(e), true) => {
+                eprintln!("mpquic: {e:#}");
+                String::new()
+            }
+            // Clear the terminal, then a header like watch(1)'s.
+            (r, false) => format!(
+                "\x1b[H\x1b[2JEvery {every}s: mpquic status --socket {}    {} UTC\n\n{}",
+                socket.display(),
+                utc_clock(),
+                r.unwrap_or_else(|e| format!("mpquic: {e:#}\n"))
+            ),
+        };
+        // A closed pipe (`| head`) ends the watch quietly.
+        if out
+            .write_all(shown.as_bytes())
+            .and_then(|_| out.flush())
+            .is_err()
+        {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_secs_f64(every));
+    }
+}
+
+/// The time of day in UTC, HH:MM:SS.
+fn utc_clock() -> String {
+    let s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+        % 86_400;
+    format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }
 
 fn main() -> ExitCode {
@@ -157,20 +226,14 @@ fn main() -> ExitCode {
             }
             PkiCmd::Client { dir, name } => pki::issue(&dir, &name, pki::Kind::Client).map(|_| ()),
         },
-        (Some(Cmd::Status { socket, json }), _) => (|| {
-            let socket = match socket {
-                Some(s) => s,
-                None => control::default_socket()?,
-            };
-            let body = control::get_over_socket(&socket, "/status")?;
-            if json {
-                println!("{body}");
-            } else {
-                let r: status::StatusReport = serde_json::from_str(&body)?;
-                print!("{}", r.render());
-            }
-            Ok(())
-        })(),
+        (
+            Some(Cmd::Status {
+                socket,
+                json,
+                watch,
+            }),
+            _,
+        ) => status_cmd(socket, json, watch),
         (None, None) => {
             eprintln!("mpquic: give --config FILE or a command; see mpquic --help");
             return ExitCode::from(2);

@@ -169,7 +169,8 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
     });
     let started = Instant::now();
     let s = server.clone();
-    crate::control::serve(
+    // Held until run returns: the socket file goes with the instance.
+    let _control = crate::control::serve(
         &server.cfg.control_socket,
         server.cfg.metrics_listen,
         Arc::new(move || s.status(started)),

@@ -181,6 +181,7 @@ struct RawConfig {
     tun_cidr: Option<String>,
     tun_mtu: Option<u32>,
     log_level: Option<String>,
+    log_format: Option<String>,
     tls_ca_file: Option<PathBuf>,
     tls_cert_file: Option<PathBuf>,
     tls_key_file: Option<PathBuf>,
@@ -313,6 +314,8 @@ pub struct Config {
     /// `None`: derived from the path MTU at startup.
     pub tun_mtu: Option<u32>,
     pub log_level: String,
+    /// `log_format: json`: one JSON object per log line (fields as keys), for log shippers.
+    pub log_json: bool,
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
     pub congestion: Congestion,
@@ -841,6 +844,20 @@ multipath_paths:
         assert_eq!(s.client_ca_file, PathBuf::from("/etc/mpquic/tls/ca.crt"));
         assert_eq!(s.listen.port(), 45017);
         assert_eq!(s.tun_addr, Ipv4Addr::new(10, 200, 17, 254));
+    }
+
+    #[test]
+    fn log_format_text_or_json() {
+        assert!(!parse(SEED_CLIENT).unwrap().log_json);
+        let c = parse(&SEED_CLIENT.replace("log_level: info", "log_level: info\nlog_format: json"));
+        assert!(c.unwrap().log_json);
+        let e = parse(&SEED_CLIENT.replace("log_level: info", "log_level: info\nlog_format: jsn"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("test.yaml:7") && e.contains("did you mean `json`"),
+            "{e}"
+        );
     }
 
     #[test]

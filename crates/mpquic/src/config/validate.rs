@@ -77,6 +77,7 @@ fn parse_bind(s: &str) -> Option<Bind> {
 struct General {
     tun_name: String,
     log_level: String,
+    log_json: bool,
     tun_cidr: Option<(Ipv4Addr, u8)>,
     policy: Policy,
 }
@@ -127,6 +128,7 @@ pub(super) fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem
         tun_name: g.tun_name,
         tun_mtu: raw.tun_mtu,
         log_level: g.log_level,
+        log_json: g.log_json,
         cert_file: raw.tls_cert_file,
         key_file: raw.tls_key_file,
         congestion,
@@ -167,6 +169,14 @@ fn general(raw: &RawConfig, c: &mut Checker) -> General {
     if !LEVELS.contains(&log_level.as_str()) {
         c.unknown_value("log_level", "level", &log_level, &LEVELS);
     }
+    let log_json = match raw.log_format.as_deref() {
+        None | Some("text") => false,
+        Some("json") => true,
+        Some(s) => {
+            c.unknown_value("log_format", "format", s, &["text", "json"]);
+            false
+        }
+    };
     let tun_cidr = raw.tun_cidr.as_deref().and_then(|s| {
         let v = parse_cidr(s);
         if v.is_none() {
@@ -189,6 +199,7 @@ fn general(raw: &RawConfig, c: &mut Checker) -> General {
     General {
         tun_name,
         log_level,
+        log_json,
         tun_cidr,
         policy,
     }
