@@ -10,6 +10,13 @@ for pair in iperf3:iperf3 nft:nftables ping:iputils-ping ip:iproute2 tc:iproute2
   command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
 done
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
+# --browser (the tests): Debian's chromium and chromedriver drive the dashboard's page.
+browser=false
+[ "${1:-}" = --browser ] && browser=true
+if $browser; then
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -25,3 +32,6 @@ if command -v rustup >/dev/null 2>&1; then
   rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 fi
 python3 -c 'import pytest' 2>/dev/null || python3 -m pip install -q pytest
+if $browser; then
+  python3 -c 'import selenium' 2>/dev/null || python3 -m pip install -q selenium
+fi

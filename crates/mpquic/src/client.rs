@@ -119,6 +119,7 @@ pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<
     let _control = crate::control::serve(
         &client.cfg.control_socket,
         client.cfg.metrics_listen,
+        client.cfg.dashboard.as_ref(),
         Arc::new(move || status_client.status(started)),
     )
     .await?;

@@ -1,6 +1,6 @@
 //! Control endpoints: `/status` (JSON) and `/metrics` (Prometheus) on a unix socket readable only
-//! by root (mode 0600), and `/metrics` alone on `metrics_listen` when configured. Also the client
-//! half of `mpquic status`.
+//! by root (mode 0600), `/metrics` alone on `metrics_listen` and the dashboard (`dashboard.rs`)
+//! on `dashboard_listen` when configured. Also the client half of `mpquic status`.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -59,6 +59,7 @@ impl Drop for ControlSocket {
 pub async fn serve(
     socket: &Path,
     metrics: Option<std::net::SocketAddr>,
+    dashboard: Option<&crate::config::Dashboard>,
     status: StatusFn,
 ) -> Result<ControlSocket> {
     if let Some(dir) = socket.parent() {
@@ -105,6 +106,9 @@ pub async fn serve(
                 warn!(error = %e, "metrics listener stopped");
             }
         });
+    }
+    if let Some(d) = dashboard {
+        crate::dashboard::serve(d, status.clone()).await?;
     }
     Ok(guard)
 }
@@ -224,16 +228,19 @@ mod tests {
         let path = dir.path().join("inst.sock");
         drop(UnixListener::bind(&path).unwrap()); // stale, as after SIGKILL
         let status: StatusFn = Arc::new(StatusReport::default);
-        let guard = serve(&path, None, status.clone()).await.unwrap();
+        let guard = serve(&path, None, None, status.clone()).await.unwrap();
         assert!(UnixStream::connect(&path).is_ok());
         // A second instance of the same name is refused while the first answers.
-        let e = serve(&path, None, status.clone()).await.err().unwrap();
+        let e = serve(&path, None, None, status.clone())
+            .await
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("in use"), "{e}");
         drop(guard);
         assert!(!path.exists());
 
         // A file a later instance put in its place is not removed.
-        let guard = serve(&path, None, status.clone()).await.unwrap();
+        let guard = serve(&path, None, None, status.clone()).await.unwrap();
         std::fs::remove_file(&path).unwrap();
         let _later = UnixListener::bind(&path).unwrap();
         drop(guard);

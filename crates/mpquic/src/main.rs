@@ -4,6 +4,7 @@ mod batch;
 mod client;
 mod config;
 mod control;
+mod dashboard;
 mod hello;
 #[cfg(test)]
 mod inprocess_tests;

@@ -173,6 +173,7 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
     let _control = crate::control::serve(
         &server.cfg.control_socket,
         server.cfg.metrics_listen,
+        server.cfg.dashboard.as_ref(),
         Arc::new(move || s.status(started)),
     )
     .await?;

@@ -209,6 +209,8 @@ struct RawConfig {
     fec: Option<String>,
     control_socket: Option<PathBuf>,
     metrics_listen: Option<SocketAddr>,
+    dashboard_listen: Option<SocketAddr>,
+    dashboard_token: Option<String>,
     worker_threads: Option<usize>,
     tun_offload: Option<bool>,
     #[serde(default)]
@@ -321,6 +323,8 @@ pub struct Config {
     pub congestion: Congestion,
     pub control_socket: PathBuf,
     pub metrics_listen: Option<SocketAddr>,
+    /// The live web dashboard (off unless configured; docs/OPERATIONS.md).
+    pub dashboard: Option<Dashboard>,
     /// Threads of the async runtime. 1 (the default) measured fastest on a 2-core machine.
     pub worker_threads: usize,
     /// The TUN device's segmentation and checksum offloads (super-packets in, coalesced writes
@@ -329,6 +333,14 @@ pub struct Config {
     pub role: RoleConfig,
     /// Non-fatal remarks for the operator (printed by check-config, logged at startup).
     pub warnings: Vec<String>,
+}
+
+/// `dashboard_listen` and `dashboard_token`.
+#[derive(Debug, Clone)]
+pub struct Dashboard {
+    pub listen: SocketAddr,
+    /// Required (as `?token=` or `Authorization: Bearer`) when set; mandatory off loopback.
+    pub token: Option<String>,
 }
 
 /// One configuration problem, located in the file.
@@ -844,6 +856,33 @@ multipath_paths:
         assert_eq!(s.client_ca_file, PathBuf::from("/etc/mpquic/tls/ca.crt"));
         assert_eq!(s.listen.port(), 45017);
         assert_eq!(s.tun_addr, Ipv4Addr::new(10, 200, 17, 254));
+    }
+
+    #[test]
+    fn dashboard_off_loopback_needs_a_token() {
+        let with = |extra: &str| {
+            parse(&SEED_CLIENT.replace("log_level: info", &format!("log_level: info\n{extra}")))
+        };
+        assert!(with("").unwrap().dashboard.is_none());
+        let d = with("dashboard_listen: 127.0.0.1:9480").unwrap().dashboard;
+        assert!(d.is_some_and(|d| d.token.is_none()));
+        let e = with("dashboard_listen: 0.0.0.0:9480")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("test.yaml:7") && e.contains("no `dashboard_token`"),
+            "{e}"
+        );
+        let c = with("dashboard_listen: 0.0.0.0:9480\ndashboard_token: 0123456789abcdef");
+        assert!(c.is_ok());
+        let e = with("dashboard_listen: 0.0.0.0:9480\ndashboard_token: short")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at least 16 characters"), "{e}");
+        let e = with("dashboard_token: has spaces in it ok?")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at least 16 characters"), "{e}");
     }
 
     #[test]

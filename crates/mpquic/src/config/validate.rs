@@ -116,6 +116,7 @@ pub(super) fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem
             Some("the server keeps each flow's class from the packets the client sends".into()),
         );
     }
+    let dashboard = dashboard(&raw, &mut c);
     if !c.problems.is_empty() {
         c.problems.sort_by_key(|p| (p.line, p.column));
         return Err(c.problems);
@@ -134,6 +135,7 @@ pub(super) fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem
         congestion,
         control_socket,
         metrics_listen: raw.metrics_listen,
+        dashboard,
         worker_threads: raw.worker_threads.unwrap_or(1),
         tun_offload: raw.tun_offload.unwrap_or(true),
         role,
@@ -652,4 +654,30 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
         });
     }
     out
+}
+
+/// The dashboard's address and token: a dashboard reachable from other hosts must ask for a
+/// token (it shows the site's paths, addresses and traffic).
+fn dashboard(raw: &RawConfig, c: &mut Checker) -> Option<super::Dashboard> {
+    let token = raw.dashboard_token.clone();
+    if let Some(t) = &token {
+        // Characters that stand in a URL as they are (the page is opened with `?token=`).
+        let url_safe = |ch: char| ch.is_ascii_alphanumeric() || "-._~".contains(ch);
+        if t.len() < 16 || !t.chars().all(url_safe) {
+            c.at(
+                "dashboard_token",
+                "`dashboard_token` must be at least 16 characters of A-Z, a-z, 0-9, `-._~`".into(),
+                Some("e.g. the output of `openssl rand -hex 16`".into()),
+            );
+        }
+    }
+    let listen = raw.dashboard_listen?;
+    if !listen.ip().is_loopback() && token.is_none() {
+        c.at(
+            "dashboard_listen",
+            format!("`dashboard_listen`: {listen} is reachable from other hosts and no `dashboard_token` is set"),
+            Some("set `dashboard_token`, or listen on 127.0.0.1 and reach it through an SSH tunnel".into()),
+        );
+    }
+    Some(super::Dashboard { listen, token })
 }
