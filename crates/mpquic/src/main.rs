@@ -56,6 +56,9 @@ enum Cmd {
         #[command(subcommand)]
         cmd: PkiCmd,
     },
+    /// Print the manual page (roff) built from this help; the Debian package installs it.
+    #[command(hide = true)]
+    Man,
     /// Show the paths of a running instance.
     Status {
         /// Control socket (default: the only one in /run/mpquic).
@@ -235,6 +238,12 @@ fn main() -> ExitCode {
             }),
             _,
         ) => status_cmd(socket, json, watch),
+        (Some(Cmd::Man), _) => {
+            use clap::CommandFactory;
+            clap_mangen::Man::new(Cli::command())
+                .render(&mut std::io::stdout())
+                .map_err(Into::into)
+        }
         (None, None) => {
             eprintln!("mpquic: give --config FILE or a command; see mpquic --help");
             return ExitCode::from(2);
