@@ -44,14 +44,7 @@ def main():
         sys.exit("perf is not installed (apt-get install linux-perf)")
     n = args.clients
     with labctl.Lab(paths=1, clients=n, emulated=False) as lab:
-        lab.pki()
-        lab.extra_yaml = f"worker_threads: {args.server_threads}\n"
-        lab.start_server()
-        lab.extra_yaml = "worker_threads: 1\n"
-        for c in range(n):
-            lab.start_client(c)
-        for c in range(n):
-            lab.wait_tunnel(c)
+        lab.start_all(server_yaml=f"worker_threads: {args.server_threads}\n", client_yaml="worker_threads: 1\n")
         for c in range(n):
             lab.iperf_server(5201 + c)
         time.sleep(1)

@@ -293,14 +293,7 @@ def many_clients_row(n, seconds, server_threads):
     TCP flow per client, all at once, up and down; beside it client 0 alone in the same lab. The
     server's CPU per thread shows whether its cores are used."""
     with labctl.Lab(paths=1, clients=n, emulated=False) as lab:
-        lab.pki()
-        lab.extra_yaml = f"worker_threads: {server_threads}\n"
-        lab.start_server()
-        lab.extra_yaml = "worker_threads: 1\n"
-        for c in range(n):
-            lab.start_client(c)
-        for c in range(n):
-            lab.wait_tunnel(c)
+        lab.start_all(server_yaml=f"worker_threads: {server_threads}\n", client_yaml="worker_threads: 1\n")
         ports = [5201 + c for c in range(n)]
         for port in ports:
             lab.iperf_server(port)

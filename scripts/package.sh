@@ -17,6 +17,8 @@ assets=target/deb-assets
 mkdir -p "$assets"
 # The unit in dist/ is for a binary installed by hand in /usr/local/bin; the package's is in /usr/bin.
 sed 's#/usr/local/bin/mpquic#/usr/bin/mpquic#g' dist/mpquic@.service > "$assets/mpquic@.service"
-target/release/mpquic man | gzip -9n > "$assets/mpquic.1.gz"
+rm -rf "$assets/man" && mkdir -p "$assets/man"
+target/release/mpquic man "$assets/man"
+gzip -9n "$assets/man"/*.1
 cargo deb --no-build --quiet --strip -p mpquic
 cargo deb --no-build --quiet --strip -p mpquic-lab

@@ -237,6 +237,18 @@ class Lab:
         self.spawn(key, self.client_ns(c), [BIN, "--config", cfg])
         return key
 
+    def start_all(self, server_yaml="", client_yaml=""):
+        """PKI and configurations, the server, then every client with its tunnel up; extra
+        top-level YAML per role (e.g. the server's "worker_threads: 2\n")."""
+        self.pki()
+        self.extra_yaml = server_yaml
+        self.start_server()
+        self.extra_yaml = client_yaml
+        for c in range(self.nclients):
+            self.start_client(c)
+        for c in range(self.nclients):
+            self.wait_tunnel(c)
+
     def _wait_file(self, path, key, timeout):
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:

@@ -77,14 +77,7 @@ def test_server_tun_queue_per_thread_sessions_spread(make_lab):
     packets to the queue that wrote the flow, so both queues (and readers) carry traffic while
     both clients move data both ways at once."""
     lab = make_lab(paths=1, clients=2, emulated=False)
-    lab.pki()
-    lab.extra_yaml = "worker_threads: 2\n"
-    lab.start_server()
-    lab.extra_yaml = ""
-    for c in (0, 1):
-        lab.start_client(c)
-    for c in (0, 1):
-        lab.wait_tunnel(c)
+    lab.start_all(server_yaml="worker_threads: 2\n")
     assert "queues=2" in lab.log("server"), lab.log("server")
     for c in (0, 1):
         lab.iperf_server(5201 + c)

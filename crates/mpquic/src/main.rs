@@ -56,12 +56,13 @@ enum Cmd {
         #[command(subcommand)]
         cmd: PkiCmd,
     },
-    /// Print the manual page (roff) built from this help; the Debian package installs it.
+    /// Manual pages (roff) built from this help: mpquic.1 on stdout, or with DIR mpquic.1 and
+    /// mpquic-COMMAND.1 for each command written there (the Debian package installs them).
     #[command(hide = true)]
-    Man,
+    Man { dir: Option<PathBuf> },
     /// Show the paths of a running instance.
     Status {
-        /// Control socket (default: the only one in /run/mpquic).
+        /// Control socket (default: the only one in /run/mpquic an instance answers on).
         #[arg(long)]
         socket: Option<PathBuf>,
         /// Machine-readable output (with --watch: one JSON line per refresh).
@@ -145,6 +146,28 @@ fn run_instance(path: &std::path::Path) -> anyhow::Result<()> {
     // Background tasks (blocked reads) must not delay exit.
     rt.shutdown_timeout(std::time::Duration::from_millis(100));
     Ok(())
+}
+
+/// `mpquic man [DIR]`.
+fn man_pages(dir: Option<PathBuf>) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let Some(dir) = dir else {
+        return Ok(clap_mangen::Man::new(cmd).render(&mut std::io::stdout())?);
+    };
+    let write = |name: &str, page: clap::Command| -> anyhow::Result<()> {
+        let path = dir.join(format!("{name}.1"));
+        let mut f = std::fs::File::create(&path)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(clap_mangen::Man::new(page).render(&mut f)?)
+    };
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        // The page's title and name read `mpquic-status`, as its reference in mpquic.1 does.
+        let name = format!("mpquic-{}", sub.get_name());
+        write(&name, sub.clone().name(name.clone()))?;
+    }
+    write("mpquic", cmd)
 }
 
 /// `mpquic status`: the instance's report once, or with `watch` refreshed until interrupted.
@@ -238,12 +261,7 @@ fn main() -> ExitCode {
             }),
             _,
         ) => status_cmd(socket, json, watch),
-        (Some(Cmd::Man), _) => {
-            use clap::CommandFactory;
-            clap_mangen::Man::new(Cli::command())
-                .render(&mut std::io::stdout())
-                .map_err(Into::into)
-        }
+        (Some(Cmd::Man { dir }), _) => man_pages(dir),
         (None, None) => {
             eprintln!("mpquic: give --config FILE or a command; see mpquic --help");
             return ExitCode::from(2);
