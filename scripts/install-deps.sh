@@ -10,12 +10,15 @@ for pair in iperf3:iperf3 nft:nftables ping:iputils-ping ip:iproute2 tc:iproute2
   command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
 done
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
-# --browser (the tests): Debian's chromium and chromedriver drive the dashboard's page.
+# --browser (the tests): Debian's chromium and chromedriver drive the dashboard's page; installed
+# with their recommended packages (fonts, GL), the set the dashboard test was run with.
 browser=false
 [ "${1:-}" = --browser ] && browser=true
-if $browser; then
-  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
-  command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+if $browser && ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
+  echo "installing: chromium chromium-driver"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
