@@ -260,9 +260,10 @@ class Lab:
             time.sleep(0.05)
         raise RuntimeError(f"{key} did not create {path} within {timeout}s:\n{self.log(key)}")
 
-    def wait_tunnel(self, c=0, timeout=15, dev="mpq0"):
+    def wait_tunnel(self, c=0, timeout=15, dev="mpq0", routed=False):
         """Wait until client c has its address and all paths up; then route its LAN through the
-        tunnel (mpquic-lab route; `dev`: the client's TUN device)."""
+        tunnel (mpquic-lab route; `dev`: the client's TUN device; `routed`: no masquerade, the
+        LAN is a routed site LAN)."""
         key = f"client{c}"
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
@@ -279,7 +280,7 @@ class Lab:
             time.sleep(0.1)
         else:
             raise RuntimeError(f"tunnel of {key} not up within {timeout}s:\n{self.log(key)}\n--- server\n{self.log('server')}")
-        lab_cmd("route", self.name, "--client", c + 1, "--dev", dev)
+        lab_cmd("route", self.name, "--client", c + 1, "--dev", dev, *(["--routed"] if routed else []))
         return st
 
     def status(self, key="server"):

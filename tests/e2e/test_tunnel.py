@@ -156,3 +156,53 @@ def test_oversized_packet_is_counted_not_fatal(make_lab):
     assert "Frag needed" in out or "message too long" in out, out
     p = lab.ping(count=5, interval=0.05)
     assert len(p["received"]) == 5
+
+
+def test_routed_site_lan_without_nat(make_lab):
+    """Routed LANs: site1 announces its LAN (lan_prefixes) and the server's `clients:` entry
+    allows it; the LAN host reaches the internet host without NAT (the internet host sees the
+    LAN host's own address) and is reached back. site2 announces a prefix it is not allowed:
+    refused, logged on both sides."""
+    lab = make_lab(paths=1, clients=2)
+    lab.pki()
+    # Each client's LAN is a /24 in the lab (192.168.N.0/24).
+    net = [lab.lan_addr(c).rsplit(".", 1)[0] + ".0/24" for c in (0, 1)]
+    lab.extra_yaml = f"clients:\n- name: site1\n  routes: [{net[0]}]\n"
+    lab.start_server()
+    lab.extra_yaml = ""
+    assert "site LAN routed into the TUN device" in lab.log("server")
+    lab.start_client(0, yaml=lab.client_yaml(0) + f"lan_prefixes: [{net[0]}]\n")
+    lab.wait_tunnel(0, routed=True)
+    lan = lab.lan_addr(0)
+    assert len(lab.ping(count=5, interval=0.05)["received"]) == 5
+    # Reached back: the internet host pings the LAN host (only a route can do that).
+    back = lab.sh(lab.inet_ns, f"ping -c 3 -i 0.2 -W 1 {lan}", check=False)
+    assert " 3 received" in back.stdout, back.stdout
+    # No NAT: a TCP connection from the LAN host arrives from the LAN host's address.
+    srv = subprocess.Popen(["ip", "netns", "exec", lab.inet_ns, "python3", "-c",
+                            "import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+                            "s.bind(('0.0.0.0',7001));s.listen();c,a=s.accept();print(a[0],flush=True)"],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(50):
+            r = lab.sh(lab.lan_ns(0), ["python3", "-c", "import socket;socket.create_connection"
+                                       f"(('{lab.inet_addr}',7001),timeout=2)"], check=False)
+            if r.returncode == 0:
+                break
+            time.sleep(0.1)
+        seen = srv.communicate(timeout=10)[0].strip()
+    finally:
+        srv.kill()
+    assert seen == lan, seen
+    st = lab.status("server")
+    assert sum(x["drops"]["spoofed_source"] for x in st["tunnels"][0]["paths"]) == 0
+
+    # site2 announces its LAN, which its (absent) clients: entry does not allow.
+    lab.start_client(1, yaml=lab.client_yaml(1) + f"lan_prefixes: [{net[1]}]\n")
+    t0 = time.monotonic()
+    while "not allowed" not in lab.log("client1") and time.monotonic() - t0 < 10:
+        time.sleep(0.1)
+    assert f"LAN prefix {net[1]} is not allowed" in lab.log("client1"), lab.log("client1")
+    assert "not allowed" in lab.log("server"), lab.log("server")
+    report(f"routed LAN: {lan} reached the internet host and was reached back, seen as {seen} (no NAT); "
+           f"site2's unallowed {net[1]} refused")

@@ -11,6 +11,7 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use crate::addressing::{self, AddressPlan};
+use crate::classify::Prefix;
 
 /// A session with no connected path for this long is forgotten (its address becomes free).
 pub const SESSION_LINGER: Duration = Duration::from_secs(120);
@@ -52,6 +53,8 @@ pub struct Registry<S> {
     by_addr: HashMap<Ipv4Addr, String>,
     /// Last address each client had, so a reconnecting client gets it back.
     remembered: HashMap<String, Ipv4Addr>,
+    /// Site LAN prefixes routed to sessions (routed LANs), longest first.
+    routes: Vec<(Prefix, String)>,
 }
 
 impl<S> Default for Registry<S> {
@@ -60,6 +63,7 @@ impl<S> Default for Registry<S> {
             by_name: HashMap::new(),
             by_addr: HashMap::new(),
             remembered: HashMap::new(),
+            routes: Vec::new(),
         }
     }
 }
@@ -112,10 +116,36 @@ impl<S: Clone> Registry<S> {
         })
     }
 
-    /// The session owning tunnel address `addr` (the server's TUN routing).
+    /// The session owning `addr` (the server's TUN routing): its tunnel address, else the
+    /// longest of the site LAN prefixes routed to a session that holds it.
     pub fn by_addr(&self, addr: Ipv4Addr) -> Option<&S> {
-        let name = self.by_addr.get(&addr)?;
+        let name = self.by_addr.get(&addr).or_else(|| {
+            self.routes
+                .iter()
+                .find(|(p, _)| p.contains(addr.into()))
+                .map(|(_, n)| n)
+        })?;
         self.by_name.get(name).map(|e| &e.value)
+    }
+
+    /// Route `prefixes` (a site's LAN, announced by the client and allowed by the server's
+    /// configuration) to session `name`, in place of what it had. Refused when one overlaps a
+    /// prefix routed to another session (two instances of one site announcing the same LAN).
+    pub fn set_routes(&mut self, name: &str, prefixes: &[Prefix]) -> Result<(), String> {
+        let overlap = |a: &Prefix, b: &Prefix| a.contains(b.addr) || b.contains(a.addr);
+        for p in prefixes {
+            if let Some((q, other)) = self.routes.iter().find(|(q, n)| n != name && overlap(p, q)) {
+                return Err(format!(
+                    "LAN prefix {}/{} overlaps {}/{}, routed to client `{other}`",
+                    p.addr, p.len, q.addr, q.len
+                ));
+            }
+        }
+        self.routes.retain(|(_, n)| n != name);
+        self.routes
+            .extend(prefixes.iter().map(|p| (*p, name.to_string())));
+        self.routes.sort_by_key(|r| std::cmp::Reverse(r.0.len));
+        Ok(())
     }
 
     /// Every session with its name and address, in name order.
@@ -156,6 +186,7 @@ impl<S: Clone> Registry<S> {
     /// Remove every session (shutdown).
     pub fn drain(&mut self) -> Vec<S> {
         self.by_addr.clear();
+        self.routes.clear();
         self.by_name.drain().map(|(_, e)| e.value).collect()
     }
 
@@ -176,6 +207,7 @@ impl<S: Clone> Registry<S> {
     fn remove(&mut self, name: &str) -> Option<S> {
         let e = self.by_name.remove(name)?;
         self.by_addr.remove(&e.addr);
+        self.routes.retain(|(_, n)| n != name);
         Some(e.value)
     }
 }
@@ -214,6 +246,31 @@ mod tests {
         assert_eq!(new_addr(&d), Some((Ipv4Addr::new(10, 0, 0, 1), Some(1))));
         assert_eq!(r.by_addr(Ipv4Addr::new(10, 0, 0, 1)), Some(&4));
         assert_eq!(r.sessions().len(), 2);
+    }
+
+    #[test]
+    fn site_lans_route_to_their_session_longest_prefix_first() {
+        let t0 = Instant::now();
+        let mut r: Registry<u32> = Registry::default();
+        let p = plan();
+        r.join(&p, "site1", "site1", 7, None, t0, |_| 1).unwrap();
+        r.join(&p, "site2", "site2", 9, None, t0, |_| 2).unwrap();
+        let pfx = |s: &str| Prefix::parse(s).unwrap();
+        r.set_routes("site1", &[pfx("192.168.0.0/16")]).unwrap();
+        r.set_routes("site2", &[pfx("172.16.5.0/24")]).unwrap();
+        assert_eq!(r.by_addr(Ipv4Addr::new(192, 168, 9, 2)), Some(&1));
+        assert_eq!(r.by_addr(Ipv4Addr::new(172, 16, 5, 1)), Some(&2));
+        assert_eq!(r.by_addr(Ipv4Addr::new(172, 16, 6, 1)), None);
+        // Another session may not take a prefix inside (or around) one routed elsewhere.
+        let e = r.set_routes("site2", &[pfx("192.168.9.0/24")]).unwrap_err();
+        assert!(e.contains("routed to client `site1`"), "{e}");
+        assert_eq!(r.by_addr(Ipv4Addr::new(172, 16, 5, 1)), Some(&2));
+        // The session's own tunnel address wins; a restart replaces the routes with the session.
+        assert_eq!(r.by_addr(Ipv4Addr::new(10, 0, 0, 2)), Some(&2));
+        r.join(&p, "site1", "site1", 8, None, t0, |_| 3).unwrap();
+        assert_eq!(r.by_addr(Ipv4Addr::new(192, 168, 9, 2)), None);
+        r.set_routes("site2", &[pfx("192.168.9.0/24")]).unwrap();
+        assert_eq!(r.by_addr(Ipv4Addr::new(192, 168, 9, 2)), Some(&2));
     }
 
     #[test]

@@ -110,6 +110,9 @@ enum Cmd {
         dev: String,
         #[arg(long, default_value = mpquic_lab::mpquic_conf::TUNNEL_NET)]
         tunnel_net: String,
+        /// No masquerade: the LAN is routed by the tunnel (`lan_prefixes`), not hidden behind it.
+        #[arg(long)]
+        routed: bool,
     },
     /// Counters of each path and direction (JSON).
     Stats { name: String },
@@ -200,8 +203,10 @@ fn main() -> ExitCode {
             client,
             dev,
             tunnel_net,
-        } => topo::load(&name)
-            .and_then(|st| mpquic_lab::sut::route_lan_through(&st, client, &dev, &tunnel_net)),
+            routed,
+        } => topo::load(&name).and_then(|st| {
+            mpquic_lab::sut::route_lan_through(&st, client, &dev, &tunnel_net, !routed)
+        }),
         Cmd::Stats { name } => topo::control(&name, "stats").map(|r| println!("{r}")),
         Cmd::Down { name, stale } => down(name, stale),
         Cmd::Run { scenario, out } => mpquic_lab::runner::run(&scenario, &out),

@@ -142,7 +142,7 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
         System::Mpquic(opts) => {
             let pids = step("start mpquic", || start_mpquic(opts, &lab, dir, &mut procs))?;
             step("route the LAN through mpquic", || {
-                route_lan_through(&lab, 1, "mpq0", mpquic_conf::TUNNEL_NET)
+                route_lan_through(&lab, 1, "mpq0", mpquic_conf::TUNNEL_NET, true)
             })?;
             (pids, Some("mpq0".to_string()), through_tunnel)
         }
@@ -151,7 +151,7 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
             let tun = step(&format!("route the LAN through {system}"), || {
                 let vars = vpn_vars(&lab, dir, id);
                 let tun = fill(&def.tunnel.client_if, &vars)?;
-                route_lan_through(&lab, 1, &tun, &fill(&def.tunnel.cidr, &vars)?)?;
+                route_lan_through(&lab, 1, &tun, &fill(&def.tunnel.cidr, &vars)?, true)?;
                 wait_reachable(&lab)?;
                 Ok(tun)
             })?;

@@ -94,16 +94,25 @@ pub(crate) fn start_mpquic(
 
 /// Make client `c`'s LAN host reach the internet host through the client's tunnel interface: a
 /// route to the internet subnet over the tunnel, the LAN masqueraded behind the client's tunnel
-/// address (table `labnat`), and the internet host's way back to the tunnel subnet via the
+/// address (table `labnat`; not with `masquerade: false`, for a routed site LAN, whose way back
+/// is the server's route), and the internet host's way back to the tunnel subnet via the
 /// server. The same for every VPN; running it again changes nothing.
-pub fn route_lan_through(lab: &LabState, c: usize, tun_if: &str, tunnel_net: &str) -> Result<()> {
+pub fn route_lan_through(
+    lab: &LabState,
+    c: usize,
+    tun_if: &str,
+    tunnel_net: &str,
+    masquerade: bool,
+) -> Result<()> {
     let (inet_net, gw) = (topo::INTERNET_NET, topo::INTERNET_GW);
     let ns = lab.client(c)?.client;
     topo::ns_run(&ns, &format!("ip route replace {inet_net} dev {tun_if}"))?;
-    topo::ns_run(
-        &ns,
-        &format!("nft list table ip labnat >/dev/null 2>&1 || nft -f - <<'EOF'\nadd table ip labnat\nadd chain ip labnat post {{ type nat hook postrouting priority 100 ; }}\nadd rule ip labnat post oifname {tun_if} masquerade\nEOF"),
-    )?;
+    if masquerade {
+        topo::ns_run(
+            &ns,
+            &format!("nft list table ip labnat >/dev/null 2>&1 || nft -f - <<'EOF'\nadd table ip labnat\nadd chain ip labnat post {{ type nat hook postrouting priority 100 ; }}\nadd rule ip labnat post oifname {tun_if} masquerade\nEOF"),
+        )?;
+    }
     topo::ns_run(
         &lab.namespaces.internet,
         &format!("ip route replace {tunnel_net} via {gw}"),

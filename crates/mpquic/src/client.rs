@@ -384,6 +384,9 @@ impl Client {
                 rank: k as u8,
                 default: k == self.ccfg.classifier.default_class(),
             }),
+            routes: (self.ccfg.lan_prefixes.iter())
+                .map(|p| format!("{}/{}", p.addr, p.len))
+                .collect(),
         };
         let (transport, ack) = class.dialer.dial(p, &h, class.payload(idx)).await?;
         if !ack.ok {

@@ -44,6 +44,10 @@ pub struct Hello {
     /// instance has no classes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class: Option<ClassOf>,
+    /// The site LAN prefixes the client announces (`lan_prefixes`, "a.b.c.d/len"), routed to
+    /// its session when its `clients:` entry on the server allows them; absent: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<String>,
 }
 
 impl Hello {

@@ -370,6 +370,7 @@ async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
         fec: None,
         pipe: Some(PipeOf { index: 1, count: 2 }),
         stripe: None,
+        routes: Vec::new(),
         instance: None,
         class: None,
     };
@@ -557,6 +558,7 @@ async fn stripe_path_to_a_server_without_stripe_is_refused() {
         fec: None,
         pipe: None,
         stripe: None,
+        routes: Vec::new(),
         instance: None,
         class: None,
     };

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use mpquic_core::classify::FlowClasses;
+use mpquic_core::classify::{FlowClasses, Prefix};
 use mpquic_core::fec::FecMode;
 use mpquic_core::sessions::{self, Registry};
 use mpquic_core::{DropReason, Drops, HealthMode, PacketInfo, PathId, PathSpec, Policy};
@@ -27,7 +27,7 @@ use crate::status::StatusReport;
 use crate::transport::quic::QuicListener;
 use crate::transport::{Listener, Offer};
 use crate::tun::Tun;
-use crate::tunnel::{close, Carriage, ClassTag, Shares, Tunnel};
+use crate::tunnel::{close, Carriage, ClassTag, Shares, Sources, Tunnel};
 use crate::{quic, runtime};
 
 /// Traffic classes one session may have (each a tunnel with its connections).
@@ -42,6 +42,8 @@ const HOUSEKEEPING: Duration = Duration::from_secs(1);
 struct Session {
     /// The TUN queue the session's tunnels write to (`Server::queues`).
     tun: Arc<Tun>,
+    /// The site LAN prefixes routed to this session (announced, allowed by `clients:`).
+    lans: Vec<Prefix>,
     classes: RwLock<Vec<SessionClass>>,
     /// Which class each flow's answers go back in (learnt from the packets the client sends).
     flows: Arc<Mutex<FlowClasses>>,
@@ -154,6 +156,15 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
             .map(Arc::new)
             .collect();
     queues[0].set_ipv4(scfg.tun_addr, scfg.prefix)?;
+    // Every site LAN a client may announce is routed into the device from the start; packets
+    // for one whose client is not connected are counted (`no_route`).
+    for (client, lan) in &scfg.routes {
+        let std::net::IpAddr::V4(net) = lan.addr else {
+            continue;
+        };
+        queues[0].add_route(net, lan.len)?;
+        info!(%client, lan = %format!("{net}/{}", lan.len), "site LAN routed into the TUN device");
+    }
     info!(listen = %scfg.listen, tun = %cfg.tun_name, address = %format!("{}/{}", scfg.tun_addr, scfg.prefix), mtu, queues = queues.len(), "server listening");
 
     let server = Arc::new(Server {
@@ -399,8 +410,10 @@ impl Server {
             None => FecMode::Off,
         };
         let name = sessions::session_name(identity, h.instance.as_deref());
+        let lans = self.allowed_lans(&name, identity, &h.routes)?;
         let plan = self.scfg.address_plan();
-        let joined = self.write().join(
+        let mut registry = self.write();
+        let joined = registry.join(
             &plan,
             &name,
             identity,
@@ -411,11 +424,17 @@ impl Server {
                 let made = self.made.fetch_add(1, Ordering::Relaxed) as usize;
                 Arc::new(Session {
                     tun: self.queues[made % self.queues.len()].clone(),
+                    lans: lans.clone(),
                     classes: RwLock::new(Vec::new()),
                     flows: Arc::default(),
                 })
             },
         )?;
+        if joined.created && !lans.is_empty() {
+            registry.set_routes(&name, &lans)?;
+            info!(client = %name, lans = %h.routes.join(","), "site LAN routed to the client");
+        }
+        drop(registry);
         if let Some(old) = &joined.replaced {
             info!(client = %name, "client restarted; replacing its old session");
             old.close_all(close::REPLACED, "replaced by a new session");
@@ -438,6 +457,34 @@ impl Server {
                 )
             })?;
         Ok((tunnel, joined.addr, path))
+    }
+
+    /// The site LAN prefixes a client announced, if its `clients:` entry (by session name or
+    /// identity) allows each of them (each inside an allowed prefix); else the refusal.
+    fn allowed_lans(
+        &self,
+        name: &str,
+        identity: &str,
+        announced: &[String],
+    ) -> Result<Vec<Prefix>, String> {
+        let allowed: Vec<&Prefix> = (self.scfg.routes.iter())
+            .filter(|(n, _)| n == name || n == identity)
+            .map(|(_, p)| p)
+            .collect();
+        announced
+            .iter()
+            .map(|s| {
+                let p = Prefix::parse(s)
+                    .filter(|p| p.addr.is_ipv4())
+                    .ok_or_else(|| format!("LAN prefix `{s}` is not an IPv4 prefix"))?;
+                match allowed.iter().any(|a| a.len <= p.len && a.contains(p.addr)) {
+                    true => Ok(p),
+                    false => Err(format!(
+                        "LAN prefix {s} is not allowed for this client (server `clients:` routes)"
+                    )),
+                }
+            })
+            .collect()
     }
 
     /// The session's tunnel for the hello's class (the session's only one without classes),
@@ -480,7 +527,10 @@ impl Server {
         let tunnel = Tunnel::new(
             name.to_string(),
             session.tun.clone(),
-            Some(addr),
+            Some(Sources {
+                addr,
+                lans: session.lans.clone(),
+            }),
             HealthMode::Follow,
             Carriage {
                 mode: h.mode,

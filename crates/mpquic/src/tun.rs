@@ -280,6 +280,45 @@ impl Tun {
         self.up(&s)
     }
 
+    /// Route `net/len` into this device (SIOCADDRT; a route that is already there is fine):
+    /// the server's routes to its clients' site LANs (routed LANs).
+    pub fn add_route(&self, net: Ipv4Addr, len: u8) -> io::Result<()> {
+        #[cfg(test)]
+        if let Backend::Memory(_) = &self.backend {
+            return Ok(());
+        }
+        let sockaddr = |a: Ipv4Addr| {
+            // SAFETY: sockaddr_in and sockaddr are plain C structs of the same size; all-zero
+            // is a valid value of both.
+            let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_addr.s_addr = u32::from(a).to_be();
+            unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
+        };
+        let dev = std::ffi::CString::new(self.name.clone())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "device name"))?;
+        // SAFETY: all-zero is a valid rtentry; the pointers it gets (the device name) outlive
+        // the ioctl below.
+        let mut rt: libc::rtentry = unsafe { std::mem::zeroed() };
+        rt.rt_dst = sockaddr(net);
+        rt.rt_genmask = sockaddr(Ipv4Addr::from(crate::config::mask(len)));
+        rt.rt_flags = libc::RTF_UP;
+        rt.rt_dev = dev.as_ptr() as *mut libc::c_char;
+        let s = ctl_socket()?;
+        // SAFETY: `rt` is a valid struct rtentry for SIOCADDRT.
+        let rc = unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCADDRT as _, &mut rt) };
+        match rc {
+            0 => Ok(()),
+            _ => match io::Error::last_os_error() {
+                e if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+                e => Err(io::Error::new(
+                    e.kind(),
+                    format!("cannot route {net}/{len} into {}: {e}", self.name),
+                )),
+            },
+        }
+    }
+
     fn up(&self, s: &OwnedFd) -> io::Result<()> {
         let mut r = IfReq::new(&self.name)?;
         ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut r)?;

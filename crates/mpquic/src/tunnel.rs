@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use mpquic_core::classify::FlowClasses;
+use mpquic_core::classify::{FlowClasses, Prefix};
 use mpquic_core::fec::{self, FecMode};
 use mpquic_core::pmtu::{PathMtu, Resize};
 use mpquic_core::reseq::Verdict;
@@ -103,7 +103,7 @@ pub struct Tunnel {
     /// FEC on what this side sends (the client's choice, for both directions).
     fec: FecMode,
     /// Server side: inner packets from the peer must carry this source address.
-    expect_src: Option<Ipv4Addr>,
+    expect_src: Option<Sources>,
     /// This side probes its paths (the client): it also watches their MTU.
     watch_mtu: bool,
     /// The policy spreads a flow's packets (numbered for the peer's resequencer): routing
@@ -125,13 +125,27 @@ pub struct Carriage {
     pub class: Option<ClassTag>,
 }
 
+/// The inner sources a client may send from (server side): its tunnel address, and the site
+/// LAN prefixes routed to it (routed LANs).
+#[derive(Debug, Clone)]
+pub struct Sources {
+    pub addr: Ipv4Addr,
+    pub lans: Vec<Prefix>,
+}
+
+impl Sources {
+    fn allows(&self, src: IpAddr) -> bool {
+        src == IpAddr::V4(self.addr) || self.lans.iter().any(|p| p.contains(src))
+    }
+}
+
 impl Tunnel {
-    /// `expect_src`: on the server, the client's tunnel address (packets from any other source
-    /// are dropped); `None` on the client.
+    /// `expect_src`: on the server, the sources the client may use (packets from any other
+    /// source are dropped); `None` on the client.
     pub fn new(
         peer: String,
         tun: Arc<Tun>,
-        expect_src: Option<Ipv4Addr>,
+        expect_src: Option<Sources>,
         health: HealthMode,
         carriage: Carriage,
     ) -> Arc<Tunnel> {
@@ -515,9 +529,9 @@ impl Tunnel {
             .and_then(|c| Some((c.marks.as_ref()?, c.rank)));
         if self.expect_src.is_some() || marks.is_some() {
             let info = PacketInfo::parse(pkt);
-            let refused = match (&info, self.expect_src) {
+            let refused = match (&info, &self.expect_src) {
                 (None, _) => Some(DropReason::Malformed),
-                (Some(info), Some(expect)) if info.src != IpAddr::V4(expect) => {
+                (Some(info), Some(expect)) if !expect.allows(info.src) => {
                     debug!(tunnel = %self.peer, src = %info.src, "spoofed inner source dropped");
                     Some(DropReason::SpoofedSource)
                 }

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use mpquic_core::addressing::AddressPlan;
 pub use mpquic_core::addressing::{mask, parse_cidr};
+use mpquic_core::classify::Prefix;
 use mpquic_core::Policy;
 use serde::Deserialize;
 
@@ -170,7 +171,10 @@ struct RawClass {
 #[serde(deny_unknown_fields)]
 struct RawClient {
     name: String,
-    address: Ipv4Addr,
+    address: Option<Ipv4Addr>,
+    /// Site LAN prefixes this client may announce (`lan_prefixes`), routed to it.
+    #[serde(default)]
+    routes: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -182,6 +186,8 @@ struct RawConfig {
     tun_mtu: Option<u32>,
     log_level: Option<String>,
     log_format: Option<String>,
+    #[serde(default)]
+    lan_prefixes: Vec<String>,
     tls_ca_file: Option<PathBuf>,
     tls_cert_file: Option<PathBuf>,
     tls_key_file: Option<PathBuf>,
@@ -260,6 +266,9 @@ pub struct ClientConfig {
     pub paths: Vec<PathConfig>,
     /// The tunnel address this client asks for (the server decides).
     pub requested: Option<(Ipv4Addr, u8)>,
+    /// `lan_prefixes`: the site LAN prefixes the client announces (routed LANs: the server
+    /// routes them to this client, if its `clients:` entry allows them; no masquerade needed).
+    pub lan_prefixes: Vec<Prefix>,
     pub server_name: String,
     pub ca_file: Option<PathBuf>,
     pub insecure_skip_verify: bool,
@@ -300,6 +309,9 @@ pub struct ServerConfig {
     pub client_ca_file: PathBuf,
     /// Fixed tunnel addresses by client name (certificate CN).
     pub clients: Vec<(String, Ipv4Addr)>,
+    /// Site LAN prefixes each client may announce (routed LANs), by client name; the server
+    /// routes them into its TUN device at start.
+    pub routes: Vec<(String, Prefix)>,
     /// `stripe_enabled`: where the stripe transport's socket listens.
     pub stripe: Option<SocketAddr>,
 }
@@ -842,6 +854,62 @@ multipath_paths:
         assert!(e.to_string().contains("did you mean `priority`?"), "{e}");
         let e = parse(&SEED_CLIENT.replace("reliable", "relaible")).unwrap_err();
         assert!(e.to_string().contains("did you mean `reliable`?"), "{e}");
+    }
+
+    #[test]
+    fn routed_lans_are_checked_for_form_and_overlaps() {
+        const SERVER: &str = "role: server\nremote_port: 45017\ntun_name: mp1\ntun_cidr: 10.200.17.254/24\ntls_cert_file: /s.crt\ntls_key_file: /s.key\n";
+        let c = parse(&format!("{SERVER}clients:\n- name: site1\n  routes: [192.168.50.0/24, 172.16.0.0/16]\n- name: site2\n  address: 10.200.17.9\n")).unwrap();
+        let RoleConfig::Server(s) = &c.role else {
+            panic!()
+        };
+        assert_eq!(s.routes.len(), 2);
+        assert_eq!(
+            s.clients,
+            vec![("site2".to_string(), Ipv4Addr::new(10, 200, 17, 9))]
+        );
+        let e = parse(&format!("{SERVER}clients:\n- name: site1\n  routes: [192.168.50.0/24]\n- name: site2\n  routes: [192.168.0.0/16]\n")).unwrap_err().to_string();
+        assert!(
+            e.contains("overlaps 192.168.50.0/24, a LAN prefix of client `site1`"),
+            "{e}"
+        );
+        let e = parse(&format!(
+            "{SERVER}clients:\n- name: site1\n  routes: [10.200.17.0/25]\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("the tunnel subnet"), "{e}");
+        let e = parse(&format!(
+            "{SERVER}clients:\n- name: site1\n  routes: [192.168.50.1/24]\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("host bits set") && e.contains("did you mean 192.168.50.0/24"),
+            "{e}"
+        );
+        let e = parse(&format!("{SERVER}lan_prefixes: [192.168.50.0/24]\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`lan_prefixes` is a client option"), "{e}");
+        // The client: its announcement is checked against its own tunnel subnet.
+        let c = parse(&format!("{SEED_CLIENT}lan_prefixes: [192.168.50.0/24]\n")).unwrap();
+        let RoleConfig::Client(cl) = &c.role else {
+            panic!()
+        };
+        assert_eq!(cl.lan_prefixes.len(), 1);
+        let e = parse(&format!("{SEED_CLIENT}lan_prefixes: [10.200.0.0/16]\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("overlaps the tunnel subnet"), "{e}");
+        let e = parse(&format!("{SEED_CLIENT}lan_prefixes: [0.0.0.0/0]\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("default route"), "{e}");
+        let e = parse(&format!("{SEED_CLIENT}lan_prefixes: [fd00::/64]\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not an IPv4 prefix"), "{e}");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
+use mpquic_core::classify::Prefix;
 use mpquic_core::fec::FecMode;
 use mpquic_core::sessions::MAX_PATHS_PER_SESSION;
 use mpquic_core::Policy;
@@ -287,37 +288,78 @@ fn server(raw: &RawConfig, g: &General, c: &mut Checker) -> ServerConfig {
     }
     let net = u32::from(tun_addr) & mask(prefix);
     let mut clients: Vec<(String, Ipv4Addr)> = Vec::new();
+    let mut routes: Vec<(String, Prefix)> = Vec::new();
+    let tunnel_net = Prefix {
+        addr: Ipv4Addr::from(net).into(),
+        len: prefix,
+    };
     for (i, cl) in raw.clients.iter().enumerate() {
-        let a = u32::from(cl.address);
+        for (j, r) in cl.routes.iter().enumerate() {
+            let at = format!("clients[{i}].routes[{j}]");
+            let Some(p) = lan_prefix(c, &at, r) else {
+                continue;
+            };
+            let clash = std::iter::once((&tunnel_net, "the tunnel subnet".to_string())).chain(
+                routes
+                    .iter()
+                    .map(|(n, q)| (q, format!("a LAN prefix of client `{n}`"))),
+            );
+            for (q, what) in clash {
+                if overlaps(&p, q) {
+                    c.at(
+                        &at,
+                        format!("`{r}` overlaps {}/{}, {what}", q.addr, q.len),
+                        Some("each prefix routes to one client; they must not overlap".into()),
+                    );
+                    break;
+                }
+            }
+            routes.push((cl.name.clone(), p));
+        }
+        if clients.iter().any(|(n, _)| *n == cl.name) {
+            c.at(
+                &format!("clients[{i}].name"),
+                format!("client `{}`: duplicate name", cl.name),
+                None,
+            );
+        }
+        let Some(address) = cl.address else {
+            continue;
+        };
+        let a = u32::from(address);
         let host_part = a & !mask(prefix);
         if a & mask(prefix) != net
             || host_part == 0
             || host_part == !mask(prefix)
-            || cl.address == tun_addr
+            || address == tun_addr
         {
             c.at(
                 &format!("clients[{i}].address"),
                 format!(
                     "client `{}`: {} is not a usable host address in {}/{}",
                     cl.name,
-                    cl.address,
+                    address,
                     Ipv4Addr::from(net),
                     prefix
                 ),
                 None,
             );
         }
-        if clients
-            .iter()
-            .any(|(n, a)| *n == cl.name || *a == cl.address)
-        {
+        if clients.iter().any(|(_, a)| *a == address) {
             c.at(
-                &format!("clients[{i}].name"),
-                format!("client `{}`: duplicate name or address", cl.name),
+                &format!("clients[{i}].address"),
+                format!("client `{}`: duplicate address {address}", cl.name),
                 None,
             );
         }
-        clients.push((cl.name.clone(), cl.address));
+        clients.push((cl.name.clone(), address));
+    }
+    if !raw.lan_prefixes.is_empty() {
+        c.at(
+            "lan_prefixes",
+            "`lan_prefixes` is a client option".into(),
+            Some("on the server, list each client's allowed prefixes as `routes:` in its `clients:` entry".into()),
+        );
     }
     ServerConfig {
         listen: SocketAddr::new(listen_ip, port),
@@ -325,6 +367,7 @@ fn server(raw: &RawConfig, g: &General, c: &mut Checker) -> ServerConfig {
         prefix,
         client_ca_file,
         clients,
+        routes,
         stripe: server_stripe(raw, c, SocketAddr::new(listen_ip, port)),
     }
 }
@@ -441,10 +484,32 @@ fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
         .clone()
         .or_else(|| paths.first().map(|p| p.remote_addr.clone()))
         .unwrap_or_default();
+    let mut lan_prefixes: Vec<Prefix> = Vec::new();
+    for (j, r) in raw.lan_prefixes.iter().enumerate() {
+        let at = format!("lan_prefixes[{j}]");
+        let Some(p) = lan_prefix(c, &at, r) else {
+            continue;
+        };
+        let tunnel = g.tun_cidr.map(|(a, l)| Prefix {
+            addr: Ipv4Addr::from(u32::from(a) & mask(l)).into(),
+            len: l,
+        });
+        if let Some(q) = tunnel.filter(|q| overlaps(&p, q)) {
+            c.at(
+                &at,
+                format!("`{r}` overlaps the tunnel subnet {}/{}", q.addr, q.len),
+                None,
+            );
+        } else if let Some(q) = lan_prefixes.iter().find(|q| overlaps(&p, q)) {
+            c.at(&at, format!("`{r}` overlaps {}/{}", q.addr, q.len), None);
+        }
+        lan_prefixes.push(p);
+    }
     ClientConfig {
         policy: g.policy,
         paths,
         requested: g.tun_cidr,
+        lan_prefixes,
         server_name,
         ca_file: raw.tls_ca_file.clone(),
         insecure_skip_verify: raw.tls_insecure_skip_verify,
@@ -680,4 +745,41 @@ fn dashboard(raw: &RawConfig, c: &mut Checker) -> Option<super::Dashboard> {
         );
     }
     Some(super::Dashboard { listen, token })
+}
+
+/// A site LAN prefix (`lan_prefixes`, a client's `routes`): IPv4, the network address itself
+/// (no host bits), not a default route.
+fn lan_prefix(c: &mut Checker, at: &str, s: &str) -> Option<Prefix> {
+    let p = Prefix::parse(s).filter(|p| p.addr.is_ipv4() && s.contains('/'));
+    let Some(p) = p else {
+        c.at(
+            at,
+            format!("`{s}` is not an IPv4 prefix"),
+            Some("e.g. 192.168.50.0/24 (IPv6 inside the tunnel is not supported yet)".into()),
+        );
+        return None;
+    };
+    let IpAddr::V4(a) = p.addr else { return None };
+    let network = Ipv4Addr::from(u32::from(a) & mask(p.len));
+    if p.len == 0 {
+        c.at(
+            at,
+            format!("`{s}` is a default route, not a site LAN"),
+            None,
+        );
+        return None;
+    }
+    if network != a {
+        c.at(
+            at,
+            format!("`{s}` has host bits set"),
+            Some(format!("did you mean {network}/{}?", p.len)),
+        );
+        return None;
+    }
+    Some(p)
+}
+
+fn overlaps(a: &Prefix, b: &Prefix) -> bool {
+    a.contains(b.addr) || b.contains(a.addr)
 }
