@@ -196,6 +196,9 @@ def test_routed_site_lan_without_nat(make_lab):
     assert seen == lan, seen
     st = lab.status("server")
     assert sum(x["drops"]["spoofed_source"] for x in st["tunnels"][0]["paths"]) == 0
+    assert st["tunnels"][0]["lans"] == [net[0]], st["tunnels"][0]
+    table = lab.sh(lab.server_ns, f"{labctl.BIN} status --socket {lab.sock('server')}").stdout
+    assert f"lan {net[0]}" in table, table
 
     # site2 announces its LAN, which its (absent) clients: entry does not allow.
     lab.start_client(1, yaml=lab.client_yaml(1) + f"lan_prefixes: [{net[1]}]\n")

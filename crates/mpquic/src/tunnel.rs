@@ -1015,6 +1015,10 @@ impl Tunnel {
             classified_packets: 0,
             unmatched_packets: 0,
             address,
+            lans: (self.expect_src.iter())
+                .flat_map(|e| &e.lans)
+                .map(|p| format!("{}/{}", p.addr, p.len))
+                .collect(),
             policy: s.router.bond().policy().as_str().into(),
             mode: self.mode.as_str().into(),
             fec: self.fec.to_string(),

@@ -147,6 +147,9 @@ pub struct TunnelStatus {
     #[serde(default)]
     pub unmatched_packets: u64,
     pub address: Option<String>,
+    /// Server side: the site LAN prefixes routed to this client (routed LANs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lans: Vec<String>,
     pub policy: String,
     pub mode: String,
     /// FEC mode: off, auto, or K/M.

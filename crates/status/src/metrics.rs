@@ -454,6 +454,7 @@ mod tests {
             tunnels: vec![TunnelStatus {
                 peer: "site\"1".into(),
                 paths: vec![p],
+                lans: vec!["192.168.50.0/24".into()],
                 ..Default::default()
             }],
             ..Default::default()
@@ -534,6 +535,7 @@ mod tests {
         assert!(r
             .render()
             .contains("tun queues 2, packets read per queue: 7 / 9"));
+        assert!(r.render().contains(" lan 192.168.50.0/24"));
         assert!(r.render().contains("wan1"));
         assert!(!r.render().contains("mtu wan1"));
         let mut r = r;

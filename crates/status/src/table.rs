@@ -35,9 +35,13 @@ impl StatusReport {
                 ),
                 None => String::new(),
             };
+            let lans = match t.lans.is_empty() {
+                true => String::new(),
+                false => format!("  lan {}", t.lans.join(",")),
+            };
             let _ = writeln!(
                 o,
-                "\n{} {}{class}  policy {}  mode {}{}{}",
+                "\n{} {}{lans}{class}  policy {}  mode {}{}{}",
                 t.peer,
                 t.address.as_deref().unwrap_or("(no address)"),
                 t.policy,
