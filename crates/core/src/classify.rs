@@ -36,6 +36,16 @@ impl Prefix {
         Some(Prefix { addr, len })
     }
 
+    /// Every address of `other` is in this prefix.
+    pub fn covers(&self, other: &Prefix) -> bool {
+        self.len <= other.len && self.contains(other.addr)
+    }
+
+    /// The two share an address (one covers the other).
+    pub fn overlaps(&self, other: &Prefix) -> bool {
+        self.covers(other) || other.covers(self)
+    }
+
     pub fn contains(&self, a: IpAddr) -> bool {
         match (self.addr, a) {
             (IpAddr::V4(p), IpAddr::V4(a)) => {

@@ -132,9 +132,8 @@ impl<S: Clone> Registry<S> {
     /// configuration) to session `name`, in place of what it had. Refused when one overlaps a
     /// prefix routed to another session (two instances of one site announcing the same LAN).
     pub fn set_routes(&mut self, name: &str, prefixes: &[Prefix]) -> Result<(), String> {
-        let overlap = |a: &Prefix, b: &Prefix| a.contains(b.addr) || b.contains(a.addr);
         for p in prefixes {
-            if let Some((q, other)) = self.routes.iter().find(|(q, n)| n != name && overlap(p, q)) {
+            if let Some((q, other)) = self.routes.iter().find(|(q, n)| n != name && p.overlaps(q)) {
                 return Err(format!(
                     "LAN prefix {}/{} overlaps {}/{}, routed to client `{other}`",
                     p.addr, p.len, q.addr, q.len

@@ -477,7 +477,7 @@ impl Server {
                 let p = Prefix::parse(s)
                     .filter(|p| p.addr.is_ipv4())
                     .ok_or_else(|| format!("LAN prefix `{s}` is not an IPv4 prefix"))?;
-                match allowed.iter().any(|a| a.len <= p.len && a.contains(p.addr)) {
+                match allowed.iter().any(|a| a.covers(&p)) {
                     true => Ok(p),
                     false => Err(format!(
                         "LAN prefix {s} is not allowed for this client (server `clients:` routes)"

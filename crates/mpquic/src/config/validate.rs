@@ -289,10 +289,7 @@ fn server(raw: &RawConfig, g: &General, c: &mut Checker) -> ServerConfig {
     let net = u32::from(tun_addr) & mask(prefix);
     let mut clients: Vec<(String, Ipv4Addr)> = Vec::new();
     let mut routes: Vec<(String, Prefix)> = Vec::new();
-    let tunnel_net = Prefix {
-        addr: Ipv4Addr::from(net).into(),
-        len: prefix,
-    };
+    let tunnel_net = network(tun_addr, prefix);
     for (i, cl) in raw.clients.iter().enumerate() {
         for (j, r) in cl.routes.iter().enumerate() {
             let at = format!("clients[{i}].routes[{j}]");
@@ -305,7 +302,7 @@ fn server(raw: &RawConfig, g: &General, c: &mut Checker) -> ServerConfig {
                     .map(|(n, q)| (q, format!("a LAN prefix of client `{n}`"))),
             );
             for (q, what) in clash {
-                if overlaps(&p, q) {
+                if p.overlaps(q) {
                     c.at(
                         &at,
                         format!("`{r}` overlaps {}/{}, {what}", q.addr, q.len),
@@ -490,17 +487,14 @@ fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
         let Some(p) = lan_prefix(c, &at, r) else {
             continue;
         };
-        let tunnel = g.tun_cidr.map(|(a, l)| Prefix {
-            addr: Ipv4Addr::from(u32::from(a) & mask(l)).into(),
-            len: l,
-        });
-        if let Some(q) = tunnel.filter(|q| overlaps(&p, q)) {
+        let tunnel = g.tun_cidr.map(|(a, l)| network(a, l));
+        if let Some(q) = tunnel.filter(|q| p.overlaps(q)) {
             c.at(
                 &at,
                 format!("`{r}` overlaps the tunnel subnet {}/{}", q.addr, q.len),
                 None,
             );
-        } else if let Some(q) = lan_prefixes.iter().find(|q| overlaps(&p, q)) {
+        } else if let Some(q) = lan_prefixes.iter().find(|q| p.overlaps(q)) {
             c.at(&at, format!("`{r}` overlaps {}/{}", q.addr, q.len), None);
         }
         lan_prefixes.push(p);
@@ -780,6 +774,10 @@ fn lan_prefix(c: &mut Checker, at: &str, s: &str) -> Option<Prefix> {
     Some(p)
 }
 
-fn overlaps(a: &Prefix, b: &Prefix) -> bool {
-    a.contains(b.addr) || b.contains(a.addr)
+/// The network `addr/len` belongs to (the tunnel subnet of a `tun_cidr`).
+fn network(addr: Ipv4Addr, len: u8) -> Prefix {
+    Prefix {
+        addr: Ipv4Addr::from(u32::from(addr) & mask(len)).into(),
+        len,
+    }
 }
