@@ -10,7 +10,8 @@ use crate::drops::{DropReason, Drops};
 use crate::health::{HealthConfig, PathHealth, PathState, PeerView};
 
 /// A path of one `PathSet`: stable for the set's lifetime (paths are added, never removed, so an
-/// id never comes to mean another path).
+/// id never comes to mean another path; a path taken out of the configuration is `retired`, and
+/// comes back under its old id if it is configured again).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PathId(u16);
 
@@ -126,6 +127,8 @@ pub struct Path {
     pub drops: Drops,
     /// Times a new connection was installed on this path.
     pub connects: u64,
+    /// Taken out of the configuration (a reload): no connection, not shown, not scheduled.
+    pub retired: bool,
 }
 
 impl Path {
@@ -237,6 +240,7 @@ impl PathSet {
             throughput: Throughput::default(),
             drops: Drops::default(),
             connects: 0,
+            retired: false,
         });
         Some(PathId((self.paths.len() - 1) as u16))
     }
@@ -246,9 +250,20 @@ impl PathSet {
         self.paths[id.index()].load = load;
     }
 
-    /// Update a path's priority/weight (the server learns them from each hello).
+    /// Update a path's priority/weight (the server learns them from each hello); a retired
+    /// path configured again is back.
     pub fn set_spec(&mut self, id: PathId, spec: PathSpec) {
-        self.paths[id.index()].spec = spec;
+        let p = &mut self.paths[id.index()];
+        p.spec = spec;
+        p.retired = false;
+    }
+
+    /// The path was taken out of the configuration: its connection is gone for good (until it
+    /// is configured again, `set_spec`).
+    pub fn retire(&mut self, id: PathId) -> Transition {
+        let t = self.disconnected(id);
+        self.paths[id.index()].retired = true;
+        t
     }
 
     pub fn get(&self, id: PathId) -> &Path {

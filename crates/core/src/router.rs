@@ -13,6 +13,9 @@ use crate::paths::{PathId, PathLoad, PathSet, PathSpec, ProbeDue, Transition};
 use crate::reseq::{self, Resequencer, Verdict};
 use crate::scheduler::Policy;
 
+/// How many slots a tunnel keeps per path it may use, counting retired ones (`path_within`).
+const RETIRED_SLOTS: usize = 4;
+
 #[derive(Debug)]
 pub struct Router {
     paths: PathSet,
@@ -80,17 +83,20 @@ impl Router {
         self.path_within(spec, usize::MAX)
     }
 
-    /// As `path`, but a new path is refused (`None`) once the tunnel has `limit` paths (the
-    /// server's bound per session, `sessions::MAX_PATHS_PER_SESSION`).
+    /// As `path`, but a new path is refused (`None`) once the tunnel has `limit` paths in use
+    /// (the server's bound per session, `sessions::MAX_PATHS_PER_SESSION`). Retired paths do
+    /// not count, but keep their slot; a client renaming its paths on every reload would grow
+    /// the set without end, so the slots are bounded too (`limit` x `RETIRED_SLOTS`).
     pub fn path_within(&mut self, spec: PathSpec, limit: usize) -> Option<PathId> {
-        match self.paths.find(&spec.name) {
-            Some(id) => {
-                self.paths.set_spec(id, spec);
-                Some(id)
-            }
-            None if self.paths.len() >= limit => None,
-            None => self.paths.add(spec),
+        if let Some(id) = self.paths.find(&spec.name) {
+            self.paths.set_spec(id, spec);
+            return Some(id);
         }
+        let live = self.paths.iter().filter(|(_, p)| !p.retired).count();
+        if live >= limit || self.paths.len() >= limit.saturating_mul(RETIRED_SLOTS) {
+            return None;
+        }
+        self.paths.add(spec)
     }
 
     /// A new connection carries `id`.
@@ -103,6 +109,13 @@ impl Router {
     /// The connection of `id` is gone.
     pub fn disconnected(&mut self, id: PathId) -> Transition {
         let t = self.paths.disconnected(id);
+        self.bond.on_transition(&t);
+        t
+    }
+
+    /// `id` was taken out of the configuration (`PathSet::retire`).
+    pub fn retire(&mut self, id: PathId) -> Transition {
+        let t = self.paths.retire(id);
         self.bond.on_transition(&t);
         t
     }
@@ -432,5 +445,30 @@ mod tests {
             "declared down {late:?} late"
         );
         assert!(now > t0);
+    }
+
+    #[test]
+    fn a_retired_path_is_out_of_use_and_comes_back_under_its_id() {
+        let now = Instant::now();
+        let (mut r, a, b) = two_up(Policy::Failover, spec("a", 1, 1), spec("b", 2, 1), now);
+        let t = r.retire(a);
+        assert_eq!(t.to, None);
+        assert!(r.paths().get(a).retired);
+        // Out of use: everything goes to b.
+        assert_eq!(r.route(None, 100, now).map(|r| r.path), Some(b));
+        // A retired path leaves room under the limit; configured again, it is the same id.
+        assert!(r.path_within(spec("c", 3, 1), 2).is_some());
+        assert_eq!(r.path_within(spec("a", 1, 5), 3), Some(a));
+        assert!(!r.paths().get(a).retired);
+        assert_eq!(r.paths().get(a).spec.weight, 5);
+        // Renamed paths cannot grow the set without end.
+        let mut added = 0;
+        for i in 0..100 {
+            if let Some(id) = r.path_within(spec(&format!("x{i}"), 9, 1), 4) {
+                r.retire(id);
+                added += 1;
+            }
+        }
+        assert!(r.paths().len() <= 4 * RETIRED_SLOTS, "{added} added");
     }
 }

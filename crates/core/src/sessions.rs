@@ -116,6 +116,12 @@ impl<S: Clone> Registry<S> {
         })
     }
 
+    /// Client `name` had `addr` before this server knew it (the server restarted): it gets it
+    /// back if it is free, as if the server had remembered it (`addressing::assign`).
+    pub fn remember(&mut self, name: &str, addr: Ipv4Addr) {
+        self.remembered.entry(name.to_string()).or_insert(addr);
+    }
+
     /// The session owning `addr` (the server's TUN routing): its tunnel address, else the
     /// longest of the site LAN prefixes routed to a session that holds it.
     pub fn by_addr(&self, addr: Ipv4Addr) -> Option<&S> {
@@ -203,7 +209,9 @@ impl<S: Clone> Registry<S> {
         );
     }
 
-    fn remove(&mut self, name: &str) -> Option<S> {
+    /// End session `name` (replaced, expired, or the server's rules for it changed on a
+    /// reload: its client then rejoins as a new session, under the new rules).
+    pub fn remove(&mut self, name: &str) -> Option<S> {
         let e = self.by_name.remove(name)?;
         self.by_addr.remove(&e.addr);
         self.routes.retain(|(_, n)| n != name);

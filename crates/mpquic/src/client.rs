@@ -7,21 +7,28 @@
 //! every path its own connection, so its own congestion controller and queues), and the TUN
 //! reader puts each packet in its class (`classify::Classifier`); the classes share the TUN
 //! device and the tunnel address.
+//!
+//! The paths can change while it runs (`reload.rs`): each path's tasks (one per class) watch
+//! its configuration, so a changed path reconnects (the new connection made before the old one
+//! closes), a removed one is retired, a new one starts; the others are not touched.
 
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use mpquic_core::fec::FecMode;
 use mpquic_core::{reconnect, sessions, DropReason, HealthMode, PathId, PathSpec};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
-use crate::config::{parse_cidr, ClassConfig, ClientConfig, Config, Congestion};
+use crate::config::{
+    parse_cidr, ClassConfig, ClientConfig, Config, Congestion, PathConfig, RoleConfig,
+};
 use crate::hello::{ClassOf, Hello};
 use crate::platform::Platform;
+use crate::reload::{self, PathChanges};
 use crate::status::StatusReport;
 use crate::transport::quic::QuicDialer;
 use crate::transport::{Dialer, PathTransport};
@@ -34,7 +41,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 struct Client {
     cfg: Config,
+    /// Everything but the paths, which are in `paths` (and can change).
     ccfg: ClientConfig,
+    platform: Platform,
     session: u64,
     tun: Arc<Tun>,
     /// The traffic classes in priority order (one, implicit, without `classes:`).
@@ -44,8 +53,39 @@ struct Client {
     /// A refusal from the server that retrying cannot fix (e.g. address not allowed).
     fatal: mpsc::Sender<String>,
     mtu: u32,
+    /// The smallest link MTU of the paths at start (the TUN MTU was derived from it).
+    link_mtu: u32,
     /// The UDP payload of the client's links.
     link_payload: u16,
+    /// The configured paths, in config order.
+    paths: Mutex<Vec<LivePath>>,
+    /// The last reload's outcome (status).
+    reloads: reload::Record,
+}
+
+/// A configured path: its configuration, watched by its tasks (one per class), which end with
+/// it.
+struct LivePath {
+    cfg: watch::Sender<Arc<PathConfig>>,
+    tasks: Vec<tokio::task::AbortHandle>,
+}
+
+impl Drop for LivePath {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// What a class keeps per path between its connections.
+#[derive(Debug, Clone, Copy, Default)]
+struct PathSlot {
+    /// The UDP payload its connections use when its route carries less than its link (`None`:
+    /// the link's), as the tunnel's MTU watch found.
+    payload: Option<u16>,
+    /// Connection attempts failed in a row.
+    connect_failures: u32,
 }
 
 /// One traffic class: its tunnel over the paths, and per path its connections.
@@ -54,21 +94,16 @@ struct Class {
     tunnel: Arc<Tunnel>,
     /// The class's own TUN device (`tun_name` of the class), read by its own reader.
     own_tun: Option<Arc<Tun>>,
-    /// The tunnel's id of each configured path, in config order.
-    path_ids: Vec<PathId>,
     /// Dials with the class's congestion controller.
     dialer: Box<dyn Dialer>,
-    /// Per path (config order): the UDP payload its connections use when its route carries
-    /// less than its link (`None`: the link's), as the tunnel's MTU watch found.
-    payload: Mutex<Vec<Option<u16>>>,
-    /// Per path: connection attempts failed in a row.
-    connect_failures: Vec<AtomicU32>,
+    /// Per path, by `PathId::index()` of the class's tunnel.
+    slots: Mutex<Vec<PathSlot>>,
     /// Packets the classifier put in this class by a rule / because no rule matched.
     classified: AtomicU64,
     unmatched: AtomicU64,
 }
 
-pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<()> {
+pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Result<()> {
     let link_mtu = ccfg
         .paths
         .iter()
@@ -95,6 +130,8 @@ pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<
             Class::new(&cfg, &ccfg, k, rank, own, &tun, link_mtu, &platform)
         })
         .collect::<Result<Vec<_>>>()?;
+    // From here on the paths are `Client::paths` (a reload changes them, not `ccfg`).
+    let initial_paths = std::mem::take(&mut ccfg.paths);
     // The first refusal ends the process; later ones (other paths) are dropped.
     let (fatal_tx, mut fatal_rx) = mpsc::channel(1);
     let client = Arc::new(Client {
@@ -104,33 +141,39 @@ pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<
         addr: Mutex::new(None),
         fatal: fatal_tx,
         mtu,
+        link_mtu,
         link_payload: mpquic_core::mtu::udp_payload(link_mtu),
+        paths: Mutex::new(Vec::new()),
+        reloads: reload::Record::default(),
+        platform: platform.clone(),
         cfg,
         ccfg,
     });
-    info!(tun = %client.cfg.tun_name, mtu, paths = client.ccfg.paths.len(), policy = client.ccfg.policy.as_str(), "client starting");
+    info!(tun = %client.cfg.tun_name, mtu, paths = initial_paths.len(), policy = client.ccfg.policy.as_str(), "client starting");
     for (rank, k) in client.classes.iter().filter(|k| k.cfg.explicit).enumerate() {
         info!(class = %k.cfg.name, rank, policy = k.cfg.policy.as_str(), mode = k.cfg.mode.as_str(), congestion = k.cfg.congestion.as_str(), fec = %k.cfg.fec, "traffic class");
     }
 
     let started = Instant::now();
     let status_client = client.clone();
+    let (trigger, mut reloads) = reload::channel();
+    platform.on_hangup(trigger.clone())?;
     // Held until run returns: the socket file goes with the instance.
     let _control = crate::control::serve(
         &client.cfg.control_socket,
         client.cfg.metrics_listen,
         client.cfg.dashboard.as_ref(),
         Arc::new(move || status_client.status(started)),
+        trigger,
     )
     .await?;
 
-    let mut path_tasks = Vec::new();
-    for k in 0..client.classes.len() {
-        for i in 0..client.ccfg.paths.len() {
-            let c = client.clone();
-            path_tasks.push(tokio::spawn(async move { c.path_task(k, i).await }));
-        }
-        let t = client.classes[k].tunnel.clone();
+    for p in initial_paths {
+        let live = client.start_path(p)?;
+        client.lock_paths().push(live);
+    }
+    for k in &client.classes {
+        let t = k.tunnel.clone();
         tokio::spawn(async move { t.run_timers().await });
     }
     let c = client.clone();
@@ -142,14 +185,20 @@ pub async fn run(cfg: Config, ccfg: ClientConfig, platform: Platform) -> Result<
         }
     }
 
-    let result = tokio::select! {
-        _ = platform.stopped() => Ok(()),
-        msg = fatal_rx.recv() => Err(anyhow!(msg.unwrap_or_default())),
+    let stopped = platform.stopped();
+    tokio::pin!(stopped);
+    let result = loop {
+        tokio::select! {
+            _ = &mut stopped => break Ok(()),
+            msg = fatal_rx.recv() => break Err(anyhow!(msg.unwrap_or_default())),
+            Some(reply) = reloads.recv() => {
+                let outcome = reload::read(&client.cfg).and_then(|new| client.apply(new));
+                client.reloads.finish(outcome, reply);
+            }
+        }
     };
     // Stop reconnecting first, or the closed paths would be dialled again at once.
-    for t in &path_tasks {
-        t.abort();
-    }
+    client.lock_paths().clear();
     for k in &client.classes {
         k.tunnel.close_all(close::SHUTDOWN, "client shutting down");
     }
@@ -184,7 +233,69 @@ impl Client {
             drops: Default::default(),
             refused: Default::default(),
             tun_queue_packets: Vec::new(),
+            last_reload: self.reloads.last(),
         }
+    }
+
+    fn lock_paths(&self) -> MutexGuard<'_, Vec<LivePath>> {
+        self.paths.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Path `p` in every class, with its tasks.
+    fn start_path(self: &Arc<Self>, p: PathConfig) -> Result<LivePath> {
+        let (tx, rx) = watch::channel(Arc::new(p.clone()));
+        let mut tasks = Vec::new();
+        for (k, class) in self.classes.iter().enumerate() {
+            let id = class.add_path(&p)?;
+            let (c, rx) = (self.clone(), rx.clone());
+            tasks.push(tokio::spawn(async move { c.path_task(k, id, rx).await }).abort_handle());
+        }
+        Ok(LivePath { cfg: tx, tasks })
+    }
+
+    /// Apply a reloaded configuration (`reload::read` has checked that only what applies live
+    /// changed): the paths that differ are removed, reconnected or added; the others are left
+    /// alone.
+    fn apply(self: &Arc<Self>, new: Config) -> Result<String, String> {
+        let RoleConfig::Client(nc) = new.role else {
+            return Err("the file is no longer a client's".into());
+        };
+        let mut paths = self.lock_paths();
+        let old: Vec<PathConfig> = paths.iter().map(|l| (**l.cfg.borrow()).clone()).collect();
+        let changes = PathChanges::between(&old, &nc.paths);
+        for p in changes.added.iter().chain(&changes.changed) {
+            let mtu = self.platform.link_mtu(&p.bind);
+            if mtu < self.link_mtu {
+                warn!(path = %p.name, link_mtu = mtu, tun_mtu = self.mtu, "the path's link MTU is below the one the TUN MTU was derived from at start; its packets are sized by the MTU watch (a restart sizes the TUN device for it)");
+            }
+        }
+        // New paths first: a failure leaves the running set as it was.
+        let mut added = Vec::new();
+        for p in &changes.added {
+            added.push(
+                self.start_path(p.clone())
+                    .map_err(|e| format!("path {}: {e:#}", p.name))?,
+            );
+        }
+        for name in &changes.removed {
+            paths.retain(|l| l.cfg.borrow().name != *name);
+            for k in &self.classes {
+                if let Some(id) = k.tunnel.path_id(name) {
+                    k.tunnel.retire(id);
+                }
+            }
+        }
+        for p in &changes.changed {
+            if let Some(l) = paths.iter().find(|l| l.cfg.borrow().name == p.name) {
+                // Its tasks reconnect it (`supervise`).
+                l.cfg.send_replace(Arc::new(p.clone()));
+            }
+        }
+        paths.extend(added);
+        // Config order, as status lists them.
+        let order = |l: &LivePath| nc.paths.iter().position(|p| p.name == l.cfg.borrow().name);
+        paths.sort_by_key(order);
+        Ok(changes.summary())
     }
 
     async fn tun_reader(&self) {
@@ -248,68 +359,102 @@ impl Client {
         .await
     }
 
-    /// Keep path `idx` connected for the life of the process.
-    async fn path_task(self: Arc<Self>, k: usize, idx: usize) {
-        let name = &self.ccfg.paths[idx].name;
+    /// Keep path `id` of class `k` connected for as long as it is configured (`cfg`: its
+    /// configuration, which a reload may change).
+    async fn path_task(
+        self: Arc<Self>,
+        k: usize,
+        id: PathId,
+        mut cfg: watch::Receiver<Arc<PathConfig>>,
+    ) {
         let mut backoff = reconnect::Backoff::default();
-        loop {
-            match self.connect(k, idx).await {
+        // The path's sender goes when it is removed (its tasks are aborted then, too).
+        while cfg.has_changed().is_ok() {
+            let p = cfg.borrow_and_update().clone();
+            match self.connect(k, id, &p).await {
                 Ok(transport) => {
                     backoff.succeeded();
-                    self.supervise(k, idx, transport).await;
+                    self.supervise(k, id, &mut cfg, transport).await;
                 }
                 Err(e) => {
                     let wait = backoff.failed();
-                    warn!(path = %name, error = %format!("{e:#}"), retry_in_ms = wait.as_millis() as u64, "path connect failed");
-                    tokio::time::sleep(wait).await;
+                    warn!(path = %p.name, error = %format!("{e:#}"), retry_in_ms = wait.as_millis() as u64, "path connect failed");
+                    // A changed configuration is tried at once.
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = cfg.changed() => {}
+                    }
                 }
             }
         }
     }
 
-    /// Watch an installed transport; replace it when it has been unusable for too long.
-    async fn supervise(&self, k: usize, idx: usize, transport: Arc<dyn PathTransport>) {
+    /// Watch an installed transport; replace it when it has been unusable for too long, or
+    /// when the path's configuration changed.
+    async fn supervise(
+        &self,
+        k: usize,
+        id: PathId,
+        cfg: &mut watch::Receiver<Arc<PathConfig>>,
+        transport: Arc<dyn PathTransport>,
+    ) {
         let class = &self.classes[k];
-        let name = &self.ccfg.paths[idx].name;
-        let id = class.path_ids[idx];
+        let mut p = cfg.borrow().clone();
         let mut closed = transport.closed();
         let mut generation = class.tunnel.install(id, transport);
         loop {
             tokio::select! {
                 reason = &mut closed => {
                     class.tunnel.remove(id, generation);
-                    info!(path = %name, reason = %reason, "path connection closed");
+                    info!(path = %p.name, reason = %reason, "path connection closed");
                     return;
+                }
+                changed = cfg.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    p = cfg.borrow_and_update().clone();
+                    // Priority and weight count here at once; the server learns them from
+                    // the new connection's hello, made before the old one is closed.
+                    class.tunnel.path(spec_of(&p), sessions::MAX_PATHS_PER_SESSION);
+                    match self.dial(k, id, &p).await {
+                        Ok(new) => {
+                            info!(path = %p.name, "path reconfigured; new connection in place");
+                            closed = new.closed();
+                            generation = class.tunnel.install(id, new);
+                        }
+                        Err(e) => warn!(path = %p.name, error = %format!("{e:#}"), "path reconfigured, but its new connection failed; the old one carries on (the new settings apply at its next reconnect)"),
+                    }
                 }
                 _ = tokio::time::sleep(Duration::from_millis(250)) => {
                     if let Some(r) = class.tunnel.take_resize(id) {
                         // The route's MTU changed, or a larger size is tried: a new connection
                         // at that size (the QUIC engine's packet size is fixed per connection);
                         // the old one drains and closes, or carries on if this one fails.
-                        let before = class.set_payload(idx, Some(r.payload));
-                        match self.dial(k, idx).await {
+                        let before = class.set_payload(id, Some(r.payload));
+                        match self.dial(k, id, &p).await {
                             Ok(new) => {
-                                info!(path = %name, payload = r.payload, "path reconnected at a new packet size");
+                                info!(path = %p.name, payload = r.payload, "path reconnected at a new packet size");
                                 closed = new.closed();
                                 generation = class.tunnel.install(id, new);
                             }
                             Err(e) => {
-                                class.set_payload(idx, before);
+                                class.set_payload(id, before);
                                 class.tunnel.resize_failed(id, r.payload);
                                 let level = if r.recheck { "larger packets do not pass yet" } else { "failed" };
-                                info!(path = %name, payload = r.payload, error = %format!("{e:#}"), "reconnect at a new packet size: {level}");
+                                info!(path = %p.name, payload = r.payload, error = %format!("{e:#}"), "reconnect at a new packet size: {level}");
                             }
                         }
                         continue;
                     }
                     if reconnect::should_replace(class.tunnel.unusable_for(id)) {
-                        match self.connect(k, idx).await {
+                        match self.connect(k, id, &p).await {
                             Ok(new) => {
-                                info!(path = %name, "path unusable; replaced its connection");
+                                info!(path = %p.name, "path unusable; replaced its connection");
                                 closed = new.closed();
                                 generation = class.tunnel.install(id, new);
                             }
-                            Err(e) => info!(path = %name, error = %format!("{e:#}"), "path still unusable; reconnect failed"),
+                            Err(e) => info!(path = %p.name, error = %format!("{e:#}"), "path still unusable; reconnect failed"),
                         }
                     }
                 }
@@ -321,50 +466,55 @@ impl Client {
     /// route whose MTU fell drops the server's full-size handshake packets, so after a failure
     /// every other attempt is made with QUIC's minimum packet size; once connected,
     /// the MTU watch finds the size that passes (`pmtu.rs`).
-    async fn connect(&self, k: usize, idx: usize) -> Result<Arc<dyn PathTransport>> {
+    async fn connect(
+        &self,
+        k: usize,
+        id: PathId,
+        p: &PathConfig,
+    ) -> Result<Arc<dyn PathTransport>> {
         let class = &self.classes[k];
-        let failures = class.connect_failures[idx].load(Ordering::Relaxed);
+        let failures = class.slot(id).connect_failures;
         let floor = mpquic_core::pmtu::FLOOR;
-        let current = class.payload(idx);
+        let current = class.slot(id).payload;
         let fall_back = failures % 2 == 1 && current != Some(floor);
         if fall_back {
-            class.set_payload(idx, Some(floor));
+            class.set_payload(id, Some(floor));
         }
-        match self.dial(k, idx).await {
+        match self.dial(k, id, p).await {
             Ok(t) => {
-                class.connect_failures[idx].store(0, Ordering::Relaxed);
+                class.with_slot(id, |s| s.connect_failures = 0);
                 if fall_back {
                     let tried = current.unwrap_or(self.link_payload);
-                    class.tunnel.fell_back(class.path_ids[idx]);
-                    warn!(path = %self.ccfg.paths[idx].name, tried, payload = floor,
+                    class.tunnel.fell_back(id);
+                    warn!(path = %p.name, tried, payload = floor,
                           "path connected only with the smallest packets (an MTU fall, or the server was away); larger ones tried again in 2 s");
                 }
                 Ok(t)
             }
             Err(e) => {
-                class.connect_failures[idx].fetch_add(1, Ordering::Relaxed);
+                class.with_slot(id, |s| s.connect_failures += 1);
                 if fall_back {
-                    class.set_payload(idx, current);
+                    class.set_payload(id, current);
                 }
                 Err(e)
             }
         }
     }
 
-    async fn dial(&self, k: usize, idx: usize) -> Result<Arc<dyn PathTransport>> {
-        tokio::time::timeout(CONNECT_TIMEOUT, self.connect_inner(k, idx))
+    async fn dial(&self, k: usize, id: PathId, p: &PathConfig) -> Result<Arc<dyn PathTransport>> {
+        tokio::time::timeout(CONNECT_TIMEOUT, self.connect_inner(k, id, p))
             .await
             .map_err(|_| anyhow!("no answer from the server within {CONNECT_TIMEOUT:?}"))?
     }
 
-    async fn connect_inner(&self, k: usize, idx: usize) -> Result<Arc<dyn PathTransport>> {
+    async fn connect_inner(
+        &self,
+        k: usize,
+        id: PathId,
+        p: &PathConfig,
+    ) -> Result<Arc<dyn PathTransport>> {
         let class = &self.classes[k];
-        let p = &self.ccfg.paths[idx];
-        let requested = self
-            .addr
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .or(self.ccfg.requested);
+        let previous = *self.addr.lock().unwrap_or_else(|e| e.into_inner());
         let h = Hello {
             session: self.session,
             path: p.name.clone(),
@@ -372,7 +522,8 @@ impl Client {
             weight: p.weight,
             policy: class.cfg.policy.as_str().into(),
             mode: class.cfg.mode,
-            addr: requested.map(|(a, l)| format!("{a}/{l}")),
+            addr: self.ccfg.requested.map(|(a, l)| format!("{a}/{l}")),
+            previous: previous.map(|(a, l)| format!("{a}/{l}")),
             fec: (class.cfg.fec != FecMode::Off).then(|| class.cfg.fec.to_string()),
             // The dialer numbers the pipes of a path that has several, and says which are
             // stripe paths.
@@ -388,7 +539,7 @@ impl Client {
                 .map(|p| format!("{}/{}", p.addr, p.len))
                 .collect(),
         };
-        let (transport, ack) = class.dialer.dial(p, &h, class.payload(idx)).await?;
+        let (transport, ack) = class.dialer.dial(p, &h, class.slot(id).payload).await?;
         if !ack.ok {
             let msg = ack
                 .error
@@ -456,23 +607,6 @@ impl Class {
                 }),
             },
         );
-        let path_ids = ccfg
-            .paths
-            .iter()
-            .map(|p| {
-                tunnel
-                    .path(
-                        PathSpec {
-                            name: p.name.clone(),
-                            priority: p.priority,
-                            weight: p.weight,
-                        },
-                        // The config allows no more than a server session takes.
-                        sessions::MAX_PATHS_PER_SESSION,
-                    )
-                    .ok_or_else(|| anyhow!("too many paths"))
-            })
-            .collect::<Result<Vec<_>>>()?;
         // A class below another keeps out of its way at a shared bottleneck: its bbr probes
         // gently (scenario 17: critical ping p99 +7 ms beside 8 bulk uploads with bulk's
         // probes at 1.25x, ... at 1.1x).
@@ -494,24 +628,45 @@ impl Class {
             cfg: k.clone(),
             tunnel,
             own_tun: own,
-            path_ids,
             dialer,
-            payload: Mutex::new(vec![None; ccfg.paths.len()]),
-            connect_failures: (0..ccfg.paths.len()).map(|_| AtomicU32::new(0)).collect(),
+            slots: Mutex::new(Vec::new()),
             classified: AtomicU64::new(0),
             unmatched: AtomicU64::new(0),
         })
     }
 
-    fn payload(&self, idx: usize) -> Option<u16> {
-        self.payload.lock().unwrap_or_else(|e| e.into_inner())[idx]
+    /// Path `p` in this class's tunnel (its id; the same one if it was there before).
+    fn add_path(&self, p: &PathConfig) -> Result<PathId> {
+        // The config allows no more than a server session takes.
+        let id = (self.tunnel)
+            .path(spec_of(p), sessions::MAX_PATHS_PER_SESSION)
+            .ok_or_else(|| anyhow!("too many paths"))?;
+        self.with_slot(id, |_| ());
+        Ok(id)
     }
 
-    /// Set path `idx`'s packet size for its next connections; returns the previous one.
-    fn set_payload(&self, idx: usize, payload: Option<u16>) -> Option<u16> {
-        std::mem::replace(
-            &mut self.payload.lock().unwrap_or_else(|e| e.into_inner())[idx],
-            payload,
-        )
+    fn slot(&self, id: PathId) -> PathSlot {
+        self.with_slot(id, |s| *s)
+    }
+
+    fn with_slot<R>(&self, id: PathId, f: impl FnOnce(&mut PathSlot) -> R) -> R {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        if slots.len() <= id.index() {
+            slots.resize_with(id.index() + 1, Default::default);
+        }
+        f(&mut slots[id.index()])
+    }
+
+    /// Set path `id`'s packet size for its next connections; returns the previous one.
+    fn set_payload(&self, id: PathId, payload: Option<u16>) -> Option<u16> {
+        self.with_slot(id, |s| std::mem::replace(&mut s.payload, payload))
+    }
+}
+
+fn spec_of(p: &PathConfig) -> PathSpec {
+    PathSpec {
+        name: p.name.clone(),
+        priority: p.priority,
+        weight: p.weight,
     }
 }

@@ -1,6 +1,7 @@
-//! Control endpoints: `/status` (JSON) and `/metrics` (Prometheus) on a unix socket readable only
-//! by root (mode 0600), `/metrics` alone on `metrics_listen` and the dashboard (`dashboard.rs`)
-//! on `dashboard_listen` when configured. Also the client half of `mpquic status`.
+//! Control endpoints: `/status` (JSON), `/metrics` (Prometheus) and POST `/reload`
+//! (`reload.rs`) on a unix socket readable only by root (mode 0600), `/metrics` alone on
+//! `metrics_listen` and the dashboard (`dashboard.rs`) on `dashboard_listen` when configured.
+//! Also the client half of `mpquic status` and `mpquic reload`.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -10,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use axum::routing::get;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use tracing::{info, warn};
 
@@ -61,6 +63,7 @@ pub async fn serve(
     metrics: Option<std::net::SocketAddr>,
     dashboard: Option<&crate::config::Dashboard>,
     status: StatusFn,
+    reload: crate::reload::Trigger,
 ) -> Result<ControlSocket> {
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -88,7 +91,17 @@ pub async fn serve(
     let s2 = status.clone();
     let app = Router::new()
         .route("/status", get(move || async move { Json(s1()) }))
-        .route("/metrics", get(move || async move { metrics_text(&s2) }));
+        .route("/metrics", get(move || async move { metrics_text(&s2) }))
+        // Only on the root-only socket: changing the configuration is the operator's.
+        .route(
+            "/reload",
+            post(move || async move {
+                match reload.reload().await {
+                    Ok(what) => (StatusCode::OK, what),
+                    Err(e) => (StatusCode::CONFLICT, e),
+                }
+            }),
+        );
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             warn!(error = %e, "control socket stopped");
@@ -165,24 +178,43 @@ fn pick_live(dir: &str, found: Vec<PathBuf>) -> Result<PathBuf> {
 
 /// GET `path` over the unix socket; returns the body.
 pub fn get_over_socket(socket: &Path, path: &str) -> Result<String> {
+    match request_over_socket(socket, "GET", path)? {
+        (200, body) => Ok(body),
+        (code, body) => bail!("control socket answered {code}: {}", body.trim_end()),
+    }
+}
+
+/// POST /reload over the unix socket (`mpquic reload`): what changed, or why the instance
+/// refused the new file.
+pub fn reload_over_socket(socket: &Path) -> Result<String> {
+    match request_over_socket(socket, "POST", "/reload")? {
+        (200, body) => Ok(body),
+        (409, body) => bail!("reload refused: {body}"),
+        (code, body) => bail!("control socket answered {code}: {}", body.trim_end()),
+    }
+}
+
+/// `method path` over the unix socket; returns the status code and the body.
+fn request_over_socket(socket: &Path, method: &str, path: &str) -> Result<(u16, String)> {
     let mut s = UnixStream::connect(socket).with_context(|| {
         format!(
             "cannot connect to {} (is the instance running?)",
             socket.display()
         )
     })?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: mpquic\r\n\r\n")?;
+    // A reload waits for new connections (each at most a few seconds).
+    s.set_read_timeout(Some(Duration::from_secs(15)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: mpquic\r\nContent-Length: 0\r\n\r\n"
+    )?;
     let mut resp = String::new();
     s.read_to_string(&mut resp)?;
     let (head, body) = resp.split_once("\r\n\r\n").context("malformed response")?;
-    if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
-        bail!(
-            "control socket answered: {}",
-            head.lines().next().unwrap_or("")
-        );
-    }
-    Ok(body.to_string())
+    let code = (head.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .context("malformed response")?;
+    Ok((code, body.to_string()))
 }
 
 #[cfg(test)]
@@ -228,19 +260,41 @@ mod tests {
         let path = dir.path().join("inst.sock");
         drop(UnixListener::bind(&path).unwrap()); // stale, as after SIGKILL
         let status: StatusFn = Arc::new(StatusReport::default);
-        let guard = serve(&path, None, None, status.clone()).await.unwrap();
+        let guard = serve(
+            &path,
+            None,
+            None,
+            status.clone(),
+            crate::reload::channel().0,
+        )
+        .await
+        .unwrap();
         assert!(UnixStream::connect(&path).is_ok());
         // A second instance of the same name is refused while the first answers.
-        let e = serve(&path, None, None, status.clone())
-            .await
-            .err()
-            .unwrap();
+        let e = serve(
+            &path,
+            None,
+            None,
+            status.clone(),
+            crate::reload::channel().0,
+        )
+        .await
+        .err()
+        .unwrap();
         assert!(e.to_string().contains("in use"), "{e}");
         drop(guard);
         assert!(!path.exists());
 
         // A file a later instance put in its place is not removed.
-        let guard = serve(&path, None, None, status.clone()).await.unwrap();
+        let guard = serve(
+            &path,
+            None,
+            None,
+            status.clone(),
+            crate::reload::channel().0,
+        )
+        .await
+        .unwrap();
         std::fs::remove_file(&path).unwrap();
         let _later = UnixListener::bind(&path).unwrap();
         drop(guard);

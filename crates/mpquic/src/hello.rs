@@ -23,8 +23,13 @@ pub struct Hello {
     pub weight: u32,
     pub policy: String,
     pub mode: TransportMode,
-    /// The tunnel address the client asks for, "a.b.c.d/len"; the server decides.
+    /// The tunnel address the client asks for (its `tun_cidr`), "a.b.c.d/len"; the server
+    /// decides.
     pub addr: Option<String>,
+    /// The address the client had (a reconnection): the server gives it back if it is free,
+    /// unless the client asks for another or `clients:` reserves another for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
     /// FEC for the tunnel, both directions (`off`, `auto`, `K/M`); absent: off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fec: Option<String>,

@@ -367,6 +367,7 @@ async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
         policy: "failover".into(),
         mode: c.classes[0].mode,
         addr: None,
+        previous: None,
         fec: None,
         pipe: Some(PipeOf { index: 1, count: 2 }),
         stripe: None,
@@ -555,6 +556,7 @@ async fn stripe_path_to_a_server_without_stripe_is_refused() {
         policy: "failover".into(),
         mode: c.classes[0].mode,
         addr: None,
+        previous: None,
         fec: None,
         pipe: None,
         stripe: None,
@@ -732,4 +734,114 @@ async fn reliable_hand_over_under_wlb_delivers_packets_not_headers() {
         "no hand-over happened: the test did not test it"
     );
     stop_all(&net, vec![("server", server), ("client", client)]).await;
+}
+
+/// Reload under traffic (`reload.rs`): a third path added and path 2's weight changed leave
+/// path 1's connection alone and lose nothing; the server learns the new weight; a removed path
+/// is retired on both sides; a broken file and a change to a key fixed at start are refused
+/// with the reason (in the answer and in status), the running configuration kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_changes_paths_without_touching_the_others() {
+    let dir = pki_dir(1);
+    let d = dir.path().to_path_buf();
+    let net = Network::new();
+    let mut srv_host = net.host("srv0");
+    let mut cli_host = net.host("cli0");
+    let server = spawn_server(&d, &net);
+    let cfg = client_config(&d, "datagram");
+    let file = cfg.file.clone();
+    let original = std::fs::read_to_string(&file).unwrap();
+    let client = spawn_client(&net, cfg);
+    warm_up(&mut cli_host, &mut srv_host).await;
+
+    let reload = |d: &Path| {
+        let sock = d.join("client.sock");
+        tokio::task::spawn_blocking(move || crate::control::reload_over_socket(&sock))
+    };
+    let path_of = |st: &mpquic_status::StatusReport, name: &str| {
+        st.tunnels[0].paths.iter().find(|p| p.name == name).cloned()
+    };
+    let wait_for =
+        |who: &'static str, what: &'static str, ok: fn(&mpquic_status::StatusReport) -> bool| {
+            let d = d.clone();
+            async move {
+                let t0 = Instant::now();
+                loop {
+                    let st = status_of(&d, who);
+                    if ok(&st) {
+                        return st;
+                    }
+                    assert!(
+                        t0.elapsed() < Duration::from_secs(10),
+                        "{who}: {what}: {st:?}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+
+    // Add wan3, change wan2's weight.
+    let changed = original.replace("  priority: 2\n", "  priority: 2\n  weight: 5\n")
+        + "- name: wan3\n  bind_ip: 10.10.3.2\n  remote_addr: 10.10.0.1\n  remote_port: 4433\n  priority: 3\n";
+    std::fs::write(&file, &changed).unwrap();
+    let what = reload(&d).await.unwrap().unwrap();
+    assert_eq!(what, "paths: added wan3; changed wan2");
+    all_arrive_once(&mut cli_host, &mut srv_host).await;
+    let st = wait_for("server", "wan3 up, wan2 weight 5", |st| {
+        let p = |n: &str| {
+            st.tunnels
+                .first()
+                .and_then(|t| t.paths.iter().find(|p| p.name == n))
+        };
+        p("wan3").is_some_and(|p| p.state == "up") && p("wan2").is_some_and(|p| p.weight == 5)
+    })
+    .await;
+    assert_eq!(
+        path_of(&st, "wan1").unwrap().connects,
+        1,
+        "wan1 was reconnected"
+    );
+    let st = status_of(&d, "client");
+    assert_eq!(path_of(&st, "wan1").unwrap().connects, 1);
+    assert_eq!(path_of(&st, "wan2").unwrap().weight, 5);
+    assert!(st.last_reload.as_ref().is_some_and(|r| r.ok));
+
+    // Remove wan3: retired on both sides, still listed with its counters.
+    std::fs::write(
+        &file,
+        original.replace("  priority: 2\n", "  priority: 2\n  weight: 5\n"),
+    )
+    .unwrap();
+    assert_eq!(reload(&d).await.unwrap().unwrap(), "paths: removed wan3");
+    wait_for("client", "wan3 removed", |st| {
+        st.tunnels[0]
+            .paths
+            .iter()
+            .any(|p| p.name == "wan3" && p.state == "removed")
+    })
+    .await;
+    wait_for("server", "wan3 removed", |st| {
+        st.tunnels[0]
+            .paths
+            .iter()
+            .any(|p| p.name == "wan3" && p.state == "removed")
+    })
+    .await;
+    all_arrive_once(&mut cli_host, &mut srv_host).await;
+
+    // A broken file, then a key fixed at start: refused, nothing changed.
+    std::fs::write(&file, "role: client\nmultipath_paths: [\n").unwrap();
+    let e = reload(&d).await.unwrap().unwrap_err().to_string();
+    assert!(e.contains("client.yaml"), "{e}");
+    let st = status_of(&d, "client");
+    assert!(st.last_reload.as_ref().is_some_and(|r| !r.ok), "{st:?}");
+    std::fs::write(&file, original.replace("tun_name: cli0", "tun_name: cli9")).unwrap();
+    let e = reload(&d).await.unwrap().unwrap_err().to_string();
+    assert!(e.contains("tun_name cannot change while running"), "{e}");
+    let st = status_of(&d, "client");
+    assert_eq!(path_of(&st, "wan2").unwrap().weight, 5);
+    assert_eq!(path_of(&st, "wan1").unwrap().connects, 1);
+    all_arrive_once(&mut cli_host, &mut srv_host).await;
+
+    stop_all(&net, vec![("client", client), ("server", server)]).await;
 }

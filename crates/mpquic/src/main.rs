@@ -13,6 +13,7 @@ mod memnet;
 mod pki;
 mod platform;
 mod quic;
+mod reload;
 mod runtime;
 mod server;
 /// The status report's types live in their own crate, shared with the lab.
@@ -72,6 +73,15 @@ enum Cmd {
         /// answering is shown as an error line and queried again at the next refresh.
         #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "1")]
         watch: Option<f64>,
+    },
+    /// Apply the instance's configuration file again without a restart (as SIGHUP does):
+    /// paths added, removed or changed (client), the `clients:` list (server). A file that does
+    /// not load, or that changes a key fixed at start, is refused and the running
+    /// configuration stays; the outcome is printed, logged and shown by `mpquic status`.
+    Reload {
+        /// Control socket (default: the only one in /run/mpquic an instance answers on).
+        #[arg(long)]
+        socket: Option<PathBuf>,
     },
 }
 
@@ -261,6 +271,10 @@ fn main() -> ExitCode {
             }),
             _,
         ) => status_cmd(socket, json, watch),
+        (Some(Cmd::Reload { socket }), _) => socket
+            .map_or_else(control::default_socket, Ok)
+            .and_then(|s| control::reload_over_socket(&s))
+            .map(|what| println!("reloaded: {what}")),
         (Some(Cmd::Man { dir }), _) => man_pages(dir),
         (None, None) => {
             eprintln!("mpquic: give --config FILE or a command; see mpquic --help");

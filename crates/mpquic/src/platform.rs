@@ -83,6 +83,16 @@ impl Platform {
         }
     }
 
+    /// SIGHUP asks `trigger` for a reload (`reload.rs`); the memory network's instances are
+    /// reloaded by their tests.
+    pub fn on_hangup(&self, trigger: crate::reload::Trigger) -> std::io::Result<()> {
+        match &self.kind {
+            Kind::System => crate::reload::on_hangup(trigger),
+            #[cfg(test)]
+            Kind::Memory(_) => Ok(()),
+        }
+    }
+
     /// Resolves when the instance must stop: SIGTERM or SIGINT, or the test's stop.
     pub async fn stopped(&self) {
         match &self.kind {

@@ -6,6 +6,10 @@
 //! to the client that owns the destination address. Connections reach it as offers from a
 //! `transport::Listener` (QUIC: `transport::quic::QuicListener`), which has done the handshake,
 //! identity and hello; the server decides (the core's session registry) and answers.
+//!
+//! A reload (`reload.rs`) swaps the `clients:` rules: routes for new LAN prefixes go into the
+//! device, those no client may announce any more come out, and the sessions whose rules changed
+//! are closed, so their clients rejoin under the new ones; the other sessions are not touched.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -20,9 +24,10 @@ use mpquic_core::sessions::{self, Registry};
 use mpquic_core::{DropReason, Drops, HealthMode, PacketInfo, PathId, PathSpec, Policy};
 use tracing::{info, warn};
 
-use crate::config::{Config, ServerConfig};
+use crate::config::{Config, RoleConfig, ServerConfig};
 use crate::hello::{Hello, HelloAck};
 use crate::platform::Platform;
+use crate::reload;
 use crate::status::StatusReport;
 use crate::transport::quic::QuicListener;
 use crate::transport::{Listener, Offer};
@@ -40,6 +45,8 @@ const HOUSEKEEPING: Duration = Duration::from_secs(1);
 /// without traffic classes has one tunnel; with classes, one per class, each made by the first
 /// connection of its class.
 struct Session {
+    /// The client's identity (its certificate's name): which `clients:` entries apply.
+    identity: String,
     /// The TUN queue the session's tunnels write to (`Server::queues`).
     tun: Arc<Tun>,
     /// The site LAN prefixes routed to this session (announced, allowed by `clients:`).
@@ -124,7 +131,10 @@ impl Session {
 
 struct Server {
     cfg: Config,
-    scfg: ServerConfig,
+    /// The running server configuration; a reload replaces it (only `clients:` may differ).
+    scfg: RwLock<Arc<ServerConfig>>,
+    /// The last reload's outcome (status).
+    reloads: reload::Record,
     /// The TUN device's queues; the first also carries the device's settings.
     queues: Vec<Arc<Tun>>,
     /// Packets read from each queue (status: are the queues, and so the threads, all used).
@@ -159,17 +169,15 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
     // Every site LAN a client may announce is routed into the device from the start; packets
     // for one whose client is not connected are counted (`no_route`).
     for (client, lan) in &scfg.routes {
-        let std::net::IpAddr::V4(net) = lan.addr else {
-            continue;
-        };
-        queues[0].add_route(net, lan.len)?;
-        info!(%client, lan = %format!("{net}/{}", lan.len), "site LAN routed into the TUN device");
+        route(&queues[0], lan, true)?;
+        info!(%client, lan = %format!("{}/{}", lan.addr, lan.len), "site LAN routed into the TUN device");
     }
     info!(listen = %scfg.listen, tun = %cfg.tun_name, address = %format!("{}/{}", scfg.tun_addr, scfg.prefix), mtu, queues = queues.len(), "server listening");
 
     let server = Arc::new(Server {
         cfg,
-        scfg,
+        scfg: RwLock::new(Arc::new(scfg)),
+        reloads: reload::Record::default(),
         queue_packets: queues.iter().map(|_| AtomicU64::new(0)).collect(),
         queues,
         made: AtomicU64::new(0),
@@ -180,12 +188,15 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
     });
     let started = Instant::now();
     let s = server.clone();
+    let (trigger, mut reloads) = reload::channel();
+    platform.on_hangup(trigger.clone())?;
     // Held until run returns: the socket file goes with the instance.
     let _control = crate::control::serve(
         &server.cfg.control_socket,
         server.cfg.metrics_listen,
         server.cfg.dashboard.as_ref(),
         Arc::new(move || s.status(started)),
+        trigger,
     )
     .await?;
 
@@ -211,7 +222,17 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
         }
     });
 
-    platform.stopped().await;
+    let stopped = platform.stopped();
+    tokio::pin!(stopped);
+    loop {
+        tokio::select! {
+            _ = &mut stopped => break,
+            Some(reply) = reloads.recv() => {
+                let outcome = reload::read(&server.cfg).and_then(|new| server.apply(new));
+                server.reloads.finish(outcome, reply);
+            }
+        }
+    }
     info!("server shutting down");
     let sessions = server.write().drain();
     for sess in sessions {
@@ -222,6 +243,17 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
         .await;
     info!("server stopped");
     Ok(())
+}
+
+/// Route site LAN `lan` into the TUN device (`add`), or take the route out.
+fn route(tun: &Tun, lan: &Prefix, add: bool) -> std::io::Result<()> {
+    let IpAddr::V4(net) = lan.addr else {
+        return Ok(());
+    };
+    match add {
+        true => tun.add_route(net, lan.len),
+        false => tun.del_route(net, lan.len),
+    }
 }
 
 /// One more connection refused for `reason` (status and metrics).
@@ -241,6 +273,96 @@ impl Server {
         self.registry.write().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn scfg(&self) -> Arc<ServerConfig> {
+        self.scfg.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Apply a reloaded configuration (`reload::read` has checked that only `clients:`
+    /// differs): new LAN routes into the device first (a failure changes nothing), then the new
+    /// rules, then the old routes out, and the sessions whose rules changed closed.
+    fn apply(&self, new: Config) -> Result<String, String> {
+        let RoleConfig::Server(new) = new.role else {
+            return Err("the file is no longer a server's".into());
+        };
+        let old = self.scfg();
+        let lans = |c: &ServerConfig| -> Vec<Prefix> {
+            let mut v: Vec<Prefix> = c.routes.iter().map(|(_, p)| *p).collect();
+            v.dedup();
+            v
+        };
+        let (before, after) = (lans(&old), lans(&new));
+        let added: Vec<Prefix> = after
+            .iter()
+            .filter(|p| !before.contains(p))
+            .copied()
+            .collect();
+        let gone: Vec<Prefix> = before
+            .iter()
+            .filter(|p| !after.contains(p))
+            .copied()
+            .collect();
+        for (i, p) in added.iter().enumerate() {
+            if let Err(e) = route(&self.queues[0], p, true) {
+                for q in &added[..i] {
+                    let _ = route(&self.queues[0], q, false);
+                }
+                return Err(e.to_string());
+            }
+        }
+        *self.scfg.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(new.clone());
+        for p in &gone {
+            if let Err(e) = route(&self.queues[0], p, false) {
+                warn!(error = %e, "a LAN route no client may announce any more is still there");
+            }
+        }
+        let rules = |c: &ServerConfig, name: &str, identity: &str| {
+            let mine = |n: &String| n == name || n == identity;
+            let fixed: Vec<_> = c.clients.iter().filter(|(n, _)| mine(n)).collect();
+            let routes: Vec<_> = c.routes.iter().filter(|(n, _)| mine(n)).collect();
+            format!("{fixed:?}{routes:?}")
+        };
+        let mut registry = self.write();
+        let affected: Vec<String> = (registry.sessions().into_iter())
+            .filter(|(name, _, s)| rules(&old, name, &s.identity) != rules(&new, name, &s.identity))
+            .map(|(name, _, _)| name.to_string())
+            .collect();
+        let closed: Vec<Arc<Session>> =
+            affected.iter().filter_map(|n| registry.remove(n)).collect();
+        drop(registry);
+        for s in &closed {
+            s.close_all(
+                close::RULES_CHANGED,
+                "the server's rules for this client changed",
+            );
+        }
+        let show = |v: &[Prefix]| {
+            v.iter()
+                .map(|p| format!("{}/{}", p.addr, p.len))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut parts = Vec::new();
+        if !added.is_empty() {
+            parts.push(format!("LAN routes added {}", show(&added)));
+        }
+        if !gone.is_empty() {
+            parts.push(format!("LAN routes removed {}", show(&gone)));
+        }
+        if !affected.is_empty() {
+            parts.push(format!(
+                "sessions rejoining under the new rules: {}",
+                affected.join(", ")
+            ));
+        }
+        if old.clients != new.clients || old.routes != new.routes {
+            parts.push("clients: updated".into());
+        }
+        Ok(match parts.is_empty() {
+            true => "no change".into(),
+            false => parts.join("; "),
+        })
+    }
+
     fn status(&self, started: Instant) -> StatusReport {
         let sessions: Vec<(std::net::Ipv4Addr, Arc<Session>)> = self
             .read()
@@ -248,7 +370,9 @@ impl Server {
             .into_iter()
             .map(|(_, addr, s)| (addr, s.clone()))
             .collect();
+        let prefix = self.scfg().prefix;
         StatusReport {
+            last_reload: self.reloads.last(),
             role: "server".into(),
             congestion: self.cfg.congestion.as_str().into(),
             tun_name: self.cfg.tun_name.clone(),
@@ -258,7 +382,7 @@ impl Server {
             tunnels: sessions
                 .iter()
                 .flat_map(|(addr, s)| {
-                    let address = format!("{addr}/{}", self.scfg.prefix);
+                    let address = format!("{addr}/{}", prefix);
                     s.classes()
                         .iter()
                         .map(|c| {
@@ -367,8 +491,8 @@ impl Server {
             Ok((tunnel, addr, path)) => {
                 let ack = HelloAck {
                     ok: true,
-                    addr: Some(format!("{addr}/{}", self.scfg.prefix)),
-                    server_addr: Some(self.scfg.tun_addr.to_string()),
+                    addr: Some(format!("{addr}/{}", self.scfg().prefix)),
+                    server_addr: Some(self.scfg().tun_addr.to_string()),
                     mtu: Some(self.mtu),
                     ..Default::default()
                 };
@@ -411,8 +535,11 @@ impl Server {
         };
         let name = sessions::session_name(identity, h.instance.as_deref());
         let lans = self.allowed_lans(&name, identity, &h.routes)?;
-        let plan = self.scfg.address_plan();
+        let plan = self.scfg().address_plan();
         let mut registry = self.write();
+        if let Some((a, _)) = h.previous.as_deref().and_then(crate::config::parse_cidr) {
+            registry.remember(&name, a);
+        }
         let joined = registry.join(
             &plan,
             &name,
@@ -423,6 +550,7 @@ impl Server {
             |_| {
                 let made = self.made.fetch_add(1, Ordering::Relaxed) as usize;
                 Arc::new(Session {
+                    identity: identity.to_string(),
                     tun: self.queues[made % self.queues.len()].clone(),
                     lans: lans.clone(),
                     classes: RwLock::new(Vec::new()),
@@ -467,7 +595,8 @@ impl Server {
         identity: &str,
         announced: &[String],
     ) -> Result<Vec<Prefix>, String> {
-        let allowed: Vec<&Prefix> = (self.scfg.routes.iter())
+        let scfg = self.scfg();
+        let allowed: Vec<&Prefix> = (scfg.routes.iter())
             .filter(|(n, _)| n == name || n == identity)
             .map(|(_, p)| p)
             .collect();

@@ -283,6 +283,16 @@ impl Tun {
     /// Route `net/len` into this device (SIOCADDRT; a route that is already there is fine):
     /// the server's routes to its clients' site LANs (routed LANs).
     pub fn add_route(&self, net: Ipv4Addr, len: u8) -> io::Result<()> {
+        self.route(libc::SIOCADDRT, net, len)
+    }
+
+    /// Take the route `net/len` out of this device (SIOCDELRT; one that is not there is
+    /// fine): a site LAN no client may announce any longer (a reload).
+    pub fn del_route(&self, net: Ipv4Addr, len: u8) -> io::Result<()> {
+        self.route(libc::SIOCDELRT, net, len)
+    }
+
+    fn route(&self, op: libc::c_ulong, net: Ipv4Addr, len: u8) -> io::Result<()> {
         #[cfg(test)]
         if let Backend::Memory(_) = &self.backend {
             return Ok(());
@@ -305,15 +315,16 @@ impl Tun {
         rt.rt_flags = libc::RTF_UP;
         rt.rt_dev = dev.as_ptr() as *mut libc::c_char;
         let s = ctl_socket()?;
-        // SAFETY: `rt` is a valid struct rtentry for SIOCADDRT.
-        let rc = unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCADDRT as _, &mut rt) };
+        // SAFETY: `rt` is a valid struct rtentry for SIOCADDRT / SIOCDELRT.
+        let rc = unsafe { libc::ioctl(s.as_raw_fd(), op as _, &mut rt) };
         match rc {
             0 => Ok(()),
             _ => match io::Error::last_os_error() {
-                e if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+                e if e.raw_os_error() == Some(libc::EEXIST) && op == libc::SIOCADDRT => Ok(()),
+                e if e.raw_os_error() == Some(libc::ESRCH) && op == libc::SIOCDELRT => Ok(()),
                 e => Err(io::Error::new(
                     e.kind(),
-                    format!("cannot route {net}/{len} into {}: {e}", self.name),
+                    format!("cannot change the route {net}/{len} of {}: {e}", self.name),
                 )),
             },
         }

@@ -35,6 +35,10 @@ pub mod close {
     pub const PROTOCOL: u32 = 3;
     /// Reliable mode: the path went down and its recent packets were sent on another path.
     pub const PATH_DOWN: u32 = 4;
+    /// The path was taken out of the client's configuration (a reload): the server retires it.
+    pub const REMOVED: u32 = 5;
+    /// The server's rules for the client changed (a reload): it rejoins under the new ones.
+    pub const RULES_CHANGED: u32 = 6;
 }
 
 /// How long a replaced connection stays open to drain what is already in flight on it.
@@ -212,6 +216,11 @@ impl Tunnel {
         Some(id)
     }
 
+    /// The id of the path called `name`, if the tunnel has one.
+    pub fn path_id(&self, name: &str) -> Option<PathId> {
+        self.lock().router.paths().find(name)
+    }
+
     pub fn path_name(&self, path: PathId) -> String {
         self.lock().router.paths().get(path).spec.name.clone()
     }
@@ -265,6 +274,12 @@ impl Tunnel {
         generation
     }
 
+    fn is_current(&self, path: PathId, generation: u64) -> bool {
+        self.lock()
+            .link(path)
+            .is_some_and(|l| l.generation == generation)
+    }
+
     /// The connection with `generation` on `path` is gone (if it is still the current one).
     pub fn remove(&self, path: PathId, generation: u64) {
         let mut s = self.lock();
@@ -275,6 +290,21 @@ impl Tunnel {
             drop(s);
             info!(tunnel = %self.peer, path = %name, "path disconnected");
         }
+    }
+
+    /// `path` was taken out of the configuration: close its connection (telling the peer,
+    /// `close::REMOVED`) and keep it out of use until it is configured again (`path`).
+    pub fn retire(&self, path: PathId) {
+        let link = {
+            let mut s = self.lock();
+            s.router.retire(path);
+            s.links.get_mut(path.index()).and_then(Option::take)
+        };
+        if let Some(l) = link {
+            l.transport
+                .close(close::REMOVED, "path removed from the configuration");
+        }
+        info!(tunnel = %self.peer, path = %self.path_name(path), "path removed");
     }
 
     pub fn connected_paths(&self) -> usize {
@@ -952,7 +982,12 @@ impl Tunnel {
                 let link = s.link(id);
                 let mut ps = PathStatus {
                     name: p.spec.name.clone(),
-                    state: p.state().map_or("disconnected", PathState::as_str).into(),
+                    // A removed path stays listed: its counters are part of the totals.
+                    state: match p.retired {
+                        true => "removed",
+                        false => p.state().map_or("disconnected", PathState::as_str),
+                    }
+                    .into(),
                     priority: p.spec.priority,
                     weight: p.spec.weight,
                     tx_bytes: p.counters.tx_bytes,
@@ -1236,7 +1271,15 @@ impl Sink for LinkSink {
         self.tunnel.lock().router.drop_on(self.path, reason, 1);
     }
 
-    fn on_closed(&self) {
-        self.tunnel.remove(self.path, self.generation);
+    fn on_closed(&self, peer_code: Option<u32>) {
+        match peer_code {
+            // The client took the path out of its configuration: so does the server's view.
+            Some(close::REMOVED) if !self.tunnel.watch_mtu => {
+                if self.tunnel.is_current(self.path, self.generation) {
+                    self.tunnel.retire(self.path);
+                }
+            }
+            _ => self.tunnel.remove(self.path, self.generation),
+        }
     }
 }

@@ -183,6 +183,19 @@ pub struct StatusReport {
     /// thread, each with its own reader); empty for a single queue.
     #[serde(default)]
     pub tun_queue_packets: Vec<u64>,
+    /// The last configuration reload (SIGHUP or `mpquic reload`), if there was one.
+    #[serde(default)]
+    pub last_reload: Option<ReloadStatus>,
+}
+
+/// What the last reload did: applied (what changed), or refused (why; the running
+/// configuration stays).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReloadStatus {
+    pub ok: bool,
+    /// Seconds since the Unix epoch.
+    pub at_unix: u64,
+    pub message: String,
 }
 
 impl PathStatus {

@@ -311,6 +311,24 @@ impl StatusReport {
             queues,
         );
 
+        // As Prometheus's own `..._config_last_reload_successful`: alert on a refused reload.
+        if let Some(r) = &self.last_reload {
+            let ok = Gauge::<i64>::default();
+            ok.set(i64::from(r.ok));
+            registry.register(
+                "mpquic_config_last_reload_successful",
+                "1 if the last configuration reload was applied, 0 if it was refused",
+                ok,
+            );
+            let at = Gauge::<i64>::default();
+            at.set(r.at_unix as i64);
+            registry.register(
+                "mpquic_config_last_reload_timestamp_seconds",
+                "When the last configuration reload was tried (Unix time)",
+                at,
+            );
+        }
+
         let reorder = Family::<Labels, Counter>::default();
         let holding = Family::<Labels, Gauge>::default();
         for t in &self.tunnels {
@@ -451,6 +469,11 @@ mod tests {
             refused: [("handshake_failed".to_string(), 3)].into(),
             drops: [("no_route".to_string(), 4)].into(),
             tun_queue_packets: vec![7, 9],
+            last_reload: Some(crate::ReloadStatus {
+                ok: false,
+                at_unix: 1_700_000_000,
+                message: "bad".into(),
+            }),
             tunnels: vec![TunnelStatus {
                 peer: "site\"1".into(),
                 paths: vec![p],
@@ -474,6 +497,7 @@ mod tests {
             m.contains("mpquic_path_up{tunnel=\"site\\\"1\",path=\"wan1\"} 1"),
             "{m}"
         );
+        assert!(m.contains("mpquic_config_last_reload_successful 0"), "{m}");
         assert!(
             m.contains(
                 "mpquic_drops_total{tunnel=\"site\\\"1\",path=\"wan1\",reason=\"oversized\"} 2"

@@ -23,6 +23,18 @@ impl StatusReport {
                 per.join(" / ")
             );
         }
+        if let Some(r) = &self.last_reload {
+            let _ = writeln!(
+                o,
+                "last reload {} s ago: {} {}",
+                unix_now().saturating_sub(r.at_unix),
+                match r.ok {
+                    true => "applied:",
+                    false => "REFUSED (the running configuration stays):",
+                },
+                r.message
+            );
+        }
         for t in &self.tunnels {
             let class = match &t.class {
                 Some(c) => format!(
@@ -161,4 +173,10 @@ fn human_bytes(n: u64) -> String {
     } else {
         format!("{v:.1}{}", UNITS[u])
     }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }

@@ -235,7 +235,7 @@ pub enum Bind {
     Interface(String),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PathConfig {
     pub name: String,
     pub bind: Bind,
@@ -345,6 +345,8 @@ pub struct Config {
     pub role: RoleConfig,
     /// Non-fatal remarks for the operator (printed by check-config, logged at startup).
     pub warnings: Vec<String>,
+    /// The file it was read from (a reload reads it again).
+    pub file: PathBuf,
 }
 
 /// `dashboard_listen` and `dashboard_token`.
@@ -417,7 +419,9 @@ impl Config {
         };
         let raw: RawConfig =
             serde_yaml_ng::from_str(text).map_err(|e| err(vec![yaml_problem(&e)]))?;
-        validate::validate(raw, text).map_err(err)
+        let mut cfg = validate::validate(raw, text).map_err(err)?;
+        cfg.file = file.to_owned();
+        Ok(cfg)
     }
 }
 

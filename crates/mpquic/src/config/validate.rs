@@ -141,6 +141,8 @@ pub(super) fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem
         tun_offload: raw.tun_offload.unwrap_or(true),
         role,
         warnings: c.warnings,
+        // Set by `Config::parse`, which knows it.
+        file: PathBuf::new(),
     })
 }
 

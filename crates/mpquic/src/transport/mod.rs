@@ -64,8 +64,9 @@ pub trait Sink: Send + Sync + 'static {
     /// A packet that arrived for this path and was refused before it was a datagram (a stripe
     /// packet that failed authentication or the replay check, or was malformed).
     fn on_received_dropped(&self, reason: DropReason);
-    /// The transport has ended (connection closed); nothing more arrives.
-    fn on_closed(&self);
+    /// The transport has ended (connection closed); nothing more arrives. `peer_code`: the
+    /// application code the peer closed it with (`tunnel::close`), if it did.
+    fn on_closed(&self, peer_code: Option<u32>);
 }
 
 pub trait PathTransport: Send + Sync + 'static {

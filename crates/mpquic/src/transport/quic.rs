@@ -311,7 +311,13 @@ impl PathTransport for QuicTransport {
                 }
                 s.on_batch_end();
             }
-            s.on_closed();
+            let peer_code = match c.close_reason() {
+                Some(quinn::ConnectionError::ApplicationClosed(a)) => {
+                    u32::try_from(a.error_code.into_inner()).ok()
+                }
+                _ => None,
+            };
+            s.on_closed(peer_code);
         });
         let StartParts {
             send,
