@@ -48,6 +48,24 @@ impl Bond {
         self.scheduler.policy()
     }
 
+    /// Schedule by `policy` from now on (a reload): a fresh scheduler (flows are placed
+    /// anew), the same drops and numbering. Refused between a per-packet policy and another:
+    /// the peer's resequencer and the packets' header (and so the TUN MTU) depend on it.
+    pub fn set_policy(&mut self, policy: Policy) -> Result<(), String> {
+        let now = self.policy();
+        if policy.per_packet() != now.per_packet() {
+            return Err(format!(
+                "multipath_policy {} -> {}: between a per-packet policy (wlb, minrtt, redundant) and another needs a restart",
+                now.as_str(),
+                policy.as_str()
+            ));
+        }
+        if policy != now {
+            self.scheduler = policy.scheduler();
+        }
+        Ok(())
+    }
+
     /// Flows the scheduler has placed on `path` (status).
     pub fn flows_on(&self, path: PathId) -> usize {
         self.scheduler.flows_on(path)
@@ -99,5 +117,25 @@ impl Bond {
     /// When `poll` next has work (housekeeping), if it has been called before.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.last_housekeeping.map(|t| t + HOUSEKEEPING)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_policy_changes_within_its_kind_only() {
+        let mut b = Bond::new(Policy::Failover);
+        b.drops.add(DropReason::NoPath);
+        assert_eq!(b.set_policy(Policy::Balanced), Ok(()));
+        assert_eq!(b.policy(), Policy::Balanced);
+        assert_eq!(b.drops.get(DropReason::NoPath), 1, "drops kept");
+        assert!(b.set_policy(Policy::Wlb).is_err());
+        assert_eq!(b.policy(), Policy::Balanced);
+        let mut b = Bond::new(Policy::Wlb);
+        assert_eq!(b.set_policy(Policy::MinRtt), Ok(()));
+        assert!(b.sequencer.is_some());
+        assert!(b.set_policy(Policy::Failover).is_err());
     }
 }

@@ -113,6 +113,11 @@ impl Router {
         t
     }
 
+    /// Schedule by `policy` from now on (`Bond::set_policy`).
+    pub fn set_policy(&mut self, policy: Policy) -> Result<(), String> {
+        self.bond.set_policy(policy)
+    }
+
     /// `id` was taken out of the configuration (`PathSet::retire`).
     pub fn retire(&mut self, id: PathId) -> Transition {
         let t = self.paths.retire(id);

@@ -263,6 +263,15 @@ impl Client {
         let mut paths = self.lock_paths();
         let old: Vec<PathConfig> = paths.iter().map(|l| (**l.cfg.borrow()).clone()).collect();
         let changes = PathChanges::between(&old, &nc.paths);
+        // Without `classes:` the top-level policy is the one class's (with them, a class's
+        // policy is fixed at start: `reload::read`).
+        let implicit = self.classes.iter().find(|k| !k.cfg.explicit);
+        let policy = implicit
+            .map(|k| (k, k.tunnel.policy()))
+            .filter(|(_, now)| *now != nc.policy);
+        if let Some((k, _)) = policy {
+            k.tunnel.set_policy(nc.policy)?;
+        }
         for p in changes.added.iter().chain(&changes.changed) {
             let mtu = self.platform.link_mtu(&p.bind);
             if mtu < self.link_mtu {
@@ -291,11 +300,26 @@ impl Client {
                 l.cfg.send_replace(Arc::new(p.clone()));
             }
         }
+        if policy.is_some() {
+            // The server learns the policy from the hellos: every path reconnects (each new
+            // connection made before its old one closes).
+            for l in paths.iter() {
+                l.cfg.send_modify(|_| {});
+            }
+        }
         paths.extend(added);
         // Config order, as status lists them.
         let order = |l: &LivePath| nc.paths.iter().position(|p| p.name == l.cfg.borrow().name);
         paths.sort_by_key(order);
-        Ok(changes.summary())
+        Ok(match policy {
+            Some((_, before)) => format!(
+                "multipath_policy {} -> {}; {}",
+                before.as_str(),
+                nc.policy.as_str(),
+                changes.summary()
+            ),
+            None => changes.summary(),
+        })
     }
 
     async fn tun_reader(&self) {
@@ -520,7 +544,8 @@ impl Client {
             path: p.name.clone(),
             priority: p.priority,
             weight: p.weight,
-            policy: class.cfg.policy.as_str().into(),
+            // The tunnel's, which a reload may have changed.
+            policy: class.tunnel.policy().as_str().into(),
             mode: class.cfg.mode,
             addr: self.ccfg.requested.map(|(a, l)| format!("{a}/{l}")),
             previous: previous.map(|(a, l)| format!("{a}/{l}")),

@@ -738,7 +738,8 @@ async fn reliable_hand_over_under_wlb_delivers_packets_not_headers() {
 
 /// Reload under traffic (`reload.rs`): a third path added and path 2's weight changed leave
 /// path 1's connection alone and lose nothing; the server learns the new weight; a removed path
-/// is retired on both sides; a broken file and a change to a key fixed at start are refused
+/// is retired on both sides; the policy changes within its kind; a broken file and a change to
+/// a key fixed at start are refused
 /// with the reason (in the answer and in status), the running configuration kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_changes_paths_without_touching_the_others() {
@@ -829,6 +830,30 @@ async fn reload_changes_paths_without_touching_the_others() {
     .await;
     all_arrive_once(&mut cli_host, &mut srv_host).await;
 
+    // The policy, within its kind: the server learns it from the paths' new hellos.
+    let weighted = original.replace("  priority: 2\n", "  priority: 2\n  weight: 5\n");
+    let balanced = weighted.replace("multipath_policy: failover", "multipath_policy: balanced");
+    std::fs::write(&file, &balanced).unwrap();
+    assert_eq!(
+        reload(&d).await.unwrap().unwrap(),
+        "multipath_policy failover -> balanced; no change"
+    );
+    wait_for("server", "policy balanced", |st| {
+        st.tunnels[0].policy == "balanced"
+            && st.tunnels[0]
+                .paths
+                .iter()
+                .filter(|p| p.state == "up")
+                .count()
+                == 2
+    })
+    .await;
+    assert_eq!(status_of(&d, "client").tunnels[0].policy, "balanced");
+    all_arrive_once(&mut cli_host, &mut srv_host).await;
+    std::fs::write(&file, balanced.replace("policy: balanced", "policy: wlb")).unwrap();
+    let e = reload(&d).await.unwrap().unwrap_err().to_string();
+    assert!(e.contains("between a per-packet policy and another"), "{e}");
+
     // A broken file, then a key fixed at start: refused, nothing changed.
     std::fs::write(&file, "role: client\nmultipath_paths: [\n").unwrap();
     let e = reload(&d).await.unwrap().unwrap_err().to_string();
@@ -840,7 +865,7 @@ async fn reload_changes_paths_without_touching_the_others() {
     assert!(e.contains("tun_name cannot change while running"), "{e}");
     let st = status_of(&d, "client");
     assert_eq!(path_of(&st, "wan2").unwrap().weight, 5);
-    assert_eq!(path_of(&st, "wan1").unwrap().connects, 1);
+    assert_eq!(st.tunnels[0].policy, "balanced");
     all_arrive_once(&mut cli_host, &mut srv_host).await;
 
     stop_all(&net, vec![("client", client), ("server", server)]).await;

@@ -2,7 +2,9 @@
 //! configuration file again and applies what changed while everything else keeps running.
 //!
 //! What applies live: a client's paths (added, removed, or changed: each changed path gets a new
-//! connection made before its old one is closed; the others are not touched), a server's
+//! connection made before its old one is closed; the others are not touched), its
+//! `multipath_policy` within its kind (failover <-> balanced, or among the per-packet ones:
+//! every path reconnects, so the server learns it from the hellos), a server's
 //! `clients:` list (fixed addresses and allowed LAN routes; sessions whose rules changed are
 //! closed and rejoin under the new ones). Every other key is fixed for the life of the process:
 //! a new file that changes one is refused as a whole, naming the keys, and the running
@@ -150,7 +152,12 @@ fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
     differ("tun_offload", &old.tun_offload, &new.tun_offload);
     match (&old.role, &new.role) {
         (RoleConfig::Client(a), RoleConfig::Client(b)) => {
-            differ("multipath_policy", &a.policy, &b.policy);
+            // Within its kind the policy changes live (`Bond::set_policy`).
+            differ(
+                "multipath_policy (between a per-packet policy and another)",
+                &a.policy.per_packet(),
+                &b.policy.per_packet(),
+            );
             differ("tun_cidr", &a.requested, &b.requested);
             differ("lan_prefixes", &a.lan_prefixes, &b.lan_prefixes);
             differ("tls_server_name", &a.server_name, &b.server_name);
@@ -288,10 +295,15 @@ multipath_paths:
         assert_eq!(
             restart_needed(&old, &new),
             // The control socket's default follows tun_name.
-            ["tun_name", "control_socket", "multipath_policy"]
+            ["tun_name", "control_socket"]
         );
-        // Paths alone apply live.
+        // Paths, and a policy within its kind, apply live.
         let new = client(&CLIENT.replace("priority: 2}", "priority: 2, weight: 4}"));
         assert!(restart_needed(&old, &new).is_empty());
+        let wlb = client(&CLIENT.replace("multipath_policy: failover", "multipath_policy: wlb"));
+        assert_eq!(
+            restart_needed(&old, &wlb),
+            ["multipath_policy (between a per-packet policy and another)"]
+        );
     }
 }

@@ -632,6 +632,8 @@ impl Server {
         let same =
             |c: &SessionClass| c.tunnel.class.as_ref().map(|t| &t.name) == class.map(|c| &c.name);
         if let Some(c) = classes.iter().find(|c| same(c)) {
+            // The client reloaded with another policy: its paths reconnect with it.
+            c.tunnel.set_policy(policy)?;
             return Ok(c.tunnel.clone());
         }
         // A session is either classless (one tunnel) or all classes, as its client is.

@@ -216,6 +216,23 @@ impl Tunnel {
         Some(id)
     }
 
+    pub fn policy(&self) -> Policy {
+        self.lock().router.bond().policy()
+    }
+
+    /// Schedule by `policy` from now on (a reload; `Bond::set_policy` says which changes
+    /// are possible).
+    pub fn set_policy(&self, policy: Policy) -> Result<(), String> {
+        let mut s = self.lock();
+        let before = s.router.bond().policy();
+        s.router.set_policy(policy)?;
+        drop(s);
+        if before != policy {
+            info!(tunnel = %self.peer, from = before.as_str(), to = policy.as_str(), "bonding policy changed");
+        }
+        Ok(())
+    }
+
     /// The id of the path called `name`, if the tunnel has one.
     pub fn path_id(&self, name: &str) -> Option<PathId> {
         self.lock().router.paths().find(name)
