@@ -116,7 +116,7 @@ def test_seed_layout_three_instances_one_certificate(make_lab):
                                       "10.200.17.254"], check=False, timeout=60)
         lost[name] = 50 - len(labctl.parse_ping(r.stdout)["received"])
     report(f"seed layout, 10% loss on the link: pings lost per instance (of 50) {lost}")
-    assert all(n == 0 for n in lost.values()), lost
+    assert all(n == 0 for n in lost.values()), (lost, {n: lab.log(n)[-3000:] for n in lost if lost[n]})
 
 
 def test_class_with_its_own_tun_device(make_lab):

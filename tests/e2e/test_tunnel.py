@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -69,6 +70,51 @@ def test_two_clients_own_addresses_and_spoofed_source_dropped(make_lab):
     log = lab.log(key)
     assert rc != 0, log
     assert "not a usable host address" in log, log
+
+
+def test_ipv6_inside_a_dual_stack_tunnel(make_lab):
+    """A dual-stack tun_cidr on the server: the client gets an IPv6 tunnel address too (its IPv4
+    host number in the server's IPv6 network); ping6 and a TCP transfer go through the tunnel
+    over IPv6; the kernel's own IPv6 chatter adds no spoofed drops; an IPv6 source that is not
+    the client's is dropped and counted."""
+    lab = make_lab(paths=2)
+    lab.pki()
+    server = re.sub(r"^tun_cidr: (\S+)$", r"tun_cidr: \1, fd00:17::fe/64", lab.server_yaml(), flags=re.M)
+    assert "fd00:17::fe/64" in server, server
+    lab.write("server-run.yaml", server)
+    lab.spawn("server", lab.server_ns, [labctl.BIN, "--config", f"{lab.dir}/server-run.yaml"])
+    lab._wait_file(lab.sock("server"), "server", 10)
+    lab.start_client()
+    lab.wait_tunnel()
+    st = lab.status("client0")
+    assert st["tunnels"][0]["address6"] == "fd00:17::1/64", st["tunnels"][0]
+    ns = lab.client_ns(0)
+    r = lab.sh(ns, "ping -6 -n -c 20 -i 0.05 -W 1 fd00:17::fe", check=False)
+    assert " 20 received" in r.stdout, r.stdout
+    lab.spawn("iperf6", lab.server_ns, ["iperf3", "-s", "-p", "5206", "-B", "fd00:17::fe"], log=False)
+    wait = 'ss -ltn "sport = :5206" | grep -q LISTEN'
+    for _ in range(50):
+        if lab.sh(lab.server_ns, wait, check=False).returncode == 0:
+            break
+        time.sleep(0.1)
+    tcp = lab.iperf(seconds=3, dst="fd00:17::fe", port=5206, src_ns=ns)
+    mbit = tcp["end"]["sum_received"]["bits_per_second"] / 1e6
+    down = lab.iperf(seconds=3, dst="fd00:17::fe", port=5206, src_ns=ns, reverse=True)
+    mbit_down = down["end"]["sum_received"]["bits_per_second"] / 1e6
+    srv = lab.status("server")
+    t = srv["tunnels"][0]
+    assert t["address6"] == "fd00:17::1/64", t
+    spoofed = lambda t: sum(x["drops"]["spoofed_source"] for x in t["paths"])  # noqa: E731
+    assert spoofed(t) == 0, t
+    # A forged IPv6 source (another address of the tunnel's network) is dropped and counted.
+    lab.sh(ns, "ip -6 addr add fd00:17::99/128 dev mpq0 nodad")
+    r = lab.sh(ns, "ping -6 -n -c 5 -i 0.05 -W 1 -I fd00:17::99 fd00:17::fe", check=False)
+    assert " 0 received" in r.stdout, r.stdout
+    forged = spoofed(lab.status("server")["tunnels"][0])
+    report(f"IPv6 in the tunnel: 20/20 ping6, TCP up {mbit:.0f} / down {mbit_down:.0f} Mbit/s over IPv6; "
+           f"forged IPv6 source: {forged} dropped as spoofed; server drops {srv['drops']}")
+    assert mbit > 10 and mbit_down > 10, (mbit, mbit_down)
+    assert forged >= 5, forged
 
 
 def test_server_tun_queue_per_thread_sessions_spread(make_lab):

@@ -1,7 +1,7 @@
 //! Tunnel address assignment on the server: pure, so every rule is unit-tested.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// The server's tunnel network and the addresses reserved for named clients (`clients:`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -11,6 +11,83 @@ pub struct AddressPlan {
     pub prefix: u8,
     /// Fixed addresses by client name (certificate CN).
     pub fixed: Vec<(String, Ipv4Addr)>,
+}
+
+/// IPv6 inside the tunnel (a dual-stack `tun_cidr`): a client's IPv6 address is the server's
+/// IPv6 network with the client's IPv4 host number (10.200.17.5/24 with fd00:17::/64 gives
+/// fd00:17::5). So the IPv4 assignment (reservations, requests, memory) decides both, nothing
+/// more is kept per client, and the server finds a client from either address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ipv6Plan {
+    net4: u32,
+    prefix4: u8,
+    net6: u128,
+    prefix6: u8,
+}
+
+impl Ipv6Plan {
+    /// The plan for a server at `v4` and `v6` (each address/prefix length). Refused when the
+    /// IPv6 network has fewer host numbers than the IPv4 one, or when the server's IPv6
+    /// address is a host number a client could get.
+    pub fn new(v4: (Ipv4Addr, u8), v6: (Ipv6Addr, u8)) -> Result<Ipv6Plan, String> {
+        let (host_bits4, host_bits6) = (32 - u32::from(v4.1), 128 - u32::from(v6.1));
+        if v6.1 > 128 || host_bits6 < host_bits4 {
+            return Err(format!(
+                "the IPv6 network /{} has fewer host numbers than the IPv4 /{} (each client's IPv6 address carries its IPv4 host number)",
+                v6.1, v4.1
+            ));
+        }
+        let plan = Ipv6Plan {
+            net4: u32::from(v4.0) & mask(v4.1),
+            prefix4: v4.1,
+            net6: u128::from(v6.0) & mask6(v6.1),
+            prefix6: v6.1,
+        };
+        let host6 = u128::from(v6.0) & !mask6(v6.1);
+        let host4 = u32::from(v4.0) & !mask(v4.1);
+        if host6 < 1 << host_bits4 && host6 != u128::from(host4) {
+            return Err(format!(
+                "the server's IPv6 address {} would be a client's (host number {host6}); use its IPv4 host number: {}/{}",
+                v6.0,
+                plan.v6_of(v4.0),
+                v6.1
+            ));
+        }
+        Ok(plan)
+    }
+
+    /// The IPv6 address that goes with tunnel address `v4`.
+    pub fn v6_of(&self, v4: Ipv4Addr) -> Ipv6Addr {
+        Ipv6Addr::from(self.net6 | u128::from(u32::from(v4) & !mask(self.prefix4)))
+    }
+
+    /// The IPv4 tunnel address that goes with `v6`, if `v6` is a client's.
+    pub fn v4_of(&self, v6: Ipv6Addr) -> Option<Ipv4Addr> {
+        let v6 = u128::from(v6);
+        let host = v6 & !mask6(self.prefix6);
+        let room = 1u128 << (32 - u32::from(self.prefix4));
+        (v6 & mask6(self.prefix6) == self.net6 && host < room)
+            .then(|| Ipv4Addr::from(self.net4 | host as u32))
+    }
+
+    pub fn prefix6(&self) -> u8 {
+        self.prefix6
+    }
+}
+
+/// `x:y::z/len`.
+pub fn parse_cidr6(s: &str) -> Option<(Ipv6Addr, u8)> {
+    let (a, p) = s.split_once('/')?;
+    let addr: Ipv6Addr = a.trim().parse().ok()?;
+    let prefix: u8 = p.trim().parse().ok()?;
+    (prefix <= 128).then_some((addr, prefix))
+}
+
+fn mask6(prefix: u8) -> u128 {
+    match prefix {
+        0 => 0,
+        p => u128::MAX << (128 - u32::from(p.min(128))),
+    }
 }
 
 /// `a.b.c.d/len`.
@@ -226,5 +303,25 @@ mod tests {
         assert!(assign(&s, used, &mem, "solo/mpq1", "solo", None)
             .unwrap_err()
             .contains("in use by client `solo/mpq0`"));
+    }
+
+    #[test]
+    fn ipv6_addresses_carry_the_ipv4_host_number() {
+        let v4 = (Ipv4Addr::new(10, 200, 17, 254), 24);
+        let v6 = |s: &str| parse_cidr6(s).unwrap();
+        let plan = Ipv6Plan::new(v4, v6("fd00:17::fe/64")).unwrap();
+        let c: Ipv6Addr = "fd00:17::5".parse().unwrap();
+        assert_eq!(plan.v6_of(Ipv4Addr::new(10, 200, 17, 5)), c);
+        assert_eq!(plan.v4_of(c), Some(Ipv4Addr::new(10, 200, 17, 5)));
+        // Outside the network, or a host number no IPv4 address has.
+        assert_eq!(plan.v4_of("fd00:18::5".parse().unwrap()), None);
+        assert_eq!(plan.v4_of("fd00:17::1:5".parse().unwrap()), None);
+        // The server's own IPv6 address must not be a client's.
+        let e = Ipv6Plan::new(v4, v6("fd00:17::1/64")).unwrap_err();
+        assert!(e.contains("fd00:17::fe/64"), "{e}");
+        assert!(Ipv6Plan::new(v4, v6("fd00:17::1:0/64")).is_ok());
+        // Room for every IPv4 host number.
+        assert!(Ipv6Plan::new(v4, v6("fd00:17::fe/121")).is_err());
+        assert!(Ipv6Plan::new(v4, v6("fd00:17::fe/120")).is_ok());
     }
 }

@@ -195,8 +195,9 @@ pub fn is_pure_tcp_ack(pkt: &[u8]) -> bool {
     only_ack && t + usize::from(hdr[12] >> 4) * 4 == end
 }
 
-/// Lower the MSS option of a TCP SYN to `max_mss` (IPv4 and IPv6). Returns true if the packet was
-/// changed. The TCP checksum is updated incrementally (RFC 1624), so no pseudo-header is needed.
+/// Lower the MSS option of a TCP SYN to `max_mss` (IPv4 and IPv6; `max_mss` is the IPv4 figure,
+/// `mtu::tcp_mss`: an IPv6 SYN gets 20 bytes less, its header being that much longer). Returns
+/// true if the packet was changed. The TCP checksum is updated incrementally (RFC 1624), so no pseudo-header is needed.
 /// This is what keeps TCP through the tunnel from producing segments that would not fit.
 pub fn clamp_mss(pkt: &mut [u8], max_mss: u16) -> bool {
     PacketInfo::parse(pkt).is_some_and(|info| info.clamp_mss(pkt, max_mss))
@@ -214,6 +215,10 @@ fn clamp_parsed(info: &PacketInfo, pkt: &mut [u8], max_mss: u16) -> bool {
     if info.proto != PROTO_TCP {
         return false;
     }
+    let max_mss = match info.src {
+        IpAddr::V6(_) => max_mss.saturating_sub(20),
+        IpAddr::V4(_) => max_mss,
+    };
     let Some(t) = info.transport_offset else {
         return false;
     };
@@ -435,6 +440,13 @@ pub(crate) mod tests {
         // Not a SYN: untouched.
         let mut q = tcp4([10, 0, 0, 1], [10, 0, 0, 2], 1234, 80, None);
         assert!(!clamp_mss(&mut q, 500));
+        // IPv6: 20 bytes less (its header is 20 bytes longer).
+        let tcp = &tcp4([10, 0, 0, 1], [10, 0, 0, 2], 1234, 80, Some(1460))[20..];
+        let mut v6 = vec![0x60, 0, 0, 0, 0, tcp.len() as u8, 6, 64];
+        v6.extend_from_slice(&[0xfd; 32]);
+        v6.extend_from_slice(tcp);
+        assert!(clamp_mss(&mut v6, 1360));
+        assert_eq!(u16::from_be_bytes([v6[40 + 24], v6[40 + 25]]), 1340);
     }
 
     #[test]

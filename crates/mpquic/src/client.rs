@@ -12,7 +12,7 @@
 //! its configuration, so a changed path reconnects (the new connection made before the old one
 //! closes), a removed one is retired, a new one starts; the others are not touched.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::config::{
-    parse_cidr, ClassConfig, ClientConfig, Config, Congestion, PathConfig, RoleConfig,
+    parse_cidr, parse_cidr6, ClassConfig, ClientConfig, Config, Congestion, PathConfig, RoleConfig,
 };
 use crate::hello::{ClassOf, Hello};
 use crate::platform::Platform;
@@ -49,7 +49,7 @@ struct Client {
     /// The traffic classes in priority order (one, implicit, without `classes:`).
     classes: Vec<Class>,
     /// The address the server gave us (set on the TUN device).
-    addr: Mutex<Option<(Ipv4Addr, u8)>>,
+    addr: Mutex<Option<Assigned>>,
     /// A refusal from the server that retrying cannot fix (e.g. address not allowed).
     fatal: mpsc::Sender<String>,
     mtu: u32,
@@ -61,6 +61,13 @@ struct Client {
     paths: Mutex<Vec<LivePath>>,
     /// The last reload's outcome (status).
     reloads: reload::Record,
+}
+
+/// The tunnel addresses the server gave: IPv4, and IPv6 when its tunnel is dual-stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Assigned {
+    v4: (Ipv4Addr, u8),
+    v6: Option<(Ipv6Addr, u8)>,
 }
 
 /// A configured path: its configuration, watched by its tasks (one per class), which end with
@@ -211,6 +218,7 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
 impl Client {
     fn status(&self, started: Instant) -> StatusReport {
         let addr = *self.addr.lock().unwrap_or_else(|e| e.into_inner());
+        let address6 = addr.and_then(|a| a.v6).map(|(a, p)| format!("{a}/{p}"));
         StatusReport {
             role: "client".into(),
             congestion: self.cfg.congestion.as_str().into(),
@@ -222,7 +230,10 @@ impl Client {
                 .classes
                 .iter()
                 .map(|k| {
-                    let mut st = k.tunnel.status(addr.map(|(a, p)| format!("{a}/{p}")));
+                    let mut st = k
+                        .tunnel
+                        .status(addr.map(|a| format!("{}/{}", a.v4.0, a.v4.1)));
+                    st.address6 = address6.clone();
                     if k.cfg.explicit {
                         st.classified_packets = k.classified.load(Ordering::Relaxed);
                         st.unmatched_packets = k.unmatched.load(Ordering::Relaxed);
@@ -538,7 +549,11 @@ impl Client {
         p: &PathConfig,
     ) -> Result<Arc<dyn PathTransport>> {
         let class = &self.classes[k];
-        let previous = *self.addr.lock().unwrap_or_else(|e| e.into_inner());
+        let previous = self
+            .addr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|a| a.v4);
         let h = Hello {
             session: self.session,
             path: p.name.clone(),
@@ -575,26 +590,38 @@ impl Client {
                 .try_send(format!("server refused this client: {msg}"));
             bail!("server refused: {msg}");
         }
-        let (a, l) = ack
-            .addr
-            .as_deref()
+        let v4 = (ack.addr.as_deref())
             .and_then(parse_cidr)
             .ok_or_else(|| anyhow!("server sent no usable address"))?;
-        self.set_address(a, l)?;
+        let v6 = match ack.addr6.as_deref() {
+            Some(s) => Some(
+                parse_cidr6(s)
+                    .ok_or_else(|| anyhow!("server sent an unusable IPv6 address `{s}`"))?,
+            ),
+            None => None,
+        };
+        self.set_address(Assigned { v4, v6 })?;
         Ok(transport)
     }
 
-    fn set_address(&self, a: Ipv4Addr, l: u8) -> Result<()> {
+    fn set_address(&self, new: Assigned) -> Result<()> {
         let mut cur = self.addr.lock().unwrap_or_else(|e| e.into_inner());
-        if *cur != Some((a, l)) {
+        if *cur != Some(new) {
             // The classes' own devices carry the same address (policy routing picks the device).
             let own = self.classes.iter().filter_map(|k| k.own_tun.as_ref());
             for tun in std::iter::once(&self.tun).chain(own) {
-                tun.set_ipv4(a, l)
+                // IPv6 first: setting the IPv4 address brings the device up.
+                if let Some((a, l)) = new.v6 {
+                    tun.set_ipv6(a, l)
+                        .context("cannot set the IPv6 tunnel address")?;
+                }
+                tun.set_ipv4(new.v4.0, new.v4.1)
                     .context("cannot set the tunnel address")?;
             }
-            info!(address = %format!("{a}/{l}"), tun = %self.cfg.tun_name, "tunnel address assigned");
-            *cur = Some((a, l));
+            let (a, l) = new.v4;
+            let address6 = new.v6.map(|(a, l)| format!("{a}/{l}"));
+            info!(address = %format!("{a}/{l}"), address6, tun = %self.cfg.tun_name, "tunnel address assigned");
+            *cur = Some(new);
         }
         Ok(())
     }

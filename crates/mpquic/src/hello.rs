@@ -97,6 +97,9 @@ pub struct HelloAck {
     pub addr: Option<String>,
     pub server_addr: Option<String>,
     pub mtu: Option<u32>,
+    /// A dual-stack tunnel: the client's IPv6 tunnel address, "x:y::z/len".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr6: Option<String>,
     /// A stripe path: the UDP port of the server's stripe socket.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stripe_port: Option<u16>,

@@ -2,7 +2,7 @@
 //! PKI), hello, health and bonding, on the in-memory network of `memnet` with memory TUN devices.
 //! Runs in `cargo test` in seconds; the namespace end-to-end tests cover the kernel side.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -868,5 +868,94 @@ async fn reload_changes_paths_without_touching_the_others() {
     assert_eq!(st.tunnels[0].policy, "balanced");
     all_arrive_once(&mut cli_host, &mut srv_host).await;
 
+    stop_all(&net, vec![("client", client), ("server", server)]).await;
+}
+
+/// An IPv6/UDP packet carrying `seq` (UDP checksum left zero: nothing on the way checks it).
+fn udp6_packet(src: Ipv6Addr, dst: Ipv6Addr, seq: u32) -> Vec<u8> {
+    let mut p = vec![0x60, 0, 0, 0, 0, 12, 17, 64];
+    p.extend_from_slice(&src.octets());
+    p.extend_from_slice(&dst.octets());
+    p.extend_from_slice(&[0x9c, 0x40, 0x9c, 0x41, 0, 12, 0, 0]);
+    p.extend_from_slice(&seq.to_be_bytes());
+    p
+}
+
+/// IPv6 inside the tunnel: with a dual-stack `tun_cidr` the server gives the client both
+/// addresses (its IPv6 one carries its IPv4 host number), IPv6 packets go through both ways, and
+/// one from an IPv6 source that is not the client's is dropped and counted as spoofed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_inside_a_dual_stack_tunnel() {
+    let dir = pki_dir(1);
+    let d = dir.path();
+    let net = Network::new();
+    let mut srv_host = net.host("srv0");
+    let mut cli_host = net.host("cli0");
+    let base = server_config_with(d, "");
+    let text = std::fs::read_to_string(&base.file).unwrap().replace(
+        &format!("tun_cidr: {SERVER_TUN}/24"),
+        &format!("tun_cidr: {SERVER_TUN}/24, fd00:17::fe/64"),
+    );
+    let cfg = config(d, "server6.yaml", &text);
+    let RoleConfig::Server(s) = cfg.role.clone() else {
+        unreachable!()
+    };
+    let server = tokio::spawn(server::run(cfg, s, Platform::memory(net.clone())));
+    let client = spawn_client(&net, client_config(d, "datagram"));
+    warm_up(&mut cli_host, &mut srv_host).await;
+
+    let (server6, client6): (Ipv6Addr, Ipv6Addr) = (
+        "fd00:17::fe".parse().unwrap(),
+        "fd00:17::1".parse().unwrap(),
+    );
+    for who in ["client", "server"] {
+        let st = status_of(d, who);
+        assert_eq!(
+            st.tunnels[0].address6.as_deref(),
+            Some("fd00:17::1/64"),
+            "{who}"
+        );
+    }
+    let seq6 = |p: &[u8]| u32::from_be_bytes([p[48], p[49], p[50], p[51]]);
+    for seq in 0..50u32 {
+        cli_host
+            .to_dev
+            .send(udp6_packet(client6, server6, seq))
+            .await
+            .unwrap();
+        srv_host
+            .to_dev
+            .send(udp6_packet(server6, client6, seq))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // Forged: another address of the tunnel's IPv6 network.
+    let forged: Ipv6Addr = "fd00:17::99".parse().unwrap();
+    for seq in 100..110u32 {
+        cli_host
+            .to_dev
+            .send(udp6_packet(forged, server6, seq))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = |host: &mut Host| {
+        let mut v = Vec::new();
+        while let Ok(p) = host.from_dev.try_recv() {
+            if p[0] >> 4 == 6 {
+                v.push(seq6(&p));
+            }
+        }
+        v.sort_unstable();
+        v
+    };
+    assert_eq!(got(&mut srv_host), (0..50).collect::<Vec<_>>(), "up");
+    assert_eq!(got(&mut cli_host), (0..50).collect::<Vec<_>>(), "down");
+    let st = status_of(d, "server");
+    let spoofed: u64 = (st.tunnels[0].paths.iter())
+        .map(|p| p.drops.get("spoofed_source").copied().unwrap_or(0))
+        .sum();
+    assert_eq!(spoofed, 10, "{st:?}");
     stop_all(&net, vec![("client", client), ("server", server)]).await;
 }

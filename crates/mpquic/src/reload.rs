@@ -183,7 +183,11 @@ fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
         }
         (RoleConfig::Server(a), RoleConfig::Server(b)) => {
             differ("bind_ip / remote_port (listen)", &a.listen, &b.listen);
-            differ("tun_cidr", &(a.tun_addr, a.prefix), &(b.tun_addr, b.prefix));
+            differ(
+                "tun_cidr",
+                &(a.tun_addr, a.prefix, a.ipv6),
+                &(b.tun_addr, b.prefix, b.ipv6),
+            );
             differ("tls_ca_file", &a.client_ca_file, &b.client_ca_file);
             differ("stripe_enabled / stripe_port", &a.stripe, &b.stripe);
         }

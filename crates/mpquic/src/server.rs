@@ -24,7 +24,7 @@ use mpquic_core::sessions::{self, Registry};
 use mpquic_core::{DropReason, Drops, HealthMode, PacketInfo, PathId, PathSpec, Policy};
 use tracing::{info, warn};
 
-use crate::config::{Config, RoleConfig, ServerConfig};
+use crate::config::{Config, Ipv6Plan, RoleConfig, ServerConfig};
 use crate::hello::{Hello, HelloAck};
 use crate::platform::Platform;
 use crate::reload;
@@ -135,6 +135,9 @@ struct Server {
     scfg: RwLock<Arc<ServerConfig>>,
     /// The last reload's outcome (status).
     reloads: reload::Record,
+    /// A dual-stack tunnel: how a client's IPv6 address follows from its IPv4 one (fixed for
+    /// the process: `tun_cidr` does not reload).
+    ipv6: Option<Ipv6Plan>,
     /// The TUN device's queues; the first also carries the device's settings.
     queues: Vec<Arc<Tun>>,
     /// Packets read from each queue (status: are the queues, and so the threads, all used).
@@ -165,6 +168,10 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
             .into_iter()
             .map(Arc::new)
             .collect();
+    // IPv6 first: setting the IPv4 address brings the device up.
+    if let Some((a6, plan)) = scfg.ipv6 {
+        queues[0].set_ipv6(a6, plan.prefix6())?;
+    }
     queues[0].set_ipv4(scfg.tun_addr, scfg.prefix)?;
     // Every site LAN a client may announce is routed into the device from the start; packets
     // for one whose client is not connected are counted (`no_route`).
@@ -172,9 +179,11 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
         route(&queues[0], lan, true)?;
         info!(%client, lan = %format!("{}/{}", lan.addr, lan.len), "site LAN routed into the TUN device");
     }
-    info!(listen = %scfg.listen, tun = %cfg.tun_name, address = %format!("{}/{}", scfg.tun_addr, scfg.prefix), mtu, queues = queues.len(), "server listening");
+    let address6 = scfg.ipv6.map(|(a, p)| format!("{a}/{}", p.prefix6()));
+    info!(listen = %scfg.listen, tun = %cfg.tun_name, address = %format!("{}/{}", scfg.tun_addr, scfg.prefix), address6, mtu, queues = queues.len(), "server listening");
 
     let server = Arc::new(Server {
+        ipv6: scfg.ipv6.map(|(_, plan)| plan),
         cfg,
         scfg: RwLock::new(Arc::new(scfg)),
         reloads: reload::Record::default(),
@@ -387,6 +396,9 @@ impl Server {
                         .iter()
                         .map(|c| {
                             let mut st = c.tunnel.status(Some(address.clone()));
+                            st.address6 = self
+                                .ipv6
+                                .map(|p| format!("{}/{}", p.v6_of(*addr), p.prefix6()));
                             st.classified_packets = c.classified.load(Ordering::Relaxed);
                             st.unmatched_packets = c.unmatched.load(Ordering::Relaxed);
                             st
@@ -459,7 +471,12 @@ impl Server {
                                 self.drop_packet(DropReason::Malformed);
                                 continue;
                             };
-                            let IpAddr::V4(dst) = info.dst else {
+                            // A client's IPv6 address names its IPv4 one (`Ipv6Plan`).
+                            let dst = match info.dst {
+                                IpAddr::V4(a) => Some(a),
+                                IpAddr::V6(a) => self.ipv6.and_then(|p| p.v4_of(a)),
+                            };
+                            let Some(dst) = dst else {
                                 self.drop_packet(DropReason::NoRoute);
                                 continue;
                             };
@@ -494,6 +511,9 @@ impl Server {
                     addr: Some(format!("{addr}/{}", self.scfg().prefix)),
                     server_addr: Some(self.scfg().tun_addr.to_string()),
                     mtu: Some(self.mtu),
+                    addr6: self
+                        .ipv6
+                        .map(|p| format!("{}/{}", p.v6_of(addr), p.prefix6())),
                     ..Default::default()
                 };
                 match reply.accept(ack).await {
@@ -660,6 +680,7 @@ impl Server {
             session.tun.clone(),
             Some(Sources {
                 addr,
+                addr6: self.ipv6.map(|p| p.v6_of(addr)),
                 lans: session.lans.clone(),
             }),
             HealthMode::Follow,

@@ -11,7 +11,7 @@
 //! packet once more; ours copies each packet once, into its write.)
 
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use mpquic_core::PacketInfo;
@@ -77,8 +77,12 @@ fn ioctl(fd: RawFd, req: libc::c_ulong, r: &mut IfReq) -> io::Result<()> {
 
 /// A socket to issue interface ioctls on.
 fn ctl_socket() -> io::Result<OwnedFd> {
+    socket_of(libc::AF_INET)
+}
+
+fn socket_of(family: libc::c_int) -> io::Result<OwnedFd> {
     // SAFETY: plain socket(2) call; the result is checked and owned.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    let fd = unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -240,8 +244,9 @@ impl Tun {
         Tun::with_backend(name, Backend::Memory(dev))
     }
 
-    /// The tunnel carries IPv4 only for now: without this the kernel would send IPv6 router
-    /// solicitations and MLD reports into the tunnel, which the server counts as spoofed.
+    /// IPv6 is off until the device gets an IPv6 address (`set_ipv6`; IPv4-only tunnels
+    /// never do): without this the kernel would send IPv6 router solicitations and MLD reports
+    /// into the tunnel, which the server counts as spoofed.
     pub fn disable_ipv6(&self) {
         if !matches!(self.backend, Backend::Kernel(_)) {
             return;
@@ -278,6 +283,53 @@ impl Tun {
         r.set_v4(Ipv4Addr::from(crate::config::mask(prefix)));
         ioctl(s.as_raw_fd(), libc::SIOCSIFNETMASK, &mut r)?;
         self.up(&s)
+    }
+
+    /// Assign the IPv6 address and prefix (a dual-stack tunnel); the kernel adds the connected
+    /// route when the device is up (`set_ipv4`, after this). The device gets no link-local
+    /// address (`addr_gen_mode` 1), so the kernel sends no router solicitations from it, and a
+    /// TUN device (NOARP) joins no solicited-node group: nothing but the tunnel's own traffic
+    /// goes in.
+    pub fn set_ipv6(&self, addr: Ipv6Addr, prefix: u8) -> io::Result<()> {
+        #[cfg(test)]
+        if let Backend::Memory(_) = &self.backend {
+            return Ok(());
+        }
+        let conf = |key: &str, v: &str| {
+            let path = format!("/proc/sys/net/ipv6/conf/{}/{key}", self.name);
+            std::fs::write(&path, v).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot enable IPv6 on {} ({path}): {e}", self.name),
+                )
+            })
+        };
+        conf("addr_gen_mode", "1")?;
+        conf("router_solicitations", "0")?;
+        conf("disable_ipv6", "0")?;
+        let s = ctl_socket()?;
+        let mut r = IfReq::new(&self.name)?;
+        ioctl(s.as_raw_fd(), libc::SIOCGIFINDEX, &mut r)?;
+        let req = libc::in6_ifreq {
+            ifr6_addr: libc::in6_addr {
+                s6_addr: addr.octets(),
+            },
+            ifr6_prefixlen: u32::from(prefix),
+            ifr6_ifindex: r.int(),
+        };
+        let s6 = socket_of(libc::AF_INET6)?;
+        // SAFETY: `req` is a valid struct in6_ifreq for SIOCSIFADDR on an AF_INET6 socket.
+        let rc = unsafe { libc::ioctl(s6.as_raw_fd(), libc::SIOCSIFADDR as _, &req) };
+        match rc {
+            0 => Ok(()),
+            _ => match io::Error::last_os_error() {
+                e if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+                e => Err(io::Error::new(
+                    e.kind(),
+                    format!("cannot set {addr}/{prefix} on {}: {e}", self.name),
+                )),
+            },
+        }
     }
 
     /// Route `net/len` into this device (SIOCADDRT; a route that is already there is fine):

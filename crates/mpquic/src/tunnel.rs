@@ -5,7 +5,7 @@
 //! device, answers and sends probes, runs the core's timers, and counts every packet it does not
 //! deliver.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -134,12 +134,16 @@ pub struct Carriage {
 #[derive(Debug, Clone)]
 pub struct Sources {
     pub addr: Ipv4Addr,
+    /// A dual-stack tunnel: the client's IPv6 address.
+    pub addr6: Option<Ipv6Addr>,
     pub lans: Vec<Prefix>,
 }
 
 impl Sources {
     fn allows(&self, src: IpAddr) -> bool {
-        src == IpAddr::V4(self.addr) || self.lans.iter().any(|p| p.contains(src))
+        src == IpAddr::V4(self.addr)
+            || self.addr6.is_some_and(|a| src == IpAddr::V6(a))
+            || self.lans.iter().any(|p| p.contains(src))
     }
 }
 
@@ -1067,6 +1071,8 @@ impl Tunnel {
             classified_packets: 0,
             unmatched_packets: 0,
             address,
+            // The shell knows it (a dual-stack tunnel).
+            address6: None,
             lans: (self.expect_src.iter())
                 .flat_map(|e| &e.lans)
                 .map(|p| format!("{}/{}", p.addr, p.len))

@@ -147,6 +147,9 @@ pub struct TunnelStatus {
     #[serde(default)]
     pub unmatched_packets: u64,
     pub address: Option<String>,
+    /// A dual-stack tunnel: the IPv6 tunnel address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address6: Option<String>,
     /// Server side: the site LAN prefixes routed to this client (routed LANs).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lans: Vec<String>,

@@ -51,9 +51,13 @@ impl StatusReport {
                 true => String::new(),
                 false => format!("  lan {}", t.lans.join(",")),
             };
+            let address6 = match &t.address6 {
+                Some(a) => format!(" {a}"),
+                None => String::new(),
+            };
             let _ = writeln!(
                 o,
-                "\n{} {}{lans}{class}  policy {}  mode {}{}{}",
+                "\n{} {}{address6}{lans}{class}  policy {}  mode {}{}{}",
                 t.peer,
                 t.address.as_deref().unwrap_or("(no address)"),
                 t.policy,

@@ -6,11 +6,11 @@
 //! (`positions.rs`: from the YAML parser's marks).
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use mpquic_core::addressing::AddressPlan;
-pub use mpquic_core::addressing::{mask, parse_cidr};
+pub use mpquic_core::addressing::{mask, parse_cidr, parse_cidr6, Ipv6Plan};
 use mpquic_core::classify::Prefix;
 use mpquic_core::Policy;
 use serde::Deserialize;
@@ -306,6 +306,9 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     pub tun_addr: Ipv4Addr,
     pub prefix: u8,
+    /// The IPv6 part of a dual-stack `tun_cidr`: the server's IPv6 address, and how each
+    /// client's follows from its IPv4 one.
+    pub ipv6: Option<(Ipv6Addr, Ipv6Plan)>,
     pub client_ca_file: PathBuf,
     /// Fixed tunnel addresses by client name (certificate CN).
     pub clients: Vec<(String, Ipv4Addr)>,
@@ -858,6 +861,37 @@ multipath_paths:
         assert!(e.to_string().contains("did you mean `priority`?"), "{e}");
         let e = parse(&SEED_CLIENT.replace("reliable", "relaible")).unwrap_err();
         assert!(e.to_string().contains("did you mean `reliable`?"), "{e}");
+    }
+
+    #[test]
+    fn a_dual_stack_tun_cidr_is_the_servers_alone() {
+        let server = "role: server\ntun_cidr: 10.200.17.254/24, fd00:17::fe/64\ntls_cert_file: /s.crt\ntls_key_file: /s.key\n";
+        let c = parse(server).unwrap();
+        let RoleConfig::Server(s) = &c.role else {
+            panic!()
+        };
+        let (a6, plan) = s.ipv6.unwrap();
+        assert_eq!(a6, "fd00:17::fe".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(plan.prefix6(), 64);
+        for (bad, says) in [
+            ("fd00:17::1/64", "would be a client's"),
+            ("fd00:17::fe/124", "fewer host numbers"),
+            ("fd00:17::zz/64", "not an IPv6 address"),
+            (
+                "fd00:17::fe/64, 10.1.1.1/24",
+                "at most one IPv4 and one IPv6",
+            ),
+        ] {
+            let text = server.replace("fd00:17::fe/64", bad);
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains("test.yaml:2:"), "{bad}: {e}");
+        }
+        let client = SEED_CLIENT.replace(
+            "tun_cidr: 10.200.17.1/24",
+            "tun_cidr: 10.200.17.1/24, fd00:17::1/64",
+        );
+        let e = parse(&client).unwrap_err().to_string();
+        assert!(e.contains("comes from the server"), "{e}");
     }
 
     #[test]

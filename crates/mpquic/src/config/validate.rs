@@ -2,7 +2,7 @@
 //! the server's, the client's and its paths. Every problem is located by the key's path in the
 //! YAML structure (`positions.rs`), so all of them are reported at once, each at its own line.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 
 use mpquic_core::classify::Prefix;
@@ -15,8 +15,9 @@ use super::positions::Positions;
 /// Pipes per path: each is a QUIC connection and a socket.
 const MAX_PIPES: u32 = 16;
 use super::{
-    closest, mask, parse_cidr, Bind, ClassConfig, ClientConfig, Config, Congestion, PathConfig,
-    PathKind, Problem, RawConfig, Role, RoleConfig, ServerConfig, TransportMode, DEFAULT_PORT,
+    closest, mask, parse_cidr, parse_cidr6, Bind, ClassConfig, ClientConfig, Config, Congestion,
+    Ipv6Plan, PathConfig, PathKind, Problem, RawConfig, Role, RoleConfig, ServerConfig,
+    TransportMode, DEFAULT_PORT,
 };
 
 /// Collects located problems (errors) and warnings.
@@ -80,6 +81,8 @@ struct General {
     log_level: String,
     log_json: bool,
     tun_cidr: Option<(Ipv4Addr, u8)>,
+    /// The IPv6 part of a dual-stack `tun_cidr`.
+    tun_cidr6: Option<(Ipv6Addr, u8)>,
     policy: Policy,
 }
 
@@ -182,17 +185,40 @@ fn general(raw: &RawConfig, c: &mut Checker) -> General {
             false
         }
     };
-    let tun_cidr = raw.tun_cidr.as_deref().and_then(|s| {
+    // `a.b.c.d/len`, or dual-stack `a.b.c.d/len, x:y::z/len` (the IPv6 part: server only).
+    let mut parts = raw.tun_cidr.as_deref().map(|s| s.split(',').map(str::trim));
+    let tun_cidr = parts.as_mut().and_then(|p| p.next()).and_then(|s| {
         let v = parse_cidr(s);
         if v.is_none() {
             c.at(
                 "tun_cidr",
                 format!("`tun_cidr`: `{s}` is not an IPv4 address with prefix"),
-                Some("e.g. 10.200.17.1/24".into()),
+                Some("e.g. 10.200.17.1/24 (dual-stack: 10.200.17.254/24, fd00:17::fe/64)".into()),
             );
         }
         v
     });
+    let tun_cidr6 = parts.as_mut().and_then(|p| p.next()).and_then(|s| {
+        let v = parse_cidr6(s);
+        if v.is_none() {
+            c.at(
+                "tun_cidr",
+                format!("`tun_cidr`: `{s}` is not an IPv6 address with prefix"),
+                Some(
+                    "dual-stack: IPv4 first, then IPv6, e.g. 10.200.17.254/24, fd00:17::fe/64"
+                        .into(),
+                ),
+            );
+        }
+        v
+    });
+    if let Some(extra) = parts.as_mut().and_then(|p| p.next()) {
+        c.at(
+            "tun_cidr",
+            format!("`tun_cidr`: `{extra}`: at most one IPv4 and one IPv6 address"),
+            None,
+        );
+    }
     let policy = match raw.multipath_policy.as_deref() {
         None => Policy::Failover,
         Some(s) => Policy::parse(s).unwrap_or_else(|| {
@@ -206,6 +232,7 @@ fn general(raw: &RawConfig, c: &mut Checker) -> General {
         log_level,
         log_json,
         tun_cidr,
+        tun_cidr6,
         policy,
     }
 }
@@ -233,6 +260,12 @@ fn server(raw: &RawConfig, g: &General, c: &mut Checker) -> ServerConfig {
             );
         }
         (Ipv4Addr::UNSPECIFIED, 24)
+    });
+    let ipv6 = g.tun_cidr6.and_then(|v6| {
+        Ipv6Plan::new((tun_addr, prefix), v6)
+            .map_err(|e| c.at("tun_cidr", format!("`tun_cidr`: {e}"), None))
+            .ok()
+            .map(|plan| (v6.0, plan))
     });
     if prefix > 30 && raw.tun_cidr.is_some() {
         c.at(
@@ -364,6 +397,7 @@ fn server(raw: &RawConfig, g: &General, c: &mut Checker) -> ServerConfig {
         listen: SocketAddr::new(listen_ip, port),
         tun_addr,
         prefix,
+        ipv6,
         client_ca_file,
         clients,
         routes,
@@ -413,6 +447,16 @@ fn server_stripe(raw: &RawConfig, c: &mut Checker, listen: SocketAddr) -> Option
 fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
     if !raw.clients.is_empty() {
         c.at("clients", "`clients` is a server option".into(), None);
+    }
+    if g.tun_cidr6.is_some() {
+        c.at(
+            "tun_cidr",
+            "`tun_cidr`: a client's IPv6 tunnel address comes from the server".into(),
+            Some(
+                "give the IPv4 part only; the server's dual-stack tun_cidr gives each client both"
+                    .into(),
+            ),
+        );
     }
     if raw.tls_cert_file.is_some() != raw.tls_key_file.is_some() {
         let present = if raw.tls_cert_file.is_some() {
