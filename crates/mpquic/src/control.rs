@@ -254,47 +254,27 @@ mod tests {
         assert!(e.contains("no running instance"), "{e}");
     }
 
+    /// The control socket alone (no metrics, no dashboard) at `path`.
+    async fn serve_at(path: &Path, status: &StatusFn) -> Result<ControlSocket> {
+        serve(path, None, None, status.clone(), crate::reload::channel().0).await
+    }
+
     #[tokio::test]
     async fn the_socket_goes_with_the_instance_and_a_stale_one_is_replaced() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("inst.sock");
         drop(UnixListener::bind(&path).unwrap()); // stale, as after SIGKILL
         let status: StatusFn = Arc::new(StatusReport::default);
-        let guard = serve(
-            &path,
-            None,
-            None,
-            status.clone(),
-            crate::reload::channel().0,
-        )
-        .await
-        .unwrap();
+        let guard = serve_at(&path, &status).await.unwrap();
         assert!(UnixStream::connect(&path).is_ok());
         // A second instance of the same name is refused while the first answers.
-        let e = serve(
-            &path,
-            None,
-            None,
-            status.clone(),
-            crate::reload::channel().0,
-        )
-        .await
-        .err()
-        .unwrap();
+        let e = serve_at(&path, &status).await.err().unwrap();
         assert!(e.to_string().contains("in use"), "{e}");
         drop(guard);
         assert!(!path.exists());
 
         // A file a later instance put in its place is not removed.
-        let guard = serve(
-            &path,
-            None,
-            None,
-            status.clone(),
-            crate::reload::channel().0,
-        )
-        .await
-        .unwrap();
+        let guard = serve_at(&path, &status).await.unwrap();
         std::fs::remove_file(&path).unwrap();
         let _later = UnixListener::bind(&path).unwrap();
         drop(guard);
