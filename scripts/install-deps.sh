@@ -10,10 +10,16 @@ for pair in iperf3:iperf3 nft:nftables ping:iputils-ping ip:iproute2 tc:iproute2
   command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
 done
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
-# --browser (the tests): Debian's chromium and chromedriver drive the dashboard's page; installed
-# with their recommended packages (fonts, GL), the set the dashboard test was run with.
+# --tests (or --browser, its old name): what only the tests use. Debian's chromium and
+# chromedriver drive the dashboard's page; installed with their recommended packages (fonts,
+# GL), the set the dashboard test was run with. debootstrap and systemd-nspawn boot a Debian
+# container with systemd as PID 1 (this machine has none) for the package's systemctl test.
 browser=false
-[ "${1:-}" = --browser ] && browser=true
+case "${1:-}" in --tests|--browser) browser=true ;; esac
+if $browser; then
+  command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+  command -v systemd-nspawn >/dev/null 2>&1 || missing+=(systemd-container)
+fi
 if $browser && ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
   echo "installing: chromium chromium-driver"
   export DEBIAN_FRONTEND=noninteractive

@@ -3,7 +3,7 @@
 # namespaces with real TUN devices, TLS, ping and iperf3. CI runs exactly this (.ci/run).
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
-scripts/install-deps.sh --browser
+scripts/install-deps.sh --tests
 echo "== cargo fmt --check"; cargo fmt --all -- --check
 echo "== cargo clippy";      cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== unit, simulator and CLI tests"; cargo test --workspace --quiet

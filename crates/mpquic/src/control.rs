@@ -141,6 +141,46 @@ pub fn default_socket() -> Result<PathBuf> {
     pick_live(RUN_DIR, found)
 }
 
+/// The control socket of the instance with process id `pid` (`mpquic reload --pid`, as the
+/// systemd unit's ExecReload gives it): the unix socket it listens on, found from its open
+/// descriptors and the kernel's socket table, so it holds wherever `control_socket` points and
+/// however broken the instance's file is now.
+pub fn socket_of_pid(pid: u32) -> Result<PathBuf> {
+    let mut found = listening_sockets(pid)?;
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => bail!("process {pid} listens on no control socket (is it mpquic?)"),
+        _ => bail!("process {pid} listens on several unix sockets ({found:?}); give --socket"),
+    }
+}
+
+/// The unix socket paths process `pid` listens on.
+fn listening_sockets(pid: u32) -> Result<Vec<PathBuf>> {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .with_context(|| format!("no process {pid} (or not ours to look at)"))?;
+    let inodes: std::collections::HashSet<String> = fds
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/unix"))?;
+    // "Num RefCount Protocol Flags Type St Inode Path"; a listening socket has flag
+    // __SO_ACCEPTCON (0x10000).
+    Ok(table
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| {
+            f.len() >= 8
+                && inodes.contains(f[6])
+                && u32::from_str_radix(f[3], 16).is_ok_and(|x| x & 0x10000 != 0)
+        })
+        .map(|f| PathBuf::from(f[7]))
+        .collect())
+}
+
 /// Of the sockets `found` in `dir`, the one live one (see `default_socket`).
 fn pick_live(dir: &str, found: Vec<PathBuf>) -> Result<PathBuf> {
     let (mut live, mut stale, mut unusable) = (Vec::new(), Vec::new(), Vec::new());
@@ -270,6 +310,11 @@ mod tests {
         // A second instance of the same name is refused while the first answers.
         let e = serve_at(&path, &status).await.err().unwrap();
         assert!(e.to_string().contains("in use"), "{e}");
+        // Found from the process id (`mpquic reload --pid`); other tests of this process may
+        // listen on sockets of their own.
+        assert!(listening_sockets(std::process::id())
+            .unwrap()
+            .contains(&path));
         drop(guard);
         assert!(!path.exists());
 

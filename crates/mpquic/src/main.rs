@@ -80,8 +80,12 @@ enum Cmd {
     /// configuration stays; the outcome is printed, logged and shown by `mpquic status`.
     Reload {
         /// Control socket (default: the only one in /run/mpquic an instance answers on).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "pid")]
         socket: Option<PathBuf>,
+        /// The instance with this process id (the systemd unit's ExecReload gives $MAINPID):
+        /// exits non-zero when it refuses the file, so `systemctl reload` reports it.
+        #[arg(long)]
+        pid: Option<u32>,
     },
 }
 
@@ -271,10 +275,13 @@ fn main() -> ExitCode {
             }),
             _,
         ) => status_cmd(socket, json, watch),
-        (Some(Cmd::Reload { socket }), _) => socket
-            .map_or_else(control::default_socket, Ok)
-            .and_then(|s| control::reload_over_socket(&s))
-            .map(|what| println!("reloaded: {what}")),
+        (Some(Cmd::Reload { socket, pid }), _) => match (socket, pid) {
+            (Some(s), _) => Ok(s),
+            (None, Some(pid)) => control::socket_of_pid(pid),
+            (None, None) => control::default_socket(),
+        }
+        .and_then(|s| control::reload_over_socket(&s))
+        .map(|what| println!("reloaded: {what}")),
         (Some(Cmd::Man { dir }), _) => man_pages(dir),
         (None, None) => {
             eprintln!("mpquic: give --config FILE or a command; see mpquic --help");
