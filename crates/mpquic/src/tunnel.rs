@@ -247,11 +247,19 @@ impl Tunnel {
     }
 
     /// Put a fresh transport on `path`, replacing any previous one (closed after a short
-    /// drain), and start its receive side. Returns the link generation for `remove`.
+    /// drain), and start its receive side. Returns the link generation for `remove` (0, and the
+    /// transport closed, when the path was retired meanwhile: no generation is 0).
     pub fn install(self: &Arc<Self>, path: PathId, transport: Arc<dyn PathTransport>) -> u64 {
         let now = Instant::now();
         let (generation, old) = {
             let mut s = self.lock();
+            if s.router.paths().get(path).retired {
+                // Removed by a reload while this connection was being made (a path task on
+                // another thread): it is not wanted.
+                drop(s);
+                transport.close(close::REMOVED, "path removed from the configuration");
+                return 0;
+            }
             let generation = s.next_generation;
             s.next_generation += 1;
             let old = s.links[path.index()].replace(Link {
