@@ -256,6 +256,30 @@ mod tests {
     }
 
     #[test]
+    fn a_previous_address_is_a_wish_and_a_new_reservation_wins() {
+        let t0 = Instant::now();
+        let mut r: Registry<u32> = Registry::default();
+        // A server that restarted: the client names the address it had, and gets it back.
+        r.remember("site1", Ipv4Addr::new(10, 0, 0, 7));
+        let a = r
+            .join(&plan(), "site1", "site1", 7, None, t0, |_| 1)
+            .unwrap();
+        assert_eq!(a.addr, Ipv4Addr::new(10, 0, 0, 7));
+        // A reload reserved another address for it and closed its session (`remove`): it
+        // rejoins naming its old address, and is given the reserved one, not refused.
+        r.remove("site1");
+        r.remember("site1", Ipv4Addr::new(10, 0, 0, 7));
+        let mut p = plan();
+        p.fixed.push(("site1".into(), Ipv4Addr::new(10, 0, 0, 60)));
+        let b = r.join(&p, "site1", "site1", 7, None, t0, |_| 2).unwrap();
+        assert_eq!(new_addr(&b), Some((Ipv4Addr::new(10, 0, 0, 60), None)));
+        // A wish never takes another client's address.
+        r.remember("site2", Ipv4Addr::new(10, 0, 0, 60));
+        let c = r.join(&p, "site2", "site2", 9, None, t0, |_| 3).unwrap();
+        assert_ne!(c.addr, Ipv4Addr::new(10, 0, 0, 60));
+    }
+
+    #[test]
     fn site_lans_route_to_their_session_longest_prefix_first() {
         let t0 = Instant::now();
         let mut r: Registry<u32> = Registry::default();
