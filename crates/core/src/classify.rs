@@ -20,6 +20,13 @@ pub struct Prefix {
     pub len: u8,
 }
 
+/// `a.b.c.d/len` or `x::y/len`, as `parse` reads it.
+impl std::fmt::Display for Prefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
 impl Prefix {
     /// `a.b.c.d/len`, `x::y/len`, or a bare address (a host).
     pub fn parse(s: &str) -> Option<Prefix> {

@@ -141,8 +141,7 @@ impl<S: Clone> Registry<S> {
         for p in prefixes {
             if let Some((q, other)) = self.routes.iter().find(|(q, n)| n != name && p.overlaps(q)) {
                 return Err(format!(
-                    "LAN prefix {}/{} overlaps {}/{}, routed to client `{other}`",
-                    p.addr, p.len, q.addr, q.len
+                    "LAN prefix {p} overlaps {q}, routed to client `{other}`"
                 ));
             }
         }

@@ -163,7 +163,7 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
 
     let started = Instant::now();
     let status_client = client.clone();
-    let (trigger, mut reloads) = reload::channel();
+    let (trigger, reloads) = reload::channel();
     platform.on_hangup(trigger.clone())?;
     // Held until run returns: the socket file goes with the instance.
     let _control = crate::control::serve(
@@ -192,18 +192,14 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
         }
     }
 
-    let stopped = platform.stopped();
-    tokio::pin!(stopped);
-    let result = loop {
+    let until = async {
         tokio::select! {
-            _ = &mut stopped => break Ok(()),
-            msg = fatal_rx.recv() => break Err(anyhow!(msg.unwrap_or_default())),
-            Some(reply) = reloads.recv() => {
-                let outcome = reload::read(&client.cfg).and_then(|new| client.apply(new));
-                client.reloads.finish(outcome, reply);
-            }
+            _ = platform.stopped() => Ok(()),
+            msg = fatal_rx.recv() => Err(anyhow!(msg.unwrap_or_default())),
         }
     };
+    let apply = |new| client.apply(new);
+    let result = reload::serve_until(reloads, &client.cfg, &client.reloads, apply, until).await;
     // Stop reconnecting first, or the closed paths would be dialled again at once.
     client.lock_paths().clear();
     for k in &client.classes {
@@ -301,7 +297,7 @@ impl Client {
             paths.retain(|l| l.cfg.borrow().name != *name);
             for k in &self.classes {
                 if let Some(id) = k.tunnel.path_id(name) {
-                    k.tunnel.retire(id);
+                    k.tunnel.retire(id, None);
                 }
             }
         }
@@ -575,8 +571,11 @@ impl Client {
                 rank: k as u8,
                 default: k == self.ccfg.classifier.default_class(),
             }),
-            routes: (self.ccfg.lan_prefixes.iter())
-                .map(|p| format!("{}/{}", p.addr, p.len))
+            routes: self
+                .ccfg
+                .lan_prefixes
+                .iter()
+                .map(|p| p.to_string())
                 .collect(),
         };
         let (transport, ack) = class.dialer.dial(p, &h, class.slot(id).payload).await?;

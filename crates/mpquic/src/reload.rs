@@ -58,6 +58,27 @@ impl Trigger {
     }
 }
 
+/// Apply the reloads asked for (`requests`) to the instance running `running`, one at a time
+/// (`apply` takes a new configuration `read` accepted, and says what it changed), recording each
+/// outcome, until `until` resolves; returns its output. The main loop of both roles.
+pub async fn serve_until<T>(
+    mut requests: Requests,
+    running: &Config,
+    record: &Record,
+    apply: impl Fn(Config) -> Result<String, String>,
+    until: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(until);
+    loop {
+        tokio::select! {
+            out = &mut until => return out,
+            Some(reply) = requests.recv() => {
+                record.finish(read(running).and_then(&apply), reply);
+            }
+        }
+    }
+}
+
 /// SIGHUP asks for a reload, for the life of the process (without a handler, SIGHUP would end
 /// it).
 pub fn on_hangup(trigger: Trigger) -> std::io::Result<()> {

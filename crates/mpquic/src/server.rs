@@ -177,7 +177,7 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
     // for one whose client is not connected are counted (`no_route`).
     for (client, lan) in &scfg.routes {
         route(&queues[0], lan, true)?;
-        info!(%client, lan = %format!("{}/{}", lan.addr, lan.len), "site LAN routed into the TUN device");
+        info!(%client, %lan, "site LAN routed into the TUN device");
     }
     let address6 = scfg.ipv6.map(|(a, p)| format!("{a}/{}", p.prefix6()));
     info!(listen = %scfg.listen, tun = %cfg.tun_name, address = %format!("{}/{}", scfg.tun_addr, scfg.prefix), address6, mtu, queues = queues.len(), "server listening");
@@ -197,7 +197,7 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
     });
     let started = Instant::now();
     let s = server.clone();
-    let (trigger, mut reloads) = reload::channel();
+    let (trigger, reloads) = reload::channel();
     platform.on_hangup(trigger.clone())?;
     // Held until run returns: the socket file goes with the instance.
     let _control = crate::control::serve(
@@ -231,17 +231,9 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
         }
     });
 
+    let apply = |new| server.apply(new);
     let stopped = platform.stopped();
-    tokio::pin!(stopped);
-    loop {
-        tokio::select! {
-            _ = &mut stopped => break,
-            Some(reply) = reloads.recv() => {
-                let outcome = reload::read(&server.cfg).and_then(|new| server.apply(new));
-                server.reloads.finish(outcome, reply);
-            }
-        }
-    }
+    reload::serve_until(reloads, &server.cfg, &server.reloads, apply, stopped).await;
     info!("server shutting down");
     let sessions = server.write().drain();
     for sess in sessions {
@@ -280,6 +272,12 @@ impl Server {
     }
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Registry<Arc<Session>>> {
         self.registry.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The IPv6 tunnel address ("x::y/len") of the client at `v4`, in a dual-stack tunnel.
+    fn address6(&self, v4: std::net::Ipv4Addr) -> Option<String> {
+        self.ipv6
+            .map(|p| format!("{}/{}", p.v6_of(v4), p.prefix6()))
     }
 
     fn scfg(&self) -> Arc<ServerConfig> {
@@ -324,11 +322,12 @@ impl Server {
                 warn!(error = %e, "a LAN route no client may announce any more is still there");
             }
         }
-        let rules = |c: &ServerConfig, name: &str, identity: &str| {
+        // A session's rules: the `clients:` entries naming it (by session name or identity).
+        let rules = |c: &'_ ServerConfig, name: &str, identity: &str| {
             let mine = |n: &String| n == name || n == identity;
-            let fixed: Vec<_> = c.clients.iter().filter(|(n, _)| mine(n)).collect();
-            let routes: Vec<_> = c.routes.iter().filter(|(n, _)| mine(n)).collect();
-            format!("{fixed:?}{routes:?}")
+            let fixed: Vec<_> = c.clients.iter().filter(|(n, _)| mine(n)).cloned().collect();
+            let routes: Vec<_> = c.routes.iter().filter(|(n, _)| mine(n)).cloned().collect();
+            (fixed, routes)
         };
         let mut registry = self.write();
         let affected: Vec<String> = (registry.sessions().into_iter())
@@ -346,7 +345,7 @@ impl Server {
         }
         let show = |v: &[Prefix]| {
             v.iter()
-                .map(|p| format!("{}/{}", p.addr, p.len))
+                .map(Prefix::to_string)
                 .collect::<Vec<_>>()
                 .join(", ")
         };
@@ -396,9 +395,7 @@ impl Server {
                         .iter()
                         .map(|c| {
                             let mut st = c.tunnel.status(Some(address.clone()));
-                            st.address6 = self
-                                .ipv6
-                                .map(|p| format!("{}/{}", p.v6_of(*addr), p.prefix6()));
+                            st.address6 = self.address6(*addr);
                             st.classified_packets = c.classified.load(Ordering::Relaxed);
                             st.unmatched_packets = c.unmatched.load(Ordering::Relaxed);
                             st
@@ -506,14 +503,13 @@ impl Server {
         } = offer;
         match self.join(&name, &h) {
             Ok((tunnel, addr, path)) => {
+                let scfg = self.scfg();
                 let ack = HelloAck {
                     ok: true,
-                    addr: Some(format!("{addr}/{}", self.scfg().prefix)),
-                    server_addr: Some(self.scfg().tun_addr.to_string()),
+                    addr: Some(format!("{addr}/{}", scfg.prefix)),
+                    server_addr: Some(scfg.tun_addr.to_string()),
                     mtu: Some(self.mtu),
-                    addr6: self
-                        .ipv6
-                        .map(|p| format!("{}/{}", p.v6_of(addr), p.prefix6())),
+                    addr6: self.address6(addr),
                     ..Default::default()
                 };
                 match reply.accept(ack).await {

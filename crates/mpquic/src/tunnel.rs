@@ -303,12 +303,6 @@ impl Tunnel {
         generation
     }
 
-    fn is_current(&self, path: PathId, generation: u64) -> bool {
-        self.lock()
-            .link(path)
-            .is_some_and(|l| l.generation == generation)
-    }
-
     /// The connection with `generation` on `path` is gone (if it is still the current one).
     pub fn remove(&self, path: PathId, generation: u64) {
         let mut s = self.lock();
@@ -322,10 +316,14 @@ impl Tunnel {
     }
 
     /// `path` was taken out of the configuration: close its connection (telling the peer,
-    /// `close::REMOVED`) and keep it out of use until it is configured again (`path`).
-    pub fn retire(&self, path: PathId) {
+    /// `close::REMOVED`) and keep it out of use until it is configured again (`path`). With
+    /// `only`: if that generation is still the path's connection (the peer closed it).
+    pub fn retire(&self, path: PathId, only: Option<u64>) {
         let link = {
             let mut s = self.lock();
+            if only.is_some_and(|g| s.link(path).is_none_or(|l| l.generation != g)) {
+                return;
+            }
             s.router.retire(path);
             s.links.get_mut(path.index()).and_then(Option::take)
         };
@@ -1083,7 +1081,7 @@ impl Tunnel {
             address6: None,
             lans: (self.expect_src.iter())
                 .flat_map(|e| &e.lans)
-                .map(|p| format!("{}/{}", p.addr, p.len))
+                .map(Prefix::to_string)
                 .collect(),
             policy: s.router.bond().policy().as_str().into(),
             mode: self.mode.as_str().into(),
@@ -1304,11 +1302,10 @@ impl Sink for LinkSink {
 
     fn on_closed(&self, peer_code: Option<u32>) {
         match peer_code {
-            // The client took the path out of its configuration: so does the server's view.
+            // The client took the path out of its configuration: so does the server's view
+            // (the side that does not probe, `watch_mtu` false).
             Some(close::REMOVED) if !self.tunnel.watch_mtu => {
-                if self.tunnel.is_current(self.path, self.generation) {
-                    self.tunnel.retire(self.path);
-                }
+                self.tunnel.retire(self.path, Some(self.generation))
             }
             _ => self.tunnel.remove(self.path, self.generation),
         }
