@@ -12,6 +12,9 @@ server processes (% of one core, over the iperf3 run) and their RSS idle and pea
 
 Row `many_clients` (`--clients 16 --server-threads 2`): that many mpquic clients through one
 server, one TCP flow each, all at once, beside one client alone; the server's CPU per thread.
+Rows `many_clients_wireguard_go_latest` and `many_clients_direct`: the same with the newest
+wireguard-go and with no tunnel, the references for what this machine does with that many
+clients on its cores.
 
     sudo python3 bench/throughput.py [--seconds 8] [--udp] [--rows ...,many_clients] [--out bench/results/throughput.json]
 """
@@ -220,44 +223,62 @@ def wireguard_go_latest():
     return binary, version
 
 
-def wireguard_row(seconds, latest=False, udp=False):
+def wireguard_binary(latest):
+    """(binary, version) of the newest wireguard-go (`latest`) or Debian's; (None, why) if missing."""
     if latest:
-        binary, version = wireguard_go_latest()
-        if binary is None:
-            return {"skipped": version}
-    else:
-        if not (subprocess.run(["which", "wireguard-go"], capture_output=True).returncode == 0):
-            return {"skipped": "wireguard-go not installed (apt-get install --no-install-recommends wireguard-go wireguard-tools)"}
-        binary = "wireguard-go"
-        version = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "wireguard-go"], capture_output=True, text=True).stdout
-    with labctl.Lab(paths=1, emulated=False) as lab:
-        cli, srv = lab.client_ns(0), lab.server_ns
-        keys = {}
-        for side in ("cli", "srv"):
-            priv = subprocess.run(["wg", "genkey"], capture_output=True, text=True).stdout.strip()
-            pub = subprocess.run(["wg", "pubkey"], input=priv, capture_output=True, text=True).stdout.strip()
-            path = lab.write(f"wg-{side}.key", priv + "\n")
-            keys[side] = (path, pub)
-        env = dict(os.environ, WG_PROCESS_FOREGROUND="1")
-        # wireguard-go's control socket (/var/run/wireguard/NAME.sock) is not per namespace:
-        # the two ends need different interface names.
-        name = {"cli": f"wgc{os.getpid() % 10000}", "srv": f"wgs{os.getpid() % 10000}"}
-        for side, ns in (("cli", cli), ("srv", srv)):
-            p = subprocess.Popen(["ip", "netns", "exec", ns, binary, "-f", name[side]], env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            lab.procs[f"wg-{side}"] = p
-        time.sleep(1)
-        ws, wc = name["srv"], name["cli"]
-        lab.sh(srv, f"wg set {ws} private-key {keys['srv'][0]} listen-port 51820 peer {keys['cli'][1]} allowed-ips 10.201.0.1/32")
-        lab.sh(srv, f"ip addr add 10.201.0.254/24 dev {ws} && ip link set {ws} up")
-        lab.sh(cli, f"wg set {wc} private-key {keys['cli'][0]} peer {keys['srv'][1]} allowed-ips 0.0.0.0/0 endpoint {labctl.SERVER_IP}:51820")
-        lab.sh(cli, f"ip addr add 10.201.0.1/24 dev {wc} && ip link set {wc} mtu 1420 up")
-        labctl.lab_cmd("route", lab.name, "--dev", wc, "--tunnel-net", "10.201.0.0/24")
-        lab.iperf_server()
-        r = lab.sh(lab.lan_ns(0), f"ping -c 3 -i 0.2 -W 1 {lab.inet_addr}", check=False)
+        return wireguard_go_latest()
+    if subprocess.run(["which", "wireguard-go"], capture_output=True).returncode != 0:
+        return None, "wireguard-go not installed (apt-get install --no-install-recommends wireguard-go wireguard-tools)"
+    return "wireguard-go", subprocess.run(["dpkg-query", "-W", "-f=${Version}", "wireguard-go"], capture_output=True,
+                                          text=True).stdout
+
+
+def wireguard_up(lab, binary):
+    """A wireguard-go server in the lab's server namespace and one wireguard-go client per lab
+    client (tunnel addresses 10.201.0.C+1/24, the server .254), each client's LAN routed through
+    its tunnel; False if a tunnel did not come up. Processes go to `lab.procs` ("wg-srv",
+    "wg-cli0", ...), so the lab stops them."""
+    def keypair(side):
+        priv = subprocess.run(["wg", "genkey"], capture_output=True, text=True).stdout.strip()
+        pub = subprocess.run(["wg", "pubkey"], input=priv, capture_output=True, text=True).stdout.strip()
+        return lab.write(f"wg-{side}.key", priv + "\n"), pub
+
+    env = dict(os.environ, WG_PROCESS_FOREGROUND="1")
+    # wireguard-go's control socket (/var/run/wireguard/NAME.sock) is not per namespace: every
+    # end needs its own interface name (at most 15 characters).
+    tag = os.getpid() % 10000
+    ends = [("srv", lab.server_ns, f"wgs{tag}")] + [(f"cli{c}", lab.client_ns(c), f"wgc{tag}x{c}")
+                                                   for c in range(lab.nclients)]
+    keys = {side: keypair(side) for side, _, _ in ends}
+    for side, ns, dev in ends:
+        lab.procs[f"wg-{side}"] = subprocess.Popen(["ip", "netns", "exec", ns, binary, "-f", dev], env=env,
+                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1)
+    _, srv_ns, srv_dev = ends[0]
+    peers = " ".join(f"peer {keys[f'cli{c}'][1]} allowed-ips 10.201.0.{c + 1}/32" for c in range(lab.nclients))
+    lab.sh(srv_ns, f"wg set {srv_dev} private-key {keys['srv'][0]} listen-port 51820 {peers}")
+    lab.sh(srv_ns, f"ip addr add 10.201.0.254/24 dev {srv_dev} && ip link set {srv_dev} up")
+    for c, (side, ns, dev) in enumerate(ends[1:]):
+        lab.sh(ns, f"wg set {dev} private-key {keys[side][0]} peer {keys['srv'][1]} allowed-ips 0.0.0.0/0 "
+                   f"endpoint {labctl.SERVER_IP}:51820")
+        lab.sh(ns, f"ip addr add 10.201.0.{c + 1}/24 dev {dev} && ip link set {dev} mtu 1420 up")
+        labctl.lab_cmd("route", lab.name, "--client", c + 1, "--dev", dev, "--tunnel-net", "10.201.0.0/24")
+    for c in range(lab.nclients):
+        r = lab.sh(lab.lan_ns(c), f"ping -c 3 -i 0.2 -W 1 {lab.inet_addr}", check=False)
         if " 0 received" in r.stdout:
+            return False
+    return True
+
+
+def wireguard_row(seconds, latest=False, udp=False):
+    binary, version = wireguard_binary(latest)
+    if binary is None:
+        return {"skipped": version}
+    with labctl.Lab(paths=1, emulated=False) as lab:
+        if not wireguard_up(lab, binary):
             return {"skipped": "wireguard-go tunnel did not come up"}
-        procs = {"client": lab.procs["wg-cli"].pid, "server": lab.procs["wg-srv"].pid}
+        lab.iperf_server()
+        procs = {"client": lab.procs["wg-cli0"].pid, "server": lab.procs["wg-srv"].pid}
         idle = {k: mem_kib(p, "VmRSS") for k, p in procs.items()}
         res = runs(lab, procs, seconds, lab.inet_addr)
         if udp:
@@ -288,47 +309,86 @@ def machine_busy():
     return sum(v) - idle, sum(v)
 
 
+def all_at_once(lab, seconds, server, clients, dst, src_ns, iperf_ns, bind=None):
+    """One TCP flow per lab client, all at once, up and then down, each beside client 0 alone
+    (the ratio the many-clients rows are about). `server`: the tunnel server's PID (its CPU per
+    thread shows whether its cores are used; None without a tunnel), `clients`: the tunnel
+    clients' PIDs, `src_ns(c)`: where client c's iperf3 runs, the iperf3 servers (one port per
+    client) in `iperf_ns`, bound to `bind` if given."""
+    n = lab.nclients
+    ports = [5201 + c for c in range(n)]
+    for port in ports:
+        lab.spawn(f"iperf{port}", iperf_ns, ["iperf3", "-s", "-p", str(port)] + (["-B", bind] if bind else []),
+                  log=False)
+    for _ in range(50):
+        listening = lab.sh(iperf_ns, "ss -ltnH", check=False).stdout
+        if all(f":{port} " in listening for port in ports):
+            break
+        time.sleep(0.1)
+    time.sleep(1)
+    res = {}
+    for reverse in (False, True):
+        d = "down" if reverse else "up"
+        one = lab.iperf(seconds=seconds, reverse=reverse, port=ports[0], dst=dst, src_ns=src_ns(0))
+        res[f"one_{d}"] = round(one["end"]["sum_received"]["bits_per_second"] / 1e6, 1)
+        before, t0 = thread_cpu_seconds(server) if server else {}, time.monotonic()
+        cbefore, mbefore = sum(cpu_seconds(p) for p in clients), machine_busy()
+        cmds = [["ip", "netns", "exec", src_ns(c), "iperf3", "-c", dst, "-p", str(ports[c]),
+                 "-t", str(seconds), "-J"] + (["-R"] if reverse else []) for c in range(n)]
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for cmd in cmds]
+        outs = [p.communicate(timeout=seconds + 60)[0] for p in procs]
+        wall = time.monotonic() - t0
+        after = thread_cpu_seconds(server) if server else {}
+        cafter, mafter = sum(cpu_seconds(p) for p in clients), machine_busy()
+        res[f"clients_cpu_{d}"] = round(100 * (cafter - cbefore) / wall, 1)
+        res[f"machine_busy_{d}"] = round(100 * (mafter[0] - mbefore[0]) / max(1, mafter[1] - mbefore[1]), 1)
+        per = [json.loads(o)["end"]["sum_received"]["bits_per_second"] / 1e6 for o in outs]
+        threads = {f"{after[t][0]}-{t}": round(100 * (after[t][1] - before.get(t, (None, 0))[1]) / wall, 1)
+                   for t in after}
+        busy = {k: v for k, v in threads.items() if v >= 1}
+        res[f"all_{d}"] = round(sum(per), 1)
+        res[f"all_{d}_min_client"] = round(min(per), 1)
+        res[f"all_{d}_max_client"] = round(max(per), 1)
+        res[f"server_thread_cpu_{d}"] = busy
+        print(f"    {n} clients {d}: {sum(per):.0f} Mbit/s (one client alone {res[f'one_{d}']:.0f}; "
+              f"per client {min(per):.0f}-{max(per):.0f}); server threads % {busy}, clients together "
+              f"{res[f'clients_cpu_{d}']}%, machine {res[f'machine_busy_{d}']}% busy", flush=True)
+    return res
+
+
 def many_clients_row(n, seconds, server_threads):
-    """n clients (one path each) through one server with `server_threads` runtime threads: one
-    TCP flow per client, all at once, up and down; beside it client 0 alone in the same lab. The
-    server's CPU per thread shows whether its cores are used."""
+    """n mpquic clients (one path each) through one server with `server_threads` runtime threads."""
     with labctl.Lab(paths=1, clients=n, emulated=False) as lab:
         lab.start_all(server_yaml=f"worker_threads: {server_threads}\n", client_yaml="worker_threads: 1\n")
-        ports = [5201 + c for c in range(n)]
-        for port in ports:
-            lab.iperf_server(port)
         server = lab.procs["server"].pid
-        time.sleep(1)
-        res = {}
-        for reverse in (False, True):
-            d = "down" if reverse else "up"
-            one = lab.iperf(seconds=seconds, reverse=reverse, port=ports[0], c=0)
-            res[f"one_{d}"] = round(one["end"]["sum_received"]["bits_per_second"] / 1e6, 1)
-            clients = [lab.procs[f"client{c}"].pid for c in range(n)]
-            before, t0 = thread_cpu_seconds(server), time.monotonic()
-            cbefore, mbefore = sum(cpu_seconds(p) for p in clients), machine_busy()
-            cmds = [["ip", "netns", "exec", lab.lan_ns(c), "iperf3", "-c", lab.inet_addr, "-p", str(ports[c]),
-                     "-t", str(seconds), "-J"] + (["-R"] if reverse else []) for c in range(n)]
-            procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for cmd in cmds]
-            outs = [p.communicate(timeout=seconds + 60)[0] for p in procs]
-            wall = time.monotonic() - t0
-            after = thread_cpu_seconds(server)
-            cafter, mafter = sum(cpu_seconds(p) for p in clients), machine_busy()
-            res[f"clients_cpu_{d}"] = round(100 * (cafter - cbefore) / wall, 1)
-            res[f"machine_busy_{d}"] = round(100 * (mafter[0] - mbefore[0]) / max(1, mafter[1] - mbefore[1]), 1)
-            per = [json.loads(o)["end"]["sum_received"]["bits_per_second"] / 1e6 for o in outs]
-            threads = {f"{after[t][0]}-{t}": round(100 * (after[t][1] - before.get(t, (None, 0))[1]) / wall, 1)
-                       for t in after}
-            busy = {k: v for k, v in threads.items() if v >= 1}
-            res[f"all_{d}"] = round(sum(per), 1)
-            res[f"all_{d}_min_client"] = round(min(per), 1)
-            res[f"all_{d}_max_client"] = round(max(per), 1)
-            res[f"server_thread_cpu_{d}"] = busy
-            print(f"    {n} clients {d}: {sum(per):.0f} Mbit/s (one client alone {res[f'one_{d}']:.0f}; "
-                  f"per client {min(per):.0f}-{max(per):.0f}); server threads % {busy}, clients together "
-                  f"{res[f'clients_cpu_{d}']}%, machine {res[f'machine_busy_{d}']}% busy", flush=True)
+        res = all_at_once(lab, seconds, server, [lab.procs[f"client{c}"].pid for c in range(n)], lab.inet_addr,
+                          lab.lan_ns, lab.inet_ns)
         return {"clients": n, "server_threads": server_threads, "results": res,
                 "server_rss_peak_kib": mem_kib(server, "VmHWM")}
+
+
+def many_clients_wireguard_row(n, seconds):
+    """The same with the newest wireguard-go: whether a userspace VPN on this machine keeps its
+    one-client figure with n clients beside it (the reference for mpquic's ratio)."""
+    binary, version = wireguard_go_latest()
+    if binary is None:
+        return {"skipped": version}
+    with labctl.Lab(paths=1, clients=n, emulated=False) as lab:
+        if not wireguard_up(lab, binary):
+            return {"skipped": "wireguard-go tunnel did not come up"}
+        server = lab.procs["wg-srv"].pid
+        res = all_at_once(lab, seconds, server, [lab.procs[f"wg-cli{c}"].pid for c in range(n)], lab.inet_addr,
+                          lab.lan_ns, lab.inet_ns)
+        return {"clients": n, "results": res, "version": version, "server_rss_peak_kib": mem_kib(server, "VmHWM")}
+
+
+def many_clients_direct_row(n, seconds):
+    """The same with no tunnel: iperf3 from each client router to the server over its WAN veth
+    (what the kernel and iperf3 alone do with n flows on this machine)."""
+    with labctl.Lab(paths=1, clients=n, emulated=False) as lab:
+        res = all_at_once(lab, seconds, None, [], labctl.SERVER_IP, lab.client_ns, lab.server_ns,
+                          bind=labctl.SERVER_IP)
+        return {"clients": n, "results": res}
 
 
 def table(report):
@@ -366,15 +426,21 @@ def table(report):
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {cpu_s} | {fixed_s} | {mem} |")
     many = [(k, r) for k, r in report["rows"].items() if k.startswith("many_clients") and "results" in r]
     if many:
-        lines += ["", "| mpquic datagram, N clients x 1 TCP flow | up: all / one alone | down: all / one alone | "
-                      "server CPU per thread, up | server RSS peak |", "|---|---|---|---|---|"]
+        lines += ["", "| N clients x 1 TCP flow, through one server | up: all / one alone | down: all / one alone | "
+                      "server CPU per thread, up | clients' CPU together, up | machine busy, up | server RSS peak |",
+                  "|---|---|---|---|---|---|---|"]
         for key, row in many:
             r = row["results"]
-            cpu = ", ".join(f"{v:.0f}%" for v in sorted(r["server_thread_cpu_up"].values(), reverse=True))
-            lines.append(f"| {row['clients']} clients, server worker_threads: {row['server_threads']} | "
+            base, _, nth = key.partition("#")
+            what = {"many_clients": f"mpquic datagram, server worker_threads: {row.get('server_threads')}",
+                    "many_clients_wireguard_go_latest": "wireguard-go (newest source)",
+                    "many_clients_direct": "direct (no tunnel)"}.get(base, base) + (f" (run {nth})" if nth else "")
+            cpu = ", ".join(f"{v:.0f}%" for v in sorted(r["server_thread_cpu_up"].values(), reverse=True)) or "-"
+            rss = f"{row['server_rss_peak_kib'] / 1024:.1f} MiB" if "server_rss_peak_kib" in row else "-"
+            lines.append(f"| {row['clients']} clients, {what} | "
                          f"{r['all_up']:.0f} / {r['one_up']:.0f} ({r['all_up'] / r['one_up']:.2f}x) | "
                          f"{r['all_down']:.0f} / {r['one_down']:.0f} ({r['all_down'] / r['one_down']:.2f}x) | "
-                         f"{cpu} | {row['server_rss_peak_kib'] / 1024:.1f} MiB |")
+                         f"{cpu} | {r['clients_cpu_up']:.0f}% | {r['machine_busy_up']:.0f}% | {rss} |")
     return "\n".join(lines)
 
 
@@ -403,7 +469,9 @@ def main():
               "mpquic_datagram_2threads": lambda: mpquic_row("datagram", args.seconds, threads=2, udp=args.udp),
               "wireguard_go_latest": lambda: wireguard_row(args.seconds, latest=True, udp=args.udp),
               "wireguard_go": lambda: wireguard_row(args.seconds, udp=args.udp),
-              "many_clients": lambda: many_clients_row(args.clients, args.seconds, args.server_threads)}
+              "many_clients": lambda: many_clients_row(args.clients, args.seconds, args.server_threads),
+              "many_clients_wireguard_go_latest": lambda: many_clients_wireguard_row(args.clients, args.seconds),
+              "many_clients_direct": lambda: many_clients_direct_row(args.clients, args.seconds)}
     for i, key in enumerate(wanted):
         if key not in makers:
             sys.exit(f"--rows: unknown row {key!r} (known: {', '.join(makers)})")
