@@ -225,20 +225,7 @@ def test_routed_site_lan_without_nat(make_lab):
     back = lab.sh(lab.inet_ns, f"ping -c 3 -i 0.2 -W 1 {lan}", check=False)
     assert " 3 received" in back.stdout, back.stdout
     # No NAT: a TCP connection from the LAN host arrives from the LAN host's address.
-    srv = subprocess.Popen(["ip", "netns", "exec", lab.inet_ns, "python3", "-c",
-                            "import socket;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
-                            "s.bind(('0.0.0.0',7001));s.listen();c,a=s.accept();print(a[0],flush=True)"],
-                           stdout=subprocess.PIPE, text=True)
-    try:
-        for _ in range(50):
-            r = lab.sh(lab.lan_ns(0), ["python3", "-c", "import socket;socket.create_connection"
-                                       f"(('{lab.inet_addr}',7001),timeout=2)"], check=False)
-            if r.returncode == 0:
-                break
-            time.sleep(0.1)
-        seen = srv.communicate(timeout=10)[0].strip()
-    finally:
-        srv.kill()
+    seen = source_seen_by_internet_host(lab, lab.inet_addr)
     assert seen == lan, seen
     st = lab.status("server")
     assert sum(x["drops"]["spoofed_source"] for x in st["tunnels"][0]["paths"]) == 0
@@ -255,3 +242,80 @@ def test_routed_site_lan_without_nat(make_lab):
     assert "not allowed" in lab.log("server"), lab.log("server")
     report(f"routed LAN: {lan} reached the internet host and was reached back, seen as {seen} (no NAT); "
            f"site2's unallowed {net[1]} refused")
+
+
+def test_routed_ipv6_site_lan(make_lab):
+    """A dual-stack site: the client announces an IPv6 LAN beside its IPv4 one, the server
+    allows both and routes them into its TUN device; the LAN host reaches the internet host
+    over IPv6 from its own address (no NAT) and is reached back. Without the server's IPv6
+    part the same allowance is a configuration error."""
+    lab = make_lab(paths=1)
+    lab.pki()
+    net4 = lab.lan_addr(0).rsplit(".", 1)[0] + ".0/24"
+    lan6, inet6 = "fd00:50::/64", "fd00:99::/64"
+    clients = f"clients:\n- name: site1\n  routes: [{net4}, {lan6}]\n"
+    v4only = lab.server_yaml() + clients
+    r = labctl.run([labctl.BIN, "check-config", lab.write("server-v4.yaml", v4only)], check=False)
+    assert r.returncode != 0 and "IPv4 only" in r.stderr, r.stderr
+    server = re.sub(r"^tun_cidr: (\S+)$", r"tun_cidr: \1, fd00:17::fe/64", lab.server_yaml(), flags=re.M)
+    lab.write("server-run.yaml", server + clients)
+    lab.spawn("server", lab.server_ns, [labctl.BIN, "--config", f"{lab.dir}/server-run.yaml"])
+    lab._wait_file(lab.sock("server"), "server", 10)
+    lab.start_client(0, yaml=lab.client_yaml(0) + f"lan_prefixes: [{net4}, {lan6}]\n")
+    lab.wait_tunnel(0, routed=True)
+    # IPv6 addressing of the lab, by hand (mpquic-lab's topology is IPv4): the LAN host
+    # fd00:50::2 behind the client router's fd00:50::1; the internet host fd00:99::2 behind
+    # the server's fd00:99::1; the client sends the internet prefix into its tunnel, the
+    # internet host sends the LAN prefix to the server, whose route into its TUN device is
+    # mpquic's.
+    cli, srv = lab.client_ns(0), lab.server_ns
+    for ns in (cli, srv):
+        lab.sh(ns, "sysctl -qw net.ipv6.conf.all.forwarding=1")
+    lab.sh(lab.lan_ns(0), "ip -6 addr add fd00:50::2/64 dev eth0 nodad && ip -6 route add default via fd00:50::1")
+    lab.sh(cli, f"ip -6 addr add fd00:50::1/64 dev lan nodad && ip -6 route add {inet6} dev mpq0")
+    lab.sh(srv, "ip -6 addr add fd00:99::1/64 dev inet nodad")
+    lab.sh(lab.inet_ns, f"ip -6 addr add fd00:99::2/64 dev eth0 nodad && ip -6 route add {lan6} via fd00:99::1")
+    routes = lab.sh(srv, "ip -6 route show dev mpq0").stdout
+    assert lan6 in routes, routes
+    # The first packets wait for neighbour discovery on the fresh veth links.
+    for _ in range(50):
+        if lab.ping(count=1, dst="fd00:99::2")["received"]:
+            break
+    got = lab.ping(count=5, interval=0.05, dst="fd00:99::2")
+    assert len(got["received"]) == 5, got
+    back = lab.sh(lab.inet_ns, "ping -6 -c 3 -i 0.2 -W 1 fd00:50::2", check=False)
+    assert " 3 received" in back.stdout, back.stdout
+    # No NAT: the internet host sees the LAN host's own IPv6 address.
+    seen = source_seen_by_internet_host(lab, "fd00:99::2")
+    assert seen == "fd00:50::2", seen
+    st = lab.status("server")
+    t = st["tunnels"][0]
+    assert sorted(t["lans"]) == sorted([net4, lan6]), t
+    # Both routers forward IPv6: the kernel's multicast group reports stay off the tunnel
+    # (the TUN devices are not multicast), so neither end counts them as drops.
+    assert sum(x["drops"]["spoofed_source"] for x in t["paths"]) == 0, t
+    assert st["drops"]["no_route"] == 0, st["drops"]
+    report(f"routed IPv6 LAN: fd00:50::2 reached fd00:99::2 and was reached back, seen as {seen} (no NAT); "
+           f"server routes on mpq0: {' | '.join(l.strip() for l in routes.splitlines())}; "
+           f"client drops {lab.status('client0')['drops']}")
+
+
+def source_seen_by_internet_host(lab, dst):
+    """The source address a TCP connection from client 0's LAN host to the internet host's
+    address `dst` (IPv4 or IPv6) arrives from: the LAN host's own when nothing NATs it."""
+    family = "socket.AF_INET6" if ":" in dst else "socket.AF_INET"
+    srv = subprocess.Popen(["ip", "netns", "exec", lab.inet_ns, "python3", "-c",
+                            f"import socket;s=socket.socket({family});"
+                            "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+                            "s.bind(('',7001));s.listen();c,a=s.accept();print(a[0],flush=True)"],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(50):
+            r = lab.sh(lab.lan_ns(0), ["python3", "-c", "import socket;socket.create_connection"
+                                       f"(('{dst}',7001),timeout=2)"], check=False)
+            if r.returncode == 0:
+                break
+            time.sleep(0.1)
+        return srv.communicate(timeout=10)[0].strip()
+    finally:
+        srv.kill()

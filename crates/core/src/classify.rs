@@ -43,6 +43,15 @@ impl Prefix {
         Some(Prefix { addr, len })
     }
 
+    /// The prefix with its host bits cleared (`192.168.1.7/24` -> `192.168.1.0/24`).
+    pub fn network(&self) -> Prefix {
+        let addr = match self.addr {
+            IpAddr::V4(a) => IpAddr::V4((u32::from(a) & crate::addressing::mask(self.len)).into()),
+            IpAddr::V6(a) => IpAddr::V6((u128::from(a) & mask6(self.len)).into()),
+        };
+        Prefix { addr, ..*self }
+    }
+
     /// Every address of `other` is in this prefix.
     pub fn covers(&self, other: &Prefix) -> bool {
         self.len <= other.len && self.contains(other.addr)
@@ -60,15 +69,19 @@ impl Prefix {
                 u32::from(p) & m == u32::from(a) & m
             }
             (IpAddr::V6(p), IpAddr::V6(a)) => {
-                let m = if self.len == 0 {
-                    0
-                } else {
-                    u128::MAX << (128 - u32::from(self.len))
-                };
+                let m = mask6(self.len);
                 u128::from(p) & m == u128::from(a) & m
             }
             _ => false,
         }
+    }
+}
+
+/// The IPv6 netmask of a prefix length, as a number.
+fn mask6(len: u8) -> u128 {
+    match len {
+        0 => 0,
+        l => u128::MAX << (128 - u32::from(l.min(128))),
     }
 }
 

@@ -7,7 +7,7 @@
 //! The registry is generic over what the shell keeps per session (`S`: its tunnel, timers...).
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use crate::addressing::{self, AddressPlan};
@@ -123,12 +123,18 @@ impl<S: Clone> Registry<S> {
     }
 
     /// The session owning `addr` (the server's TUN routing): its tunnel address, else the
-    /// longest of the site LAN prefixes routed to a session that holds it.
-    pub fn by_addr(&self, addr: Ipv4Addr) -> Option<&S> {
-        let name = self.by_addr.get(&addr).or_else(|| {
+    /// longest of the site LAN prefixes (IPv4 or IPv6) routed to a session that holds it. A
+    /// client's IPv6 tunnel address is looked up by the IPv4 one it names (`Ipv6Plan`).
+    pub fn by_addr(&self, addr: impl Into<IpAddr>) -> Option<&S> {
+        let addr = addr.into();
+        let own = match addr {
+            IpAddr::V4(a) => self.by_addr.get(&a),
+            IpAddr::V6(_) => None,
+        };
+        let name = own.or_else(|| {
             self.routes
                 .iter()
-                .find(|(p, _)| p.contains(addr.into()))
+                .find(|(p, _)| p.contains(addr))
                 .map(|(_, n)| n)
         })?;
         self.by_name.get(name).map(|e| &e.value)
@@ -301,6 +307,19 @@ mod tests {
         assert_eq!(r.by_addr(Ipv4Addr::new(192, 168, 9, 2)), None);
         r.set_routes("site2", &[pfx("192.168.9.0/24")]).unwrap();
         assert_eq!(r.by_addr(Ipv4Addr::new(192, 168, 9, 2)), Some(&2));
+        // IPv6 site LANs the same way, beside IPv4 ones; an IPv4 prefix never holds an IPv6
+        // address (nor the other way round).
+        let v6 = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap();
+        r.set_routes("site2", &[pfx("192.168.9.0/24"), pfx("fd00:50::/32")])
+            .unwrap();
+        r.set_routes("site1", &[pfx("fd00:50:1::/64")]).unwrap_err();
+        r.set_routes("site1", &[pfx("fd00:51::/64"), pfx("fc00::/7")])
+            .unwrap_err();
+        r.set_routes("site1", &[pfx("fd00:51::/64")]).unwrap();
+        assert_eq!(r.by_addr(v6("fd00:50:7::9")), Some(&2));
+        assert_eq!(r.by_addr(v6("fd00:51::9")), Some(&3));
+        assert_eq!(r.by_addr(v6("fd00:52::9")), None);
+        assert_eq!(r.by_addr(v6("::ffff:192.168.9.2")), None);
     }
 
     #[test]

@@ -248,12 +248,9 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
 
 /// Route site LAN `lan` into the TUN device (`add`), or take the route out.
 fn route(tun: &Tun, lan: &Prefix, add: bool) -> std::io::Result<()> {
-    let IpAddr::V4(net) = lan.addr else {
-        return Ok(());
-    };
     match add {
-        true => tun.add_route(net, lan.len),
-        false => tun.del_route(net, lan.len),
+        true => tun.add_route(lan),
+        false => tun.del_route(lan),
     }
 }
 
@@ -468,14 +465,14 @@ impl Server {
                                 self.drop_packet(DropReason::Malformed);
                                 continue;
                             };
-                            // A client's IPv6 address names its IPv4 one (`Ipv6Plan`).
+                            // A client's IPv6 address names its IPv4 one (`Ipv6Plan`);
+                            // any other IPv6 address may be in a site LAN.
                             let dst = match info.dst {
-                                IpAddr::V4(a) => Some(a),
-                                IpAddr::V6(a) => self.ipv6.and_then(|p| p.v4_of(a)),
-                            };
-                            let Some(dst) = dst else {
-                                self.drop_packet(DropReason::NoRoute);
-                                continue;
+                                IpAddr::V6(a) => match self.ipv6.and_then(|p| p.v4_of(a)) {
+                                    Some(v4) => IpAddr::V4(v4),
+                                    None => info.dst,
+                                },
+                                v4 => v4,
                             };
                             let Some(s) = registry.by_addr(dst) else {
                                 self.drop_packet(DropReason::NoRoute);
@@ -620,8 +617,8 @@ impl Server {
             .iter()
             .map(|s| {
                 let p = Prefix::parse(s)
-                    .filter(|p| p.addr.is_ipv4())
-                    .ok_or_else(|| format!("LAN prefix `{s}` is not an IPv4 prefix"))?;
+                    .filter(|p| *p == p.network() && s.contains('/'))
+                    .ok_or_else(|| format!("LAN prefix `{s}` is not a network prefix"))?;
                 match allowed.iter().any(|a| a.covers(&p)) {
                     true => Ok(p),
                     false => Err(format!(

@@ -11,14 +11,31 @@
 //! packet once more; ours copies each packet once, into its write.)
 
 use std::io;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use mpquic_core::classify::Prefix;
 use mpquic_core::PacketInfo;
 
 use std::sync::Mutex;
 
 use crate::batch::PacketBatch;
+
+/// The kernel's `struct in6_rtmsg` (linux/ipv6_route.h): libc declares it with private
+/// fields, so it cannot be built from there.
+#[repr(C)]
+struct In6Rtmsg {
+    dst: libc::in6_addr,
+    src: libc::in6_addr,
+    gateway: libc::in6_addr,
+    kind: u32,
+    dst_len: u16,
+    src_len: u16,
+    metric: u32,
+    info: libc::c_ulong,
+    flags: u32,
+    ifindex: libc::c_int,
+}
 
 /// `struct ifreq`: 16-byte name and a 24-byte union.
 #[repr(C)]
@@ -332,23 +349,42 @@ impl Tun {
         }
     }
 
-    /// Route `net/len` into this device (SIOCADDRT; a route that is already there is fine):
-    /// the server's routes to its clients' site LANs (routed LANs).
-    pub fn add_route(&self, net: Ipv4Addr, len: u8) -> io::Result<()> {
-        self.route(libc::SIOCADDRT, net, len)
+    /// Route `lan` into this device (SIOCADDRT; a route that is already there is fine): the
+    /// server's routes to its clients' site LANs (routed LANs), IPv4 or IPv6.
+    pub fn add_route(&self, lan: &Prefix) -> io::Result<()> {
+        self.route(libc::SIOCADDRT, lan)
     }
 
-    /// Take the route `net/len` out of this device (SIOCDELRT; one that is not there is
-    /// fine): a site LAN no client may announce any longer (a reload).
-    pub fn del_route(&self, net: Ipv4Addr, len: u8) -> io::Result<()> {
-        self.route(libc::SIOCDELRT, net, len)
+    /// Take the route `lan` out of this device (SIOCDELRT; one that is not there is fine): a
+    /// site LAN no client may announce any longer (a reload).
+    pub fn del_route(&self, lan: &Prefix) -> io::Result<()> {
+        self.route(libc::SIOCDELRT, lan)
     }
 
-    fn route(&self, op: libc::c_ulong, net: Ipv4Addr, len: u8) -> io::Result<()> {
+    fn route(&self, op: libc::c_ulong, lan: &Prefix) -> io::Result<()> {
         #[cfg(test)]
         if let Backend::Memory(_) = &self.backend {
             return Ok(());
         }
+        let rc = match lan.addr {
+            IpAddr::V4(net) => self.route4(op, net, lan.len)?,
+            IpAddr::V6(net) => self.route6(op, net, lan.len)?,
+        };
+        match rc {
+            0 => Ok(()),
+            _ => match io::Error::last_os_error() {
+                e if e.raw_os_error() == Some(libc::EEXIST) && op == libc::SIOCADDRT => Ok(()),
+                e if e.raw_os_error() == Some(libc::ESRCH) && op == libc::SIOCDELRT => Ok(()),
+                e => Err(io::Error::new(
+                    e.kind(),
+                    format!("cannot change the route {lan} of {}: {e}", self.name),
+                )),
+            },
+        }
+    }
+
+    /// The IPv4 route ioctl (struct rtentry); its return code.
+    fn route4(&self, op: libc::c_ulong, net: Ipv4Addr, len: u8) -> io::Result<libc::c_int> {
         let sockaddr = |a: Ipv4Addr| {
             // SAFETY: sockaddr_in and sockaddr are plain C structs of the same size; all-zero
             // is a valid value of both.
@@ -368,24 +404,44 @@ impl Tun {
         rt.rt_dev = dev.as_ptr() as *mut libc::c_char;
         let s = ctl_socket()?;
         // SAFETY: `rt` is a valid struct rtentry for SIOCADDRT / SIOCDELRT.
-        let rc = unsafe { libc::ioctl(s.as_raw_fd(), op as _, &mut rt) };
-        match rc {
-            0 => Ok(()),
-            _ => match io::Error::last_os_error() {
-                e if e.raw_os_error() == Some(libc::EEXIST) && op == libc::SIOCADDRT => Ok(()),
-                e if e.raw_os_error() == Some(libc::ESRCH) && op == libc::SIOCDELRT => Ok(()),
-                e => Err(io::Error::new(
-                    e.kind(),
-                    format!("cannot change the route {net}/{len} of {}: {e}", self.name),
-                )),
-            },
-        }
+        Ok(unsafe { libc::ioctl(s.as_raw_fd(), op as _, &mut rt) })
     }
 
+    /// The IPv6 route ioctl (struct in6_rtmsg on an AF_INET6 socket, the device by index, the
+    /// kernel's default metric for user routes); its return code.
+    fn route6(&self, op: libc::c_ulong, net: Ipv6Addr, len: u8) -> io::Result<libc::c_int> {
+        let s = ctl_socket()?;
+        let mut r = IfReq::new(&self.name)?;
+        ioctl(s.as_raw_fd(), libc::SIOCGIFINDEX, &mut r)?;
+        let msg = In6Rtmsg {
+            dst: libc::in6_addr {
+                s6_addr: net.octets(),
+            },
+            src: libc::in6_addr { s6_addr: [0; 16] },
+            gateway: libc::in6_addr { s6_addr: [0; 16] },
+            kind: 0,
+            dst_len: u16::from(len),
+            src_len: 0,
+            metric: 0,
+            info: 0,
+            flags: libc::RTF_UP as u32,
+            ifindex: r.int(),
+        };
+        let s6 = socket_of(libc::AF_INET6)?;
+        // SAFETY: `msg` has the layout of the kernel's struct in6_rtmsg, which SIOCADDRT /
+        // SIOCDELRT read on an AF_INET6 socket.
+        Ok(unsafe { libc::ioctl(s6.as_raw_fd(), op as _, &msg) })
+    }
+
+    /// Up, and without IFF_MULTICAST: the tunnel carries unicast only (a multicast destination
+    /// has no session), and a multicast device gets the kernel's group reports written into it,
+    /// e.g. an MLD report from `::` to ff02::16 as soon as IPv6 forwarding is turned on, which
+    /// the peer could only drop and count (`spoofed_source`, `no_route`).
     fn up(&self, s: &OwnedFd) -> io::Result<()> {
         let mut r = IfReq::new(&self.name)?;
         ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut r)?;
-        let flags = r.short() | (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        let flags = (r.short() | (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short)
+            & !(libc::IFF_MULTICAST as libc::c_short);
         r.set_short(flags);
         ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &mut r)
     }

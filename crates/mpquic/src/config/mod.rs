@@ -944,10 +944,53 @@ multipath_paths:
             .unwrap_err()
             .to_string();
         assert!(e.contains("default route"), "{e}");
-        let e = parse(&format!("{SEED_CLIENT}lan_prefixes: [fd00::/64]\n"))
+        let e = parse(&format!("{SEED_CLIENT}lan_prefixes: [192.168.50]\n"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("not an IPv4 prefix"), "{e}");
+        assert!(e.contains("not a prefix"), "{e}");
+    }
+
+    #[test]
+    fn ipv6_site_lans_need_a_dual_stack_tunnel() {
+        const V4: &str = "role: server\nremote_port: 45017\ntun_name: mp1\ntun_cidr: 10.200.17.254/24\ntls_cert_file: /s.crt\ntls_key_file: /s.key\n";
+        let dual = V4.replace("10.200.17.254/24", "10.200.17.254/24, fd00:17::fe/64");
+        let routes = |r: &str| format!("clients:\n- name: site1\n  routes: [{r}]\n");
+        let e = parse(&format!("{V4}{}", routes("fd00:50::/64")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("IPv4 only") && e.contains("give `tun_cidr` an IPv6 part"),
+            "{e}"
+        );
+        let c = parse(&format!(
+            "{dual}{}",
+            routes("192.168.50.0/24, fd00:50::/64")
+        ))
+        .unwrap();
+        let RoleConfig::Server(s) = &c.role else {
+            panic!()
+        };
+        assert_eq!(s.routes.len(), 2);
+        let e = parse(&format!("{dual}{}", routes("fd00:17::/80")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("overlaps fd00:17::/64, the tunnel subnet"),
+            "{e}"
+        );
+        let e = parse(&format!("{dual}{}", routes("fd00:50::1/64")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("did you mean fd00:50::/64"), "{e}");
+        // The client announces IPv6 prefixes as it does IPv4 ones.
+        let c = parse(&format!(
+            "{SEED_CLIENT}lan_prefixes: [192.168.50.0/24, fd00:50::/64]\n"
+        ))
+        .unwrap();
+        let RoleConfig::Client(cl) = &c.role else {
+            panic!()
+        };
+        assert_eq!(cl.lan_prefixes.len(), 2);
     }
 
     #[test]

@@ -324,14 +324,34 @@ fn server(raw: &RawConfig, g: &General, c: &mut Checker) -> ServerConfig {
     let net = u32::from(tun_addr) & mask(prefix);
     let mut clients: Vec<(String, Ipv4Addr)> = Vec::new();
     let mut routes: Vec<(String, Prefix)> = Vec::new();
-    let tunnel_net = network(tun_addr, prefix);
+    let tunnel_nets: Vec<Prefix> = std::iter::once(network(tun_addr, prefix))
+        .chain(ipv6.map(|(a, plan)| {
+            Prefix {
+                addr: a.into(),
+                len: plan.prefix6(),
+            }
+            .network()
+        }))
+        .collect();
     for (i, cl) in raw.clients.iter().enumerate() {
         for (j, r) in cl.routes.iter().enumerate() {
             let at = format!("clients[{i}].routes[{j}]");
             let Some(p) = lan_prefix(c, &at, r) else {
                 continue;
             };
-            let clash = std::iter::once((&tunnel_net, "the tunnel subnet".to_string())).chain(
+            if p.addr.is_ipv6() && ipv6.is_none() {
+                // The device carries no IPv6 in an IPv4-only tunnel (`Tun::disable_ipv6`).
+                c.at(
+                    &at,
+                    format!("`{r}` is an IPv6 LAN, and the tunnel is IPv4 only"),
+                    Some("give `tun_cidr` an IPv6 part, e.g. tun_cidr: 10.200.17.254/24, fd00:17::fe/64".into()),
+                );
+                continue;
+            }
+            let clash = (tunnel_nets
+                .iter()
+                .map(|q| (q, "the tunnel subnet".to_string())))
+            .chain(
                 routes
                     .iter()
                     .map(|(n, q)| (q, format!("a LAN prefix of client `{n}`"))),
@@ -340,7 +360,7 @@ fn server(raw: &RawConfig, g: &General, c: &mut Checker) -> ServerConfig {
                 if p.overlaps(q) {
                     c.at(
                         &at,
-                        format!("`{r}` overlaps {}/{}, {what}", q.addr, q.len),
+                        format!("`{r}` overlaps {q}, {what}"),
                         Some("each prefix routes to one client; they must not overlap".into()),
                     );
                     break;
@@ -535,13 +555,9 @@ fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
         };
         let tunnel = g.tun_cidr.map(|(a, l)| network(a, l));
         if let Some(q) = tunnel.filter(|q| p.overlaps(q)) {
-            c.at(
-                &at,
-                format!("`{r}` overlaps the tunnel subnet {}/{}", q.addr, q.len),
-                None,
-            );
+            c.at(&at, format!("`{r}` overlaps the tunnel subnet {q}"), None);
         } else if let Some(q) = lan_prefixes.iter().find(|q| p.overlaps(q)) {
-            c.at(&at, format!("`{r}` overlaps {}/{}", q.addr, q.len), None);
+            c.at(&at, format!("`{r}` overlaps {q}"), None);
         }
         lan_prefixes.push(p);
     }
@@ -787,20 +803,17 @@ fn dashboard(raw: &RawConfig, c: &mut Checker) -> Option<super::Dashboard> {
     Some(super::Dashboard { listen, token })
 }
 
-/// A site LAN prefix (`lan_prefixes`, a client's `routes`): IPv4, the network address itself
-/// (no host bits), not a default route.
+/// A site LAN prefix (`lan_prefixes`, a client's `routes`): IPv4 or IPv6, the network address
+/// itself (no host bits), not a default route.
 fn lan_prefix(c: &mut Checker, at: &str, s: &str) -> Option<Prefix> {
-    let p = Prefix::parse(s).filter(|p| p.addr.is_ipv4() && s.contains('/'));
-    let Some(p) = p else {
+    let Some(p) = Prefix::parse(s).filter(|_| s.contains('/')) else {
         c.at(
             at,
-            format!("`{s}` is not an IPv4 prefix"),
-            Some("e.g. 192.168.50.0/24 (IPv6 inside the tunnel is not supported yet)".into()),
+            format!("`{s}` is not a prefix"),
+            Some("e.g. 192.168.50.0/24 or fd00:50::/64".into()),
         );
         return None;
     };
-    let IpAddr::V4(a) = p.addr else { return None };
-    let network = Ipv4Addr::from(u32::from(a) & mask(p.len));
     if p.len == 0 {
         c.at(
             at,
@@ -809,11 +822,12 @@ fn lan_prefix(c: &mut Checker, at: &str, s: &str) -> Option<Prefix> {
         );
         return None;
     }
-    if network != a {
+    let network = p.network();
+    if network != p {
         c.at(
             at,
             format!("`{s}` has host bits set"),
-            Some(format!("did you mean {network}/{}?", p.len)),
+            Some(format!("did you mean {network}?")),
         );
         return None;
     }
@@ -823,7 +837,8 @@ fn lan_prefix(c: &mut Checker, at: &str, s: &str) -> Option<Prefix> {
 /// The network `addr/len` belongs to (the tunnel subnet of a `tun_cidr`).
 fn network(addr: Ipv4Addr, len: u8) -> Prefix {
     Prefix {
-        addr: Ipv4Addr::from(u32::from(addr) & mask(len)).into(),
+        addr: addr.into(),
         len,
     }
+    .network()
 }
