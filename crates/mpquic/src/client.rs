@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use mpquic_core::classify::Classifier;
 use mpquic_core::fec::FecMode;
 use mpquic_core::{reconnect, sessions, DropReason, HealthMode, PathId, PathSpec};
 use tokio::sync::{mpsc, watch};
@@ -61,6 +62,9 @@ struct Client {
     paths: Mutex<Vec<LivePath>>,
     /// The last reload's outcome (status).
     reloads: reload::Record,
+    /// The classes' rules (`ccfg.classifier` at start): a reload swaps them, the TUN reader
+    /// takes the current ones for each batch.
+    classifier: std::sync::RwLock<Arc<Classifier>>,
 }
 
 /// The tunnel addresses the server gave: IPv4, and IPv6 when its tunnel is dual-stack.
@@ -153,6 +157,7 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
         paths: Mutex::new(Vec::new()),
         reloads: reload::Record::default(),
         platform: platform.clone(),
+        classifier: std::sync::RwLock::new(Arc::new(ccfg.classifier.clone())),
         cfg,
         ccfg,
     });
@@ -279,6 +284,12 @@ impl Client {
         if let Some((k, _)) = policy {
             k.tunnel.set_policy(nc.policy)?;
         }
+        // The classes' rules: new flows are classified by them from the next batch on (the
+        // classes themselves, and which is the default, are fixed at start: `reload::read`).
+        let rules = *self.classifier() != nc.classifier;
+        if rules {
+            *self.classifier.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(nc.classifier);
+        }
         for p in changes.added.iter().chain(&changes.changed) {
             let mtu = self.platform.link_mtu(&p.bind);
             if mtu < self.link_mtu {
@@ -318,20 +329,33 @@ impl Client {
         // Config order, as status lists them.
         let order = |l: &LivePath| nc.paths.iter().position(|p| p.name == l.cfg.borrow().name);
         paths.sort_by_key(order);
-        Ok(match policy {
-            Some((_, before)) => format!(
-                "multipath_policy {} -> {}; {}",
+        let mut what = Vec::new();
+        if let Some((_, before)) = policy {
+            what.push(format!(
+                "multipath_policy {} -> {}",
                 before.as_str(),
-                nc.policy.as_str(),
-                changes.summary()
-            ),
-            None => changes.summary(),
-        })
+                nc.policy.as_str()
+            ));
+        }
+        if rules {
+            what.push("classes: match rules changed".to_string());
+        }
+        if what.is_empty() || !changes.is_empty() {
+            what.push(changes.summary());
+        }
+        Ok(what.join("; "))
+    }
+
+    /// The classes' rules in force.
+    fn classifier(&self) -> Arc<Classifier> {
+        self.classifier
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     async fn tun_reader(&self) {
-        let classifier = &self.ccfg.classifier;
-        let default = &self.classes[classifier.default_class()];
+        let default = &self.classes[self.ccfg.classifier.default_class()];
         let mut shares = Shares::default();
         // Per class: packets put in it by a rule, and without one (added to the counters once
         // per batch).
@@ -347,6 +371,7 @@ impl Client {
                     default
                         .tunnel
                         .drop_unsent(DropReason::Malformed, drops.unsplit);
+                    let classifier = self.classifier();
                     for (i, info) in infos.iter().enumerate() {
                         let (k, matched) = classifier.classify(info.as_ref());
                         shares.add(&self.classes[k].tunnel, i);

@@ -595,7 +595,9 @@ async fn classes_carry_their_flows_both_ways() {
     let mut cli_host = net.host("cli0");
     let classes = "classes:\n- name: critical\n  multipath_policy: redundant\n  transport_mode: datagram\n  match:\n  - protocol: udp\n    port: 5060\n- name: default\n";
     let server = spawn_server(d, &net);
-    let client = spawn_client(&net, nth_client_config(d, 0, "datagram", classes, ""));
+    let cfg = nth_client_config(d, 0, "datagram", classes, "");
+    let file = cfg.file.clone();
+    let client = spawn_client(&net, cfg);
     warm_up(&mut cli_host, &mut srv_host).await;
     let before = |who: &str| {
         status_of(d, who)
@@ -679,6 +681,44 @@ async fn classes_carry_their_flows_both_ways() {
         m.contains("mpquic_path_up{tunnel=\"site1/cli0\",class=\"critical\",path=\"wan1\"} 1"),
         "{m}"
     );
+
+    // A reload moves SIP to another port: packets follow the new rule from then on; the
+    // classes and their connections stay.
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, text.replace("port: 5060", "port: 5070")).unwrap();
+    let sock = d.join("client.sock");
+    let what = tokio::task::spawn_blocking(move || crate::control::reload_over_socket(&sock));
+    assert_eq!(what.await.unwrap().unwrap(), "classes: match rules changed");
+    let (crit0, dflt0) = {
+        let st = status_of(d, "client");
+        (
+            st.tunnels[0].classified_packets,
+            st.tunnels[1].unmatched_packets,
+        )
+    };
+    for seq in 1000..1050u32 {
+        for dport in [5060, 5070] {
+            let p = udp_ports(CLIENT_TUN, SERVER_TUN, 40001, dport, seq);
+            cli_host.to_dev.send(p).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut after = Vec::new();
+    drain(&mut srv_host, &mut after);
+    assert_eq!(after.iter().filter(|(s, _)| *s >= 1000).count(), 100);
+    let st = status_of(d, "client");
+    let (crit, dflt) = (&st.tunnels[0], &st.tunnels[1]);
+    assert_eq!(
+        crit.classified_packets - crit0,
+        50,
+        "port 5070 is critical now"
+    );
+    assert!(dflt.unmatched_packets - dflt0 >= 50, "port 5060 is not");
+    for t in [crit, dflt] {
+        let wan1 = t.paths.iter().find(|p| p.name == "wan1").unwrap();
+        assert_eq!(wan1.connects, 1, "{:?}: wan1 was reconnected", t.class);
+    }
     stop_all(&net, vec![("server", server), ("client", client)]).await;
 }
 
@@ -836,7 +876,7 @@ async fn reload_changes_paths_without_touching_the_others() {
     std::fs::write(&file, &balanced).unwrap();
     assert_eq!(
         reload(&d).await.unwrap().unwrap(),
-        "multipath_policy failover -> balanced; no change"
+        "multipath_policy failover -> balanced"
     );
     wait_for("server", "policy balanced", |st| {
         st.tunnels[0].policy == "balanced"

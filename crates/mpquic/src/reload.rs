@@ -4,7 +4,9 @@
 //! What applies live: a client's paths (added, removed, or changed: each changed path gets a new
 //! connection made before its old one is closed; the others are not touched), its
 //! `multipath_policy` within its kind (failover <-> balanced, or among the per-packet ones:
-//! every path reconnects, so the server learns it from the hellos), a server's
+//! every path reconnects, so the server learns it from the hellos), the match rules of its
+//! traffic classes (new flows follow them from the next packet; the classes themselves and
+//! which one is the default stay), a server's
 //! `clients:` list (fixed addresses and allowed LAN routes; sessions whose rules changed are
 //! closed and rejoin under the new ones). Every other key is fixed for the life of the process:
 //! a new file that changes one is refused as a whole, naming the keys, and the running
@@ -200,7 +202,13 @@ fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
                     differ("transport_mode", &modes(a), &modes(b))
                 }
             }
-            differ("classes (rules)", &a.classifier, &b.classifier);
+            // The rules change live (`Client::apply`), not which class is the default: the
+            // server sends the flows it has not seen in that one (the hellos say which).
+            differ(
+                "classes (the default class)",
+                &a.classifier.default_class(),
+                &b.classifier.default_class(),
+            );
         }
         (RoleConfig::Server(a), RoleConfig::Server(b)) => {
             differ("bind_ip / remote_port (listen)", &a.listen, &b.listen);
@@ -244,6 +252,10 @@ impl PathChanges {
     }
 
     /// "paths: added wan3; removed wan1; changed wan2" (or "no change").
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
+    }
+
     pub fn summary(&self) -> String {
         fn names(v: &[PathConfig]) -> Vec<&str> {
             v.iter().map(|p| p.name.as_str()).collect()
@@ -329,6 +341,30 @@ multipath_paths:
         assert_eq!(
             restart_needed(&old, &wlb),
             ["multipath_policy (between a per-packet policy and another)"]
+        );
+    }
+
+    #[test]
+    fn class_rules_change_live_and_the_classes_do_not() {
+        let classes = "classes:\n- name: critical\n  match:\n  - protocol: udp\n    port: 5060\n- name: default\n";
+        let old = client(&format!("{CLIENT}{classes}"));
+        let rules = client(&format!("{CLIENT}{}", classes.replace("5060", "5060-5070")));
+        assert!(restart_needed(&old, &rules).is_empty());
+        let mode = client(&format!(
+            "{CLIENT}{}",
+            classes.replace(
+                "- name: default\n",
+                "- name: default\n  transport_mode: datagram\n"
+            )
+        ));
+        assert_eq!(restart_needed(&old, &mode), ["classes"]);
+        // The rules moved to the other class: the default class changed.
+        let swapped = client(&format!(
+            "{CLIENT}classes:\n- name: critical\n- name: default\n  match:\n  - protocol: udp\n"
+        ));
+        assert_eq!(
+            restart_needed(&old, &swapped),
+            ["classes (the default class)"]
         );
     }
 }
