@@ -284,12 +284,7 @@ impl Client {
         if let Some((k, _)) = policy {
             k.tunnel.set_policy(nc.policy)?;
         }
-        // The classes' rules: new flows are classified by them from the next batch on (the
-        // classes themselves, and which is the default, are fixed at start: `reload::read`).
         let rules = *self.classifier() != nc.classifier;
-        if rules {
-            *self.classifier.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(nc.classifier);
-        }
         for p in changes.added.iter().chain(&changes.changed) {
             let mtu = self.platform.link_mtu(&p.bind);
             if mtu < self.link_mtu {
@@ -303,6 +298,11 @@ impl Client {
                 self.start_path(p.clone())
                     .map_err(|e| format!("path {}: {e:#}", p.name))?,
             );
+        }
+        // The classes' rules: packets are classified by them from the next batch read on (the
+        // classes themselves, and which is the default, are fixed at start: `reload::read`).
+        if rules {
+            *self.classifier.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(nc.classifier);
         }
         for name in &changes.removed {
             paths.retain(|l| l.cfg.borrow().name != *name);
