@@ -5,7 +5,7 @@
 //! connection made before its old one is closed; the others are not touched), its
 //! `multipath_policy` within its kind (failover <-> balanced, or among the per-packet ones:
 //! every path reconnects, so the server learns it from the hellos), the match rules of its
-//! traffic classes (new flows follow them from the next packet; the classes themselves and
+//! traffic classes (packets follow them from the next batch read; the classes themselves and
 //! which one is the default stay), a server's
 //! `clients:` list (fixed addresses and allowed LAN routes; sessions whose rules changed are
 //! closed and rejoin under the new ones). Every other key is fixed for the life of the process:
@@ -251,11 +251,12 @@ impl PathChanges {
         c
     }
 
-    /// "paths: added wan3; removed wan1; changed wan2" (or "no change").
+    /// No path added, removed or changed.
     pub fn is_empty(&self) -> bool {
         self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
     }
 
+    /// "paths: added wan3; removed wan1; changed wan2" (or "no change").
     pub fn summary(&self) -> String {
         fn names(v: &[PathConfig]) -> Vec<&str> {
             v.iter().map(|p| p.name.as_str()).collect()

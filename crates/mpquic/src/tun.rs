@@ -85,10 +85,15 @@ impl IfReq {
 fn ioctl(fd: RawFd, req: libc::c_ulong, r: &mut IfReq) -> io::Result<()> {
     // SAFETY: `r` is a valid, properly sized `struct ifreq` for every request used here.
     let rc = unsafe { libc::ioctl(fd, req as _, r as *mut IfReq) };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
+    os_result(rc)
+}
+
+/// A system call's return code as a result, the error taken from errno at once (before any
+/// other call, such as closing a socket, can change it).
+fn os_result(rc: libc::c_int) -> io::Result<()> {
+    match rc < 0 {
+        true => Err(io::Error::last_os_error()),
+        false => Ok(()),
     }
 }
 
@@ -324,15 +329,12 @@ impl Tun {
         conf("addr_gen_mode", "1")?;
         conf("router_solicitations", "0")?;
         conf("disable_ipv6", "0")?;
-        let s = ctl_socket()?;
-        let mut r = IfReq::new(&self.name)?;
-        ioctl(s.as_raw_fd(), libc::SIOCGIFINDEX, &mut r)?;
         let req = libc::in6_ifreq {
             ifr6_addr: libc::in6_addr {
                 s6_addr: addr.octets(),
             },
             ifr6_prefixlen: u32::from(prefix),
-            ifr6_ifindex: r.int(),
+            ifr6_ifindex: self.ifindex()?,
         };
         let s6 = socket_of(libc::AF_INET6)?;
         // SAFETY: `req` is a valid struct in6_ifreq for SIOCSIFADDR on an AF_INET6 socket.
@@ -366,25 +368,23 @@ impl Tun {
         if let Backend::Memory(_) = &self.backend {
             return Ok(());
         }
-        let rc = match lan.addr {
-            IpAddr::V4(net) => self.route4(op, net, lan.len)?,
-            IpAddr::V6(net) => self.route6(op, net, lan.len)?,
+        let done = match lan.addr {
+            IpAddr::V4(net) => self.route4(op, net, lan.len),
+            IpAddr::V6(net) => self.route6(op, net, lan.len),
         };
-        match rc {
-            0 => Ok(()),
-            _ => match io::Error::last_os_error() {
-                e if e.raw_os_error() == Some(libc::EEXIST) && op == libc::SIOCADDRT => Ok(()),
-                e if e.raw_os_error() == Some(libc::ESRCH) && op == libc::SIOCDELRT => Ok(()),
-                e => Err(io::Error::new(
-                    e.kind(),
-                    format!("cannot change the route {lan} of {}: {e}", self.name),
-                )),
-            },
+        match done {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && op == libc::SIOCADDRT => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) && op == libc::SIOCDELRT => Ok(()),
+            Err(e) => Err(io::Error::new(
+                e.kind(),
+                format!("cannot change the route {lan} of {}: {e}", self.name),
+            )),
+            Ok(()) => Ok(()),
         }
     }
 
-    /// The IPv4 route ioctl (struct rtentry); its return code.
-    fn route4(&self, op: libc::c_ulong, net: Ipv4Addr, len: u8) -> io::Result<libc::c_int> {
+    /// The IPv4 route ioctl (struct rtentry).
+    fn route4(&self, op: libc::c_ulong, net: Ipv4Addr, len: u8) -> io::Result<()> {
         let sockaddr = |a: Ipv4Addr| {
             // SAFETY: sockaddr_in and sockaddr are plain C structs of the same size; all-zero
             // is a valid value of both.
@@ -404,15 +404,13 @@ impl Tun {
         rt.rt_dev = dev.as_ptr() as *mut libc::c_char;
         let s = ctl_socket()?;
         // SAFETY: `rt` is a valid struct rtentry for SIOCADDRT / SIOCDELRT.
-        Ok(unsafe { libc::ioctl(s.as_raw_fd(), op as _, &mut rt) })
+        let rc = unsafe { libc::ioctl(s.as_raw_fd(), op as _, &mut rt) };
+        os_result(rc)
     }
 
     /// The IPv6 route ioctl (struct in6_rtmsg on an AF_INET6 socket, the device by index, the
-    /// kernel's default metric for user routes); its return code.
-    fn route6(&self, op: libc::c_ulong, net: Ipv6Addr, len: u8) -> io::Result<libc::c_int> {
-        let s = ctl_socket()?;
-        let mut r = IfReq::new(&self.name)?;
-        ioctl(s.as_raw_fd(), libc::SIOCGIFINDEX, &mut r)?;
+    /// kernel's default metric for user routes).
+    fn route6(&self, op: libc::c_ulong, net: Ipv6Addr, len: u8) -> io::Result<()> {
         let msg = In6Rtmsg {
             dst: libc::in6_addr {
                 s6_addr: net.octets(),
@@ -425,12 +423,21 @@ impl Tun {
             metric: 0,
             info: 0,
             flags: libc::RTF_UP as u32,
-            ifindex: r.int(),
+            ifindex: self.ifindex()?,
         };
         let s6 = socket_of(libc::AF_INET6)?;
         // SAFETY: `msg` has the layout of the kernel's struct in6_rtmsg, which SIOCADDRT /
         // SIOCDELRT read on an AF_INET6 socket.
-        Ok(unsafe { libc::ioctl(s6.as_raw_fd(), op as _, &msg) })
+        let rc = unsafe { libc::ioctl(s6.as_raw_fd(), op as _, &msg) };
+        os_result(rc)
+    }
+
+    /// The device's interface index (IPv6 ioctls name the device by it).
+    fn ifindex(&self) -> io::Result<libc::c_int> {
+        let s = ctl_socket()?;
+        let mut r = IfReq::new(&self.name)?;
+        ioctl(s.as_raw_fd(), libc::SIOCGIFINDEX, &mut r)?;
+        Ok(r.int())
     }
 
     /// Up, and without IFF_MULTICAST: the tunnel carries unicast only (a multicast destination
