@@ -60,12 +60,14 @@ atexit.register(_cleanup_all)
 
 class Lab:
     """`paths` WAN links per client: `rates_mbit[p]` shapes path p in the emulator (None:
-    unlimited); `emulated=False` makes every path a plain veth pair instead (throughput
-    benchmarks, where the emulator would cost as much CPU as the tunnel)."""
+    unlimited), or `specs[p]` gives its whole emulator spec ("rate=100mbit,delay=5ms");
+    `emulated=False` makes every path a plain veth pair instead (throughput benchmarks, where
+    the emulator would cost as much CPU as the tunnel). `mode` and `congestion` None leave
+    mpquic's defaults; `pipes` and `transport` are per path (mpquic-lab configs)."""
 
     def __init__(self, paths=2, clients=1, rates_mbit=None, mode="datagram", policy="failover",
                  weights=None, priorities=None, congestion="cubic", keep_dir=False, extra_yaml="",
-                 emulated=True):
+                 emulated=True, specs=None, pipes=None, transport=None):
         self.name = unique_name()
         self.npaths = paths
         self.nclients = clients
@@ -76,6 +78,9 @@ class Lab:
         self.priorities = priorities or list(range(1, paths + 1))
         self.congestion = congestion
         self.emulated = emulated
+        self.specs = specs
+        self.pipes = pipes
+        self.transport = transport
         self.dir = tempfile.mkdtemp(prefix=f"{self.name}-")
         self.keep_dir = keep_dir
         self.procs = {}
@@ -161,7 +166,8 @@ class Lab:
             specs = []
             for p in range(self.npaths):
                 rate = self.rates[p]
-                specs += ["--path", f"rate={rate}mbit" if rate else ("rate=none" if self.emulated else "direct")]
+                spec = f"rate={rate}mbit" if rate else ("rate=none" if self.emulated else "direct")
+                specs += ["--path", self.specs[p] if self.specs else spec]
             self.state = json.loads(lab_cmd("up", self.name, *specs, "--clients", self.nclients,
                                             "--owner-pid", os.getpid()))
         except BaseException:
@@ -194,9 +200,15 @@ class Lab:
     # -- mpquic -----------------------------------------------------------------------------
     def pki(self):
         """PKI and configurations for every client (mpquic-lab configs); returns the PKI dir."""
-        args = ["configs", self.name, "--dir", self.dir, "--policy", self.policy, "--mode", self.mode,
-                "--congestion", self.congestion, "--weights", ",".join(map(str, self.weights)),
+        args = ["configs", self.name, "--dir", self.dir, "--policy", self.policy,
+                "--weights", ",".join(map(str, self.weights)),
                 "--priorities", ",".join(map(str, self.priorities))]
+        for flag, value in (("--mode", self.mode), ("--congestion", self.congestion)):
+            if value:
+                args += [flag, value]
+        for flag, values in (("--pipes", self.pipes), ("--transport", self.transport)):
+            if values:
+                args += [flag, ",".join(map(str, values))]
         self.files = json.loads(lab_cmd(*args))
         return self.files["pki"]
 

@@ -32,7 +32,7 @@ use crate::platform::Platform;
 use crate::reload::{self, PathChanges};
 use crate::status::StatusReport;
 use crate::transport::quic::QuicDialer;
-use crate::transport::{Dialer, PathTransport};
+use crate::transport::{Dialer, PathTransport, Unfinished};
 use crate::tun::Tun;
 use crate::tunnel::{close, Carriage, ClassTag, Routed, Shares, Tunnel};
 use crate::{quic, runtime};
@@ -604,11 +604,13 @@ impl Client {
                 .collect(),
         };
         let (transport, ack) = class.dialer.dial(p, &h, class.slot(id).payload).await?;
+        // Closed if the answer is unusable (or this attempt is given up by its timeout).
+        let transport = Unfinished::new(transport);
         if !ack.ok {
             let msg = ack
                 .error
                 .unwrap_or_else(|| "refused without a reason".into());
-            transport.close(close::SHUTDOWN, "refused");
+            transport.get().close(close::SHUTDOWN, "refused");
             let _ = self
                 .fatal
                 .try_send(format!("server refused this client: {msg}"));
@@ -625,7 +627,7 @@ impl Client {
             None => None,
         };
         self.set_address(Assigned { v4, v6 })?;
-        Ok(transport)
+        Ok(transport.keep())
     }
 
     fn set_address(&self, new: Assigned) -> Result<()> {

@@ -6,7 +6,7 @@
 //! deliver.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use mpquic_core::classify::{FlowClasses, Prefix};
@@ -297,7 +297,7 @@ impl Tunnel {
             tunnel: self.clone(),
             path,
             generation,
-            transport: transport.clone(),
+            transport: Arc::downgrade(&transport),
         });
         transport.start(sink);
         generation
@@ -688,14 +688,21 @@ impl Tunnel {
         }
     }
 
-    fn on_datagram(&self, path: PathId, transport: &dyn PathTransport, d: &[u8]) {
+    /// A datagram from `path`'s connection `transport` (probes are answered on it, while it
+    /// lives).
+    fn on_datagram(&self, path: PathId, transport: &Weak<dyn PathTransport>, d: &[u8]) {
+        let answer = |msg: &[u8]| {
+            // Not sent when the buffer is full, like our own probes: never evict data.
+            if let Some(t) = transport.upgrade() {
+                let _ = t.send_control(msg);
+            }
+        };
         match wire::decode(d) {
             Some(d @ (Datagram::Packet(_) | Datagram::Bonded { .. })) => {
                 self.deliver_inner(path, d)
             }
             Some(Datagram::Probe { seq, view }) => {
-                // Not sent when the buffer is full, like our own probes: never evict data.
-                let _ = transport.send_control(&wire::encode_probe(wire::PROBE_REPLY, seq));
+                answer(&wire::encode_probe(wire::PROBE_REPLY, seq));
                 let t = self
                     .lock()
                     .router
@@ -732,11 +739,7 @@ impl Tunnel {
             Some(Datagram::MtuProbe { seq, len }) => {
                 // Answered at the same size, so the probe tests the way back too; a reply
                 // too big for this side's packets is not sent, as a smaller MTU would do.
-                let _ = transport.send_control(&wire::encode_mtu_probe(
-                    wire::MTU_PROBE_REPLY,
-                    seq,
-                    len,
-                ));
+                answer(&wire::encode_mtu_probe(wire::MTU_PROBE_REPLY, seq, len));
             }
             Some(Datagram::MtuProbeReply(seq)) => self.with_watch(path, |w| w.on_reply(seq)),
             Some(Datagram::FecRepair(r)) => {
@@ -1265,13 +1268,15 @@ struct LinkSink {
     tunnel: Arc<Tunnel>,
     path: PathId,
     generation: u64,
-    /// Probes are answered on the transport they came on.
-    transport: Arc<dyn PathTransport>,
+    /// Probes are answered on the transport they came on. Weak: the transport's tasks hold
+    /// this sink, and a strong reference back would keep every replaced connection (its
+    /// socket, queues and tasks) alive for good.
+    transport: Weak<dyn PathTransport>,
 }
 
 impl Sink for LinkSink {
     fn on_datagram(&self, d: &[u8]) {
-        self.tunnel.on_datagram(self.path, &*self.transport, d);
+        self.tunnel.on_datagram(self.path, &self.transport, d);
     }
 
     fn on_batch_end(&self) {

@@ -109,6 +109,36 @@ pub trait PathTransport: Send + Sync + 'static {
     }
 }
 
+/// A transport still being set up (a dial that has more steps: other pipes, stripe
+/// registration, the client's own checks of the answer): closed if dropped before `keep`.
+/// Such a transport may already run tasks that hold its connection open, so letting go of it
+/// is not enough: a dial given up by its timeout, or failing half-way, would leave its
+/// connection and socket behind for good.
+pub(crate) struct Unfinished<T: PathTransport + ?Sized>(Option<Arc<T>>);
+
+impl<T: PathTransport + ?Sized> Unfinished<T> {
+    pub(crate) fn new(t: Arc<T>) -> Self {
+        Unfinished(Some(t))
+    }
+
+    pub(crate) fn get(&self) -> &Arc<T> {
+        self.0.as_ref().expect("taken only by keep")
+    }
+
+    /// Set up: the caller owns it now.
+    pub(crate) fn keep(mut self) -> Arc<T> {
+        self.0.take().expect("taken only by keep")
+    }
+}
+
+impl<T: PathTransport + ?Sized> Drop for Unfinished<T> {
+    fn drop(&mut self) {
+        if let Some(t) = self.0.take() {
+            t.close(crate::tunnel::close::SHUTDOWN, "path setup abandoned");
+        }
+    }
+}
+
 /// Packets a transport's sender dropped after `send_batch` accepted them, counted by packets
 /// and inner bytes and told to its sink in one call.
 #[derive(Default)]

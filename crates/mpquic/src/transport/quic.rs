@@ -20,7 +20,7 @@ use tracing::warn;
 
 use super::{
     enqueue_by_flow, stream_rx, BoxFuture, Dialer, Dropped, Listener, Offer, OfferReply,
-    PathTransport, Sink, TransportStats,
+    PathTransport, Sink, TransportStats, Unfinished,
 };
 use crate::batch::PacketBatch;
 use crate::config::{Config, PathConfig, PathKind, TransportMode};
@@ -421,7 +421,7 @@ impl QuicDialer {
             return Ok((first, ack));
         }
         let group = quic::PipeGroup::new(self.congestion, mpquic_core::mtu::udp_payload(link_mtu));
-        let set = QuicPipes::new(group, p.pipes, ack.clone(), first);
+        let set = Unfinished::new(QuicPipes::new(group, p.pipes, ack.clone(), first));
         let hellos: Vec<Hello> = (1..p.pipes).map(hello_for).collect();
         let rest = futures_util::future::join_all(
             hellos
@@ -433,7 +433,7 @@ impl QuicDialer {
         for (k, r) in (1..p.pipes).zip(rest) {
             match r {
                 Ok((t, a)) if a.ok => {
-                    set.add(t);
+                    set.get().add(t);
                 }
                 Ok((t, a)) => {
                     t.close(close::SHUTDOWN, "refused");
@@ -446,10 +446,11 @@ impl QuicDialer {
             }
         }
         if let Some(e) = failed {
-            set.close(close::SHUTDOWN, "a pipe of the path failed");
+            set.get()
+                .close(close::SHUTDOWN, "a pipe of the path failed");
             return Err(e);
         }
-        Ok((set, ack))
+        Ok((set.keep(), ack))
     }
 
     /// A stripe path: one QUIC connection (hello, keys, control), then its stripe pipes
@@ -469,21 +470,19 @@ impl QuicDialer {
         if !ack.ok {
             return Ok((quic, ack));
         }
+        // Its pipes' receive loops hold the connection from the start of registration.
+        let quic = Unfinished::new(quic);
         let Some(port) = self.stripe_port.or(ack.stripe_port) else {
-            quic.close(close::SHUTDOWN, "no stripe port");
             return Err(anyhow!(
                 "the server accepted the path but named no stripe port"
             ));
         };
         let platform = &self.platform;
-        match super::stripe::client::connect(quic.clone(), p, platform, port, self.congestion).await
-        {
-            Ok(t) => Ok((t, ack)),
-            Err(e) => {
-                quic.close(close::SHUTDOWN, "stripe registration failed");
-                Err(e)
-            }
-        }
+        let t =
+            super::stripe::client::connect(quic.get().clone(), p, platform, port, self.congestion)
+                .await?;
+        quic.keep();
+        Ok((t, ack))
     }
 
     /// One QUIC connection to `remote` over its own socket, and its hello exchange.
@@ -915,7 +914,13 @@ async fn stream_writer(
     loop {
         // Take what has arrived; wait for something when nothing is queued.
         if queue.is_empty() {
-            let Some((at, frame)) = rx.recv().await else {
+            // Nothing waits to be written: a closed connection ends the writer here (its
+            // queue's sender lives as long as the transport, which may outlive it).
+            let next = tokio::select! {
+                next = rx.recv() => next,
+                _ = conn.closed() => None,
+            };
+            let Some((at, frame)) = next else {
                 return;
             };
             enqueue_by_flow(&mut queue, &mut refused, at, frame, STREAM_HEADER);
