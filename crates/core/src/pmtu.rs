@@ -23,8 +23,16 @@
 //!   While the gap between the current size and the smallest known too big is wider than
 //!   `BISECT_GAP`, the next attempt is halfway, `BISECT_INTERVAL` later (a path that fell back
 //!   to the floor, when even reconnecting at full size failed, finds its size in a few steps);
-//!   otherwise the path is tried at full size after `RECHECK_AFTER` (RFC 1191's ten minutes:
-//!   routes change back), and watched as ever.
+//!   otherwise the path is tried at full size after `RECHECK_FIRST`, then at twice the wait
+//!   each time it still fails, up to `RECHECK_AFTER` (RFC 1191's ten minutes: routes change
+//!   back, and a reduction that was wrong is undone soon), and watched as ever.
+//! - **An outage is not an MTU fall**: nothing passes, whatever the size. A lost probe counts
+//!   only while the path is up (its small health probes answered), a search ends when it goes
+//!   down, and a reconnection at a larger size that fails while the path went down meanwhile
+//!   (`on_outage`) proves nothing: that size is tried again once the path is back. A path the
+//!   shell could connect only at the floor (after an attempt at its size went unanswered: an
+//!   outage or an MTU fall) is tried at its size again as soon as it is up, so only a size
+//!   that fails while small packets pass is ever taken as too big.
 //!
 //! Sizes are UDP payload bytes. The shell turns a verdict into a new connection whose packets
 //! are that large at most (the engine's MTU is fixed per connection) and tells inner senders
@@ -42,6 +50,7 @@ const SUSPECT_AFTER: u32 = 4;
 /// needs; finer costs more probes per round).
 const STEP: u16 = 16;
 const ROUNDS: u32 = 3;
+const RECHECK_FIRST: Duration = Duration::from_secs(10);
 const RECHECK_AFTER: Duration = Duration::from_secs(600);
 const BISECT_INTERVAL: Duration = Duration::from_secs(2);
 const BISECT_GAP: u16 = STEP + SIZE_SLACK;
@@ -99,8 +108,15 @@ pub struct PathMtu {
     too_big: Option<u16>,
     /// When a larger size is tried next (a reduced path).
     recheck_at: Option<Instant>,
-    /// The shell fell back to the floor (`on_fallback`): the full size is tried again soon.
+    /// The shell fell back to the floor (`on_fallback`), or a larger size's attempt failed in
+    /// an outage: the full size is tried again as soon as the path is up.
     retry_soon: bool,
+    /// The path went down while a reconnection at a new size was pending (`on_outage`): its
+    /// failure says nothing about the size.
+    dark_since_verdict: bool,
+    /// The wait before the next recheck of a reduced path whose gap is narrow: doubles from
+    /// `RECHECK_FIRST` with each failed one, up to `RECHECK_AFTER`.
+    recheck_wait: Duration,
     pub probes_sent: u64,
     pub probes_answered: u64,
     /// Searches started, and verdicts that changed the size.
@@ -122,6 +138,8 @@ impl PathMtu {
             too_big: None,
             recheck_at: None,
             retry_soon: false,
+            dark_since_verdict: false,
+            recheck_wait: RECHECK_FIRST,
             probes_sent: 0,
             probes_answered: 0,
             searches: 0,
@@ -143,7 +161,11 @@ impl PathMtu {
     /// The path was (re)connected with packets of `payload` at most: watch that size.
     pub fn reset(&mut self, payload: u16, now: Instant) {
         let payload = payload.clamp(FLOOR, self.ceiling);
+        if payload > self.current {
+            self.recheck_wait = RECHECK_FIRST;
+        }
         self.current = payload;
+        self.dark_since_verdict = false;
         if self.too_big.is_some_and(|b| b <= payload) {
             self.too_big = None; // it passes now
         }
@@ -154,19 +176,40 @@ impl PathMtu {
         self.next_at = now + WATCH_INTERVAL;
     }
 
-    /// Reconnecting at `payload` failed (a `recheck` verdict; or, any size, the shell falling
-    /// back to the floor): that size is too big for now. The old connection, if any, carries on.
-    pub fn on_resize_failed(&mut self, payload: u16, now: Instant) {
-        if payload > FLOOR {
+    /// Reconnecting at `payload` failed (a `recheck` verdict): that size is too big for now,
+    /// unless the path went down meanwhile (then it is tried again once the path is up).
+    /// Returns whether the failure counted. The old connection, if any, carries on.
+    pub fn on_resize_failed(&mut self, payload: u16, now: Instant) -> bool {
+        let counted = !std::mem::take(&mut self.dark_since_verdict);
+        if !counted {
+            self.retry_soon = true;
+        } else if payload > FLOOR {
+            if self
+                .too_big
+                .is_some_and(|b| b <= self.current.saturating_add(BISECT_GAP))
+            {
+                // A recheck of a narrow gap failed: wait longer before the next.
+                self.recheck_wait = (self.recheck_wait * 2).min(RECHECK_AFTER);
+            }
             self.too_big = Some(self.too_big.map_or(payload, |b| b.min(payload)));
         }
         self.schedule_recheck(now);
         self.phase = Phase::Watching { lost_in_a_row: 0 };
+        counted
     }
 
-    /// The shell could connect the path only at the floor after failing at its size, which
-    /// an outage (a server restart) does as well as an MTU fall: the full size is tried again
-    /// `BISECT_INTERVAL` after the next `reset`, and bisected from there if it fails.
+    /// The path went down or lost its connection. A reconnection at a new size pending now
+    /// may fail for that alone (`on_resize_failed` does not count it).
+    pub fn on_outage(&mut self) {
+        if self.phase == Phase::Waiting {
+            self.dark_since_verdict = true;
+        }
+    }
+
+    /// The shell could connect the path only at the floor after an attempt at its size went
+    /// unanswered, which an outage (a server restart) does as well as an MTU fall: the full
+    /// size is tried again as soon as the path is up after the next `reset`, and bisected from
+    /// there only if that fails while the floor-sized connection works.
     pub fn on_fallback(&mut self) {
         self.too_big = None;
         self.retry_soon = true;
@@ -178,10 +221,12 @@ impl PathMtu {
             let wide = self
                 .too_big
                 .is_some_and(|b| b > self.current.saturating_add(BISECT_GAP));
-            now + if wide || soon {
+            now + if soon {
+                Duration::ZERO
+            } else if wide {
                 BISECT_INTERVAL
             } else {
-                RECHECK_AFTER
+                self.recheck_wait
             }
         });
     }
@@ -242,14 +287,13 @@ impl PathMtu {
             return None;
         }
         if self.recheck_at.is_some_and(|at| now >= at) {
+            // A narrow gap keeps its bound: if the full size fails, the next recheck waits
+            // longer rather than bisecting again.
             let target = match self.too_big {
                 Some(b) if b > self.current.saturating_add(BISECT_GAP) => {
                     self.current + (b - self.current) / 2
                 }
-                _ => {
-                    self.too_big = None;
-                    self.ceiling
-                }
+                _ => self.ceiling,
             };
             return self.verdict(target, true);
         }
@@ -509,7 +553,9 @@ mod tests {
         m.on_fallback();
         m.reset(FLOOR, t0);
         let mut out = Vec::new();
-        let v = m.poll(t0 + BISECT_INTERVAL, true, false, Some(RTT), &mut out);
+        // Not while the path is not up yet; at once when it is.
+        assert_eq!(m.poll(t0, false, false, Some(RTT), &mut out), None);
+        let v = m.poll(t0, true, false, Some(RTT), &mut out);
         assert_eq!(
             v,
             Some(Resize {
@@ -517,12 +563,199 @@ mod tests {
                 recheck: true
             })
         );
-        m.reset(1472, t0 + BISECT_INTERVAL);
+        m.reset(1472, t0);
         assert_eq!(m.current(), 1472);
-        assert_eq!(
-            m.next_deadline(Some(RTT), false),
-            Some(t0 + BISECT_INTERVAL + WATCH_INTERVAL)
+        assert_eq!(m.next_deadline(Some(RTT), false), Some(t0 + WATCH_INTERVAL));
+    }
+
+    #[test]
+    fn a_larger_size_failing_in_an_outage_is_not_too_big() {
+        let t0 = Instant::now();
+        let mut m = PathMtu::new(1472, 1472, t0);
+        m.on_fallback();
+        m.reset(FLOOR, t0);
+        let mut out = Vec::new();
+        let v = m.poll(t0, true, false, Some(RTT), &mut out);
+        assert_eq!(v.map(|v| v.payload), Some(1472));
+        // The path goes dark while the attempt at 1472 is made; the attempt fails.
+        m.on_outage();
+        let t1 = t0 + Duration::from_secs(3);
+        assert!(!m.on_resize_failed(1472, t1), "an outage's failure counted");
+        // Tried again at full size as soon as the path is up, not bisected.
+        assert_eq!(m.poll(t1, false, false, Some(RTT), &mut out), None);
+        let v = m.poll(t1, true, false, Some(RTT), &mut out);
+        assert_eq!(v.map(|v| v.payload), Some(1472));
+        // Failing while the path stays up is an MTU fall: bisected from there.
+        assert!(m.on_resize_failed(1472, t1));
+        let v = m.poll(t1 + BISECT_INTERVAL, true, false, Some(RTT), &mut out);
+        assert_eq!(v.map(|v| v.payload), Some(FLOOR + (1472 - FLOOR) / 2));
+    }
+
+    #[test]
+    fn a_reduced_path_is_rechecked_soon_then_ever_less_often() {
+        let t0 = Instant::now();
+        let mut m = PathMtu::new(1472, 1472, t0);
+        // A real fall to 1372, found by a search.
+        let v = drive(&mut m, 1372, 0.0, 5, t0);
+        assert_eq!(v.len(), 1, "{v:?}");
+        let reduced = m.current();
+        // From then on only full-size rechecks, each failing, each wait twice the last (the
+        // known bound is kept: no bisection again).
+        let t1 = t0 + Duration::from_secs(5);
+        let mut tried = Vec::new();
+        let mut now = t1;
+        let mut out = Vec::new();
+        while now < t1 + Duration::from_secs(700) {
+            if let Some(v) = m.poll(now, true, false, Some(RTT), &mut out) {
+                tried.push((v.payload, (now - t1).as_secs()));
+                assert!(m.on_resize_failed(v.payload, now));
+            }
+            for p in out.drain(..) {
+                if p.size <= 1372 {
+                    m.on_reply(p.seq);
+                }
+            }
+            now += Duration::from_millis(100);
+        }
+        assert!(tried.iter().all(|&(p, _)| p == 1472), "{tried:?}");
+        let at: Vec<u64> = tried.iter().map(|&(_, s)| s).collect();
+        // The first within RECHECK_FIRST of the reduction (made during the 5 s before t1).
+        assert!(at[0] <= RECHECK_FIRST.as_secs(), "{at:?}");
+        let waits: Vec<u64> = at.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(waits[0], 2 * RECHECK_FIRST.as_secs(), "{waits:?}");
+        assert!(waits.windows(2).all(|w| w[1] >= w[0]), "{waits:?}");
+        assert!(
+            waits.iter().all(|&w| w <= RECHECK_AFTER.as_secs()),
+            "{waits:?}"
         );
+        assert_eq!(m.current(), reduced);
+    }
+
+    /// A shell over a path with a full MTU that goes dark at random (holes and gaps of 0.2-2 s),
+    /// as the client's: the health view lags the truth by 350 ms, and a path that goes down
+    /// loses its connection; a connection attempt sends at 0 and 1 s (QUIC's first handshake
+    /// timeouts) and works two RTTs after a send made in light that stays light, or fails after
+    /// 3 s, and after a failed one the next is made at the floor (`on_fallback` when it works).
+    /// No outage may leave the path reduced once it is light again.
+    #[test]
+    fn random_outages_never_reduce_a_path() {
+        struct Attempt {
+            payload: u16,
+            started: Instant,
+            resize: bool,
+        }
+        let t0 = Instant::now();
+        let step = Duration::from_millis(10);
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut uniform = |lo: u64, hi: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            lo + rng % (hi - lo)
+        };
+        // Light and dark spells, as (dark, until).
+        let mut spells = Vec::new();
+        let mut t = Duration::ZERO;
+        let mut dark = false;
+        while t < Duration::from_secs(570) {
+            t += Duration::from_millis(uniform(200, 2000));
+            spells.push((dark, t));
+            dark = !dark;
+        }
+        // Light after the last spell: 30 s to settle.
+        let dark_at = |at: Duration| {
+            spells
+                .iter()
+                .find(|&&(_, until)| at < until)
+                .is_some_and(|s| s.0)
+        };
+        let mut m = PathMtu::new(1472, 1472, t0);
+        let mut inflight: Vec<(Instant, u32)> = Vec::new();
+        let (mut connected, mut failures, mut was_up) = (true, 0u32, true);
+        let mut attempt: Option<Attempt> = None;
+        let (mut fallbacks, mut reductions, mut too_big) = (0, Vec::new(), Vec::new());
+        let mut now = t0;
+        let mut out = Vec::new();
+        while now < t0 + Duration::from_secs(600) {
+            let el = now - t0;
+            // Health: down 350 ms into a dark spell, up again once light.
+            let up = !(dark_at(el) && dark_at(el.saturating_sub(Duration::from_millis(350))));
+            if was_up && !up && connected {
+                connected = false;
+                m.on_outage();
+            }
+            was_up = up;
+            inflight.retain(|&(at, seq)| {
+                if at <= now {
+                    m.on_reply(seq);
+                }
+                at > now
+            });
+            if let Some(a) = &attempt {
+                let works = |sent: Duration| {
+                    let at = a.started - t0 + sent;
+                    !(dark_at(at) || dark_at(at + RTT) || dark_at(at + RTT * 2))
+                };
+                let sends = [Duration::ZERO, Duration::from_secs(1)];
+                let done = sends
+                    .iter()
+                    .any(|&x| works(x) && now >= a.started + x + RTT * 2);
+                if done {
+                    if !a.resize && a.payload == FLOOR && m.current() > FLOOR {
+                        m.on_fallback();
+                        fallbacks += 1;
+                    }
+                    m.reset(a.payload, now);
+                    (connected, failures, attempt) = (true, 0, None);
+                } else if now >= a.started + Duration::from_secs(3) {
+                    if a.resize {
+                        if m.on_resize_failed(a.payload, now) {
+                            too_big.push(el.as_millis());
+                        }
+                    } else {
+                        failures += 1;
+                    }
+                    attempt = None;
+                }
+            }
+            if !connected && attempt.is_none() {
+                let payload = if failures % 2 == 1 {
+                    FLOOR
+                } else {
+                    m.current()
+                };
+                let (started, resize) = (now, false);
+                attempt = Some(Attempt {
+                    payload,
+                    started,
+                    resize,
+                });
+            }
+            if connected {
+                if let Some(v) = m.poll(now, up, false, Some(RTT), &mut out) {
+                    if !v.recheck {
+                        reductions.push((el, v));
+                    }
+                    let (payload, started, resize) = (v.payload, now, true);
+                    attempt = Some(Attempt {
+                        payload,
+                        started,
+                        resize,
+                    });
+                }
+            }
+            for p in out.drain(..) {
+                if !dark_at(el) && !dark_at(el + RTT) {
+                    inflight.push((now + RTT, p.seq));
+                }
+            }
+            now += step;
+        }
+        assert!(fallbacks > 0, "the test never reached a fallback");
+        // Every failed attempt at a larger size failed in an outage (the size passes).
+        assert!(too_big.is_empty(), "taken as too big at (ms): {too_big:?}");
+        assert!(reductions.is_empty(), "{reductions:?}");
+        assert_eq!(m.current(), 1472);
     }
 
     #[test]

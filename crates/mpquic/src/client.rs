@@ -496,9 +496,17 @@ impl Client {
                             }
                             Err(e) => {
                                 class.set_payload(id, before);
-                                class.tunnel.resize_failed(id, r.payload);
-                                let level = if r.recheck { "larger packets do not pass yet" } else { "failed" };
-                                info!(path = %p.name, payload = r.payload, error = %format!("{e:#}"), "reconnect at a new packet size: {level}");
+                                let error = format!("{e:#}");
+                                if !class.tunnel.resize_failed(id, r.payload) {
+                                    info!(path = %p.name, payload = r.payload, %error, "reconnect at a new packet size failed while the path was down; tried again once it is up");
+                                } else if before == Some(mpquic_core::pmtu::FLOOR) {
+                                    // Connected at the floor only, and larger packets fail
+                                    // while those pass: the route's MTU fell.
+                                    warn!(path = %p.name, payload = r.payload, %error, "path MTU fell: larger packets do not pass while the smallest do; finding the size that passes");
+                                } else {
+                                    let level = if r.recheck { "larger packets do not pass yet" } else { "failed" };
+                                    info!(path = %p.name, payload = r.payload, %error, "reconnect at a new packet size: {level}");
+                                }
                             }
                         }
                         continue;
@@ -542,8 +550,8 @@ impl Client {
                 if fall_back {
                     let tried = current.unwrap_or(self.link_payload);
                     class.tunnel.fell_back(id);
-                    warn!(path = %p.name, tried, payload = floor,
-                          "path connected only with the smallest packets (an MTU fall, or the server was away); larger ones tried again in 2 s");
+                    info!(path = %p.name, tried, payload = floor,
+                          "path connected with the smallest packets after an unanswered attempt (an outage or an MTU fall); its size tried again as soon as it is up");
                 }
                 Ok(t)
             }

@@ -142,6 +142,7 @@ fn run_instance(path: &std::path::Path) -> anyhow::Result<()> {
     for w in &cfg.warnings {
         tracing::warn!("{w}");
     }
+    runtime::return_freed_memory();
     let rt = match cfg.worker_threads {
         1 => tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -309,6 +309,9 @@ impl Tunnel {
         if s.link(path).is_some_and(|l| l.generation == generation) {
             s.links[path.index()] = None;
             s.router.disconnected(path);
+            if let Some(w) = s.sizes.get_mut(path.index()).and_then(|z| z.watch.as_mut()) {
+                w.on_outage();
+            }
             let name = s.router.paths().get(path).spec.name.clone();
             drop(s);
             info!(tunnel = %self.peer, path = %name, "path disconnected");
@@ -536,11 +539,16 @@ impl Tunnel {
         scratch.loads.extend(loads);
     }
 
-    /// Connecting `path` with packets of `payload` failed (a larger size tried, or any size
-    /// before falling back to the floor): the MTU watch takes it as too big for now.
-    pub fn resize_failed(&self, path: PathId, payload: u16) {
-        self.with_watch(path, |w| w.on_resize_failed(payload, Instant::now()));
+    /// Connecting `path` with packets of `payload` failed (a larger size tried): the MTU watch
+    /// takes it as too big for now, unless the path went down meanwhile. Returns whether it
+    /// counted.
+    pub fn resize_failed(&self, path: PathId, payload: u16) -> bool {
+        let mut counted = false;
+        self.with_watch(path, |w| {
+            counted = w.on_resize_failed(payload, Instant::now());
+        });
         self.timers_changed.notify_one();
+        counted
     }
 
     /// `path` could be connected only at the smallest packet size (`pmtu::PathMtu::on_fallback`);
@@ -943,6 +951,8 @@ impl Tunnel {
         if t.to != Some(PathState::Down) {
             return;
         }
+        // Whatever the path's MTU watch waits for fails now for the outage alone.
+        self.with_watch(t.path, PathMtu::on_outage);
         let now = Instant::now();
         let handover = {
             let s = self.lock();

@@ -1,0 +1,216 @@
+"""A flap storm: the lab's paths black-holed one at a time at random (holes and gaps of 0.2-2 s,
+the way a dish drops out) under TCP load, and what the instances hold before and after it.
+Shared by the end-to-end test (test_flap.py, a short storm) and the benchmark (bench/flap.py,
+300 s per variant).
+
+    baseline  tunnel up, a warm-up upload, then idle: fds, threads, RSS of client and server
+    storm     4 TCP uploads through the tunnel while the paths flap (one hole at a time)
+    repair    every path `up` on both ends (seconds after the last repair)
+    settle    10 s after the storm: fds, threads, RSS again; each path's packet size
+    carry     each path alone (the others black-holed) answers pings through the tunnel
+"""
+
+import json
+import os
+import random
+import time
+
+import labctl
+
+# The paths of the reported runs: unlike rates and delays (one way).
+SPECS = ["rate=100mbit,delay=5ms", "rate=50mbit,delay=10ms"]
+UPLOAD_STREAMS = 4
+SETTLE_S = 10.0
+# Every path up within this long of the last repair: a path that was down reconnects after
+# at most one reconnect backoff (2 s) plus a handshake.
+UP_WITHIN_S = 5.0
+
+
+def snapshot(pid):
+    """What process `pid` holds: open fds (by kind), threads, RSS (KiB)."""
+    kinds = {}
+    fd_dir = f"/proc/{pid}/fd"
+    for fd in os.listdir(fd_dir):
+        try:
+            target = os.readlink(os.path.join(fd_dir, fd))
+        except OSError:
+            continue
+        kind = target.split(":", 1)[0] if ":" in target else target
+        kinds[kind] = kinds.get(kind, 0) + 1
+    status = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            status[key] = value.strip()
+    return {
+        "fds": sum(kinds.values()),
+        "fd_kinds": kinds,
+        "threads": int(status["Threads"]),
+        "rss_kib": int(status["VmRSS"].split()[0]),
+    }
+
+
+def pids(lab):
+    # `ip netns exec` execs the command: the spawned process is mpquic itself.
+    return {who: lab.procs[key].pid for who, key in (("client", "client0"), ("server", "server"))}
+
+
+def upload(lab, key, seconds):
+    """TCP uploads from the LAN host through the tunnel, in the background."""
+    return lab.spawn(key, lab.lan_ns(0), ["iperf3", "-c", lab.inet_addr, "-t", str(seconds),
+                                          "-P", str(UPLOAD_STREAMS), "-J"])
+
+
+def wait_done(lab, key, timeout):
+    p = lab.procs[key]
+    p.wait(timeout=timeout)
+    lab.procs.pop(key, None)
+    try:
+        data = json.loads(lab.log(key))
+        return data["end"]["sum_received"]["bits_per_second"] / 1e6
+    except (ValueError, KeyError):
+        return None
+
+
+def flap(lab, seconds, rng, hole=(0.2, 2.0), gap=(0.2, 2.0)):
+    """Black-hole the paths one at a time, alternating, for `seconds`: a hole, then a gap with
+    every path up. Returns the holes as (path, start, length) from the storm's start."""
+    t0 = time.monotonic()
+    holes = []
+    p = 0
+    while time.monotonic() - t0 < seconds:
+        length = rng.uniform(*hole)
+        start = time.monotonic() - t0
+        lab.block(p)
+        time.sleep(length)
+        lab.unblock(p)
+        holes.append((p, round(start, 3), round(length, 3)))
+        time.sleep(rng.uniform(*gap))
+        p = (p + 1) % lab.npaths
+    return holes
+
+
+def all_up(lab):
+    """Whether every path is up on the client and on the server."""
+    for who in ("client0", "server"):
+        t = lab.status(who)["tunnels"][0]
+        if len(t["paths"]) < lab.npaths or any(p["state"] != "up" for p in t["paths"]):
+            return False
+    return True
+
+
+def path_sizes(lab):
+    """Per instance and path: UDP payload now, and the link's (the most it is ever tried at)."""
+    out = {}
+    for who in ("client0", "server"):
+        for p in lab.status(who)["tunnels"][0]["paths"]:
+            out[f"{who}/{p['name']}"] = {"udp_payload": p.get("udp_payload"),
+                                        "udp_payload_max": p.get("udp_payload_max"),
+                                        "mtu_changes": p.get("mtu_changes")}
+    return out
+
+
+def each_path_carries(lab, count=10, interval=0.1):
+    """For each path: the others black-holed, pings through the tunnel; answers per path."""
+    answered = {}
+    for p in range(lab.npaths):
+        others = [q for q in range(lab.npaths) if q != p]
+        for q in others:
+            lab.block(q)
+        # The client leaves the dark paths within ~0.4 s (health); give it a second.
+        time.sleep(1.5)
+        r = lab.ping(count=count, interval=interval)
+        answered[f"wan{p + 1}"] = len(r["received"])
+        for q in others:
+            lab.unblock(q)
+        deadline = time.monotonic() + UP_WITHIN_S + 5
+        while not all_up(lab) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    return answered
+
+
+def mtu_log_lines(lab):
+    """Lines where the client's MTU watch reduced a path's packet size."""
+    return [l for l in lab.log("client0").splitlines() if "path MTU fell" in l]
+
+
+def run(lab, seconds, seed, warmup_s=5.0):
+    """The whole sequence on a lab whose instances run (client0 and server); returns the figures
+    (see the module's docstring)."""
+    rng = random.Random(seed)
+    who = pids(lab)
+    lab.iperf_server()
+    upload(lab, "warmup", warmup_s)
+    wait_done(lab, "warmup", warmup_s + 30)
+    time.sleep(3.0)
+    before = {k: snapshot(pid) for k, pid in who.items()}
+
+    upload(lab, "storm-load", int(seconds) + 1)
+    holes = flap(lab, seconds, rng)
+    storm_end = time.monotonic()
+    mbit = wait_done(lab, "storm-load", 60)
+    up_after = None
+    while time.monotonic() - storm_end < UP_WITHIN_S * 4:
+        if all_up(lab):
+            up_after = time.monotonic() - storm_end
+            break
+        time.sleep(0.1)
+    time.sleep(max(0.0, SETTLE_S - (time.monotonic() - storm_end)))
+    after = {k: snapshot(pid) for k, pid in who.items()}
+    sizes = path_sizes(lab)
+    carried = each_path_carries(lab)
+    return {
+        "seconds": seconds,
+        "seed": seed,
+        "holes": len(holes),
+        "hole_list": holes,
+        "upload_mbit": mbit,
+        "before": before,
+        "after": after,
+        "all_up_after_s": up_after,
+        "sizes": sizes,
+        "pings_answered": carried,
+        "pings_sent": 10,
+        "mtu_log": mtu_log_lines(lab),
+        "connects": {f"{w}/{p['name']}": p["connects"] for w in ("client0", "server")
+                     for p in lab.status(w)["tunnels"][0]["paths"]},
+    }
+
+
+def problems(r, rss_slack_kib=2048):
+    """What the figures of `run` show wrong, as readable lines (none: the storm left no trace)."""
+    out = []
+    for who in ("client", "server"):
+        b, a = r["before"][who], r["after"][who]
+        if a["fds"] != b["fds"]:
+            out.append(f"{who}: fds {b['fds']} -> {a['fds']} ({b['fd_kinds']} -> {a['fd_kinds']})")
+        if a["threads"] != b["threads"]:
+            out.append(f"{who}: threads {b['threads']} -> {a['threads']}")
+        if a["rss_kib"] > b["rss_kib"] + rss_slack_kib:
+            out.append(f"{who}: RSS {b['rss_kib']} -> {a['rss_kib']} KiB")
+    if r["all_up_after_s"] is None or r["all_up_after_s"] > UP_WITHIN_S:
+        out.append(f"paths not all up within {UP_WITHIN_S} s of the storm's end: {r['all_up_after_s']}")
+    for path, s in r["sizes"].items():
+        if path.startswith("client0") and s["udp_payload"] != s["udp_payload_max"]:
+            out.append(f"{path}: UDP payload {s['udp_payload']} of {s['udp_payload_max']}")
+    client_max = {k.split("/", 1)[1]: s["udp_payload_max"] for k, s in r["sizes"].items()
+                  if k.startswith("client0")}
+    for path, s in r["sizes"].items():
+        if path.startswith("server") and s["udp_payload"] != client_max.get(path.split("/", 1)[1]):
+            out.append(f"{path}: UDP payload {s['udp_payload']}, the client's link {client_max}")
+    if r["mtu_log"]:
+        out.append(f"{len(r['mtu_log'])} packet-size reductions logged: {r['mtu_log'][:3]}")
+    for path, n in r["pings_answered"].items():
+        if n < r["pings_sent"] - 2:
+            out.append(f"{path} alone: {n} of {r['pings_sent']} pings answered")
+    return out
+
+
+def summary(label, r):
+    b, a = r["before"], r["after"]
+    return (f"{label}: {r['holes']} holes in {r['seconds']} s, upload {r['upload_mbit'] or 0:.1f} Mbit/s; "
+            f"client fds {b['client']['fds']}->{a['client']['fds']} threads {b['client']['threads']}->{a['client']['threads']} "
+            f"RSS {b['client']['rss_kib'] / 1024:.1f}->{a['client']['rss_kib'] / 1024:.1f} MiB; "
+            f"server fds {b['server']['fds']}->{a['server']['fds']} threads {b['server']['threads']}->{a['server']['threads']} "
+            f"RSS {b['server']['rss_kib'] / 1024:.1f}->{a['server']['rss_kib'] / 1024:.1f} MiB; "
+            f"all up {r['all_up_after_s']} s after; pings per path {r['pings_answered']}")
