@@ -152,6 +152,7 @@ fn run_instance(path: &std::path::Path) -> anyhow::Result<()> {
             .enable_all()
             .build()?,
     };
+    rt.spawn(runtime::trim_task());
     rt.block_on(async move {
         match cfg.role.clone() {
             RoleConfig::Client(c) => client::run(cfg, c, platform::Platform::system()).await,

@@ -81,3 +81,31 @@ pub fn return_freed_memory() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
 }
+
+/// Connections were let go (`released`): once they have drained, the heap's free pages go back
+/// to the system. A connection is a few hundred small blocks (the QUIC engine's state, stream
+/// chunks of up to 64 KiB) that end up spread between blocks that live on, so glibc cannot
+/// shrink its heap by itself: with pipes, 15 path reconnections left 10 MiB of free pages in
+/// the client's RSS. One `malloc_trim` after a quiet spell takes them back (a few ms for a
+/// heap of tens of MiB, at most once per `TRIM_AFTER`, however many paths flap).
+static RELEASED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+const TRIM_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A connection was closed or replaced: its memory goes back to the system soon (`trim_task`).
+pub fn released() {
+    RELEASED.notify_one();
+}
+
+/// The instance's housekeeping: trims the heap `TRIM_AFTER` after connections were released
+/// (a closed QUIC connection drains for three probe timeouts before its state is freed).
+pub async fn trim_task() {
+    loop {
+        RELEASED.notified().await;
+        tokio::time::sleep(TRIM_AFTER).await;
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only returns free pages of the heap to the system.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
+}

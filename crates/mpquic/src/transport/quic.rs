@@ -117,6 +117,13 @@ impl QuicTransport {
     }
 }
 
+impl Drop for QuicTransport {
+    fn drop(&mut self) {
+        // Every path connection (and pipe, and stripe path's control connection) ends here.
+        crate::runtime::released();
+    }
+}
+
 impl QuicTransport {
     /// The connection (a stripe path takes its keys from its TLS session, `stripe`).
     pub(crate) fn connection(&self) -> &quinn::Connection {

@@ -125,6 +125,22 @@ pub(super) async fn run(
     // A packet taken from the queue while the socket was blocked: it goes first.
     let mut carry: Option<Bytes> = None;
     loop {
+        if conn.close_reason().is_some() {
+            // The path has ended. Checked on every round, not only when idle: with its window
+            // full a sender would otherwise wait for feedback that never comes, for good (and
+            // keep the path's sockets).
+            for d in queue.drain().chain(carry.take()) {
+                failed.add(d.len());
+            }
+            while let Ok((_, d)) = rx.try_recv() {
+                failed.add(d.len());
+            }
+            if !run.is_empty() {
+                run.dropped(&*sink, DropReason::SendFailed);
+            }
+            failed.report(&*sink, DropReason::SendFailed);
+            return;
+        }
         if queue.is_empty() && carry.is_none() {
             tokio::select! {
                 got = rx.recv() => match got {
