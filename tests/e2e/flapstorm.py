@@ -13,6 +13,7 @@ Shared by the end-to-end test (test_flap.py, a short storm) and the benchmark (b
 import json
 import os
 import random
+import signal
 import time
 
 import labctl
@@ -134,9 +135,10 @@ def mtu_log_lines(lab):
     return [l for l in lab.log("client0").splitlines() if "path MTU fell" in l]
 
 
-def run(lab, seconds, seed, warmup_s=5.0):
+def run(lab, seconds, seed, warmup_s=5.0, inspect=None):
     """The whole sequence on a lab whose instances run (client0 and server); returns the figures
-    (see the module's docstring)."""
+    (see the module's docstring). `inspect(moment, pids)`, if given, is called where the
+    snapshots are taken ("before", "after"), e.g. to have a debugger print the heap's state."""
     rng = random.Random(seed)
     who = pids(lab)
     lab.iperf_server()
@@ -144,6 +146,8 @@ def run(lab, seconds, seed, warmup_s=5.0):
     wait_done(lab, "warmup", warmup_s + 30)
     time.sleep(3.0)
     before = {k: snapshot(pid) for k, pid in who.items()}
+    if inspect:
+        inspect("before", who)
 
     upload(lab, "storm-load", int(seconds) + 1)
     holes = flap(lab, seconds, rng)
@@ -157,6 +161,8 @@ def run(lab, seconds, seed, warmup_s=5.0):
         time.sleep(0.1)
     time.sleep(max(0.0, SETTLE_S - (time.monotonic() - storm_end)))
     after = {k: snapshot(pid) for k, pid in who.items()}
+    if inspect:
+        inspect("after", who)
     sizes = path_sizes(lab)
     carried = each_path_carries(lab)
     return {
@@ -175,6 +181,28 @@ def run(lab, seconds, seed, warmup_s=5.0):
         "connects": {f"{w}/{p['name']}": p["connects"] for w in ("client0", "server")
                      for p in lab.status(w)["tunnels"][0]["paths"]},
     }
+
+
+def restarts(lab, n):
+    """Restart the client `n` times (SIGKILL and SIGTERM in turn, each time until its tunnel is
+    up and a ping answered), seen from the server: its fds, threads and RSS before the first and
+    10 s after the last."""
+    server = lab.procs["server"].pid
+    lab.ping(count=3, interval=0.1)
+    time.sleep(3.0)
+    before = snapshot(server)
+    t0 = time.monotonic()
+    for i in range(n):
+        lab.stop("client0", sig=signal.SIGKILL if i % 2 == 0 else signal.SIGTERM)
+        lab.start_client()
+        lab.wait_tunnel()
+        lab.ping(count=1, interval=0.1)
+    took = time.monotonic() - t0
+    time.sleep(SETTLE_S)
+    after = snapshot(server)
+    sessions = len(lab.status("server")["tunnels"])
+    return {"restarts": n, "seconds": round(took, 1), "before": before, "after": after,
+            "server_sessions": sessions}
 
 
 def problems(r, rss_slack_kib=2048):

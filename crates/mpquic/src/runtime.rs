@@ -86,26 +86,31 @@ pub fn return_freed_memory() {
 /// to the system. A connection is a few hundred small blocks (the QUIC engine's state, stream
 /// chunks of up to 64 KiB) that end up spread between blocks that live on, so glibc cannot
 /// shrink its heap by itself: with pipes, 15 path reconnections left 10 MiB of free pages in
-/// the client's RSS. One `malloc_trim` after a quiet spell takes them back (a few ms for a
-/// heap of tens of MiB, at most once per `TRIM_AFTER`, however many paths flap).
+/// the client's RSS. `malloc_trim` takes them back (a few ms for a heap of tens of MiB): once
+/// soon after a release, and once more when the closed connection has surely drained, so at
+/// most twice per `TRIM_AGAIN`, however many paths flap.
 static RELEASED: tokio::sync::Notify = tokio::sync::Notify::const_new();
-const TRIM_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+const TRIM_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+const TRIM_AGAIN: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// A connection was closed or replaced: its memory goes back to the system soon (`trim_task`).
 pub fn released() {
     RELEASED.notify_one();
 }
 
-/// The instance's housekeeping: trims the heap `TRIM_AFTER` after connections were released
-/// (a closed QUIC connection drains for three probe timeouts before its state is freed).
+/// The instance's housekeeping: trims the heap `TRIM_AFTER` after connections were released,
+/// and `TRIM_AGAIN` after that (a closed QUIC connection drains for three probe timeouts
+/// before the engine frees its state).
 pub async fn trim_task() {
     loop {
         RELEASED.notified().await;
-        tokio::time::sleep(TRIM_AFTER).await;
-        #[cfg(all(target_os = "linux", target_env = "gnu"))]
-        // SAFETY: malloc_trim only returns free pages of the heap to the system.
-        unsafe {
-            libc::malloc_trim(0);
+        for wait in [TRIM_AFTER, TRIM_AGAIN] {
+            tokio::time::sleep(wait).await;
+            #[cfg(all(target_os = "linux", target_env = "gnu"))]
+            // SAFETY: malloc_trim only returns free pages of the heap to the system.
+            unsafe {
+                libc::malloc_trim(0);
+            }
         }
     }
 }

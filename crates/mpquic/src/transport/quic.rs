@@ -864,6 +864,11 @@ impl Recent {
     fn push(&mut self, now: Instant, chunk: Bytes) {
         self.bytes += chunk.len();
         self.chunks.push_back((now, chunk));
+        self.prune(now);
+    }
+
+    /// Let go of what is older than `RECENT_AGE`, and of the oldest beyond `RECENT_BYTES`.
+    fn prune(&mut self, now: Instant) {
         while let Some((at, c)) = self.chunks.front() {
             if self.bytes <= RECENT_BYTES && now.saturating_duration_since(*at) <= RECENT_AGE {
                 break;
@@ -922,10 +927,21 @@ async fn stream_writer(
         // Take what has arrived; wait for something when nothing is queued.
         if queue.is_empty() {
             // Nothing waits to be written: a closed connection ends the writer here (its
-            // queue's sender lives as long as the transport, which may outlive it).
+            // queue's sender lives as long as the transport, which may outlive it), and what
+            // it remembers goes once it is too old to hand over (a path that fell idle, a
+            // failover's backup, would otherwise keep up to `RECENT_BYTES` for good).
+            let kept = !recent
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .chunks
+                .is_empty();
             let next = tokio::select! {
                 next = rx.recv() => next,
                 _ = conn.closed() => None,
+                _ = tokio::time::sleep(RECENT_AGE), if kept => {
+                    recent.lock().unwrap_or_else(|e| e.into_inner()).prune(Instant::now());
+                    continue;
+                }
             };
             let Some((at, frame)) = next else {
                 return;
