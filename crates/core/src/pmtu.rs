@@ -50,7 +50,7 @@ const SUSPECT_AFTER: u32 = 4;
 /// needs; finer costs more probes per round).
 const STEP: u16 = 16;
 const ROUNDS: u32 = 3;
-const RECHECK_FIRST: Duration = Duration::from_secs(10);
+const RECHECK_FIRST: Duration = Duration::from_secs(60);
 const RECHECK_AFTER: Duration = Duration::from_secs(600);
 const BISECT_INTERVAL: Duration = Duration::from_secs(2);
 const BISECT_GAP: u16 = STEP + SIZE_SLACK;
@@ -161,6 +161,10 @@ impl PathMtu {
     /// The path was (re)connected with packets of `payload` at most: watch that size.
     pub fn reset(&mut self, payload: u16, now: Instant) {
         let payload = payload.clamp(FLOOR, self.ceiling);
+        // A recheck already due stays due when the path reconnects at the same size (an
+        // attempt that failed in an outage is tried again once the path is back, whichever
+        // connection it is back on).
+        let due = self.recheck_at.filter(|_| payload == self.current);
         if payload > self.current {
             self.recheck_wait = RECHECK_FIRST;
         }
@@ -170,6 +174,9 @@ impl PathMtu {
             self.too_big = None; // it passes now
         }
         self.schedule_recheck(now);
+        if let (Some(due), Some(at)) = (due, self.recheck_at) {
+            self.recheck_at = Some(due.min(at));
+        }
         self.phase = Phase::Watching { lost_in_a_row: 0 };
         self.outstanding.clear();
         self.best = None;
