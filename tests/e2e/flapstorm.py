@@ -111,10 +111,23 @@ def path_sizes(lab):
     return out
 
 
+def settled(lab):
+    """Every path up on both ends, and the client's at its link's full packet size (a path
+    that reconnected at the smallest size after an outage is reconnected at full size at once:
+    make before break, but a moment to wait for before a path is tested alone)."""
+    if not all_up(lab):
+        return False
+    return all(s["udp_payload"] == s["udp_payload_max"] for k, s in path_sizes(lab).items()
+               if k.startswith("client0"))
+
+
 def each_path_carries(lab, count=10, interval=0.1):
     """For each path: the others black-holed, pings through the tunnel; answers per path."""
     answered = {}
     for p in range(lab.npaths):
+        deadline = time.monotonic() + UP_WITHIN_S + 5
+        while not settled(lab) and time.monotonic() < deadline:
+            time.sleep(0.2)
         others = [q for q in range(lab.npaths) if q != p]
         for q in others:
             lab.block(q)
@@ -124,9 +137,6 @@ def each_path_carries(lab, count=10, interval=0.1):
         answered[f"wan{p + 1}"] = len(r["received"])
         for q in others:
             lab.unblock(q)
-        deadline = time.monotonic() + UP_WITHIN_S + 5
-        while not all_up(lab) and time.monotonic() < deadline:
-            time.sleep(0.2)
     return answered
 
 
