@@ -731,11 +731,10 @@ mod tests {
                 } else {
                     m.current()
                 };
-                let (started, resize) = (now, false);
                 attempt = Some(Attempt {
                     payload,
-                    started,
-                    resize,
+                    started: now,
+                    resize: false,
                 });
             }
             if connected {
@@ -743,11 +742,10 @@ mod tests {
                     if !v.recheck {
                         reductions.push((el, v));
                     }
-                    let (payload, started, resize) = (v.payload, now, true);
                     attempt = Some(Attempt {
-                        payload,
-                        started,
-                        resize,
+                        payload: v.payload,
+                        started: now,
+                        resize: true,
                     });
                 }
             }

@@ -309,11 +309,9 @@ impl Tunnel {
         if s.link(path).is_some_and(|l| l.generation == generation) {
             s.links[path.index()] = None;
             s.router.disconnected(path);
-            if let Some(w) = s.sizes.get_mut(path.index()).and_then(|z| z.watch.as_mut()) {
-                w.on_outage();
-            }
             let name = s.router.paths().get(path).spec.name.clone();
             drop(s);
+            self.with_watch(path, PathMtu::on_outage);
             info!(tunnel = %self.peer, path = %name, "path disconnected");
         }
     }

@@ -124,11 +124,12 @@ pub(super) async fn run(
     let mut run = Run::default();
     // A packet taken from the queue while the socket was blocked: it goes first.
     let mut carry: Option<Bytes> = None;
+    // Set when the connection was found closed while the window was full.
+    let mut ended = false;
     loop {
-        if conn.close_reason().is_some() {
-            // The path has ended. Checked on every round, not only when idle: with its window
-            // full a sender would otherwise wait for feedback that never comes, for good (and
-            // keep the path's sockets).
+        if ended {
+            // The path has ended while the window was full: the feedback that would open it
+            // never comes, and a sender waiting for it would keep the path's sockets for good.
             for d in queue.drain().chain(carry.take()) {
                 failed.add(d.len());
             }
@@ -245,6 +246,7 @@ pub(super) async fn run(
                 let _ =
                     tokio::time::timeout(Duration::from_millis(5), link.window_opened.notified())
                         .await;
+                ended = conn.close_reason().is_some();
             }
         }
     }
