@@ -27,6 +27,7 @@ pub mod scheduler;
 pub mod sendq;
 pub mod sessions;
 pub mod stripe;
+pub mod tunnel;
 pub mod wire;
 
 pub use bond::{Bond, Route};

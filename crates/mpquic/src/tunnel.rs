@@ -1,22 +1,19 @@
-//! One tunnel's data path, shared by the client and by each client session on the server: the
-//! sans-IO `Router` (paths, health, the bond's scheduler) plus the transport of each path
-//! (`transport.rs`; the tunnel never sees QUIC).
-//! It sends inner packets on the path the bond picks, receives from every path into the TUN
-//! device, answers and sends probes, runs the core's timers, and counts every packet it does not
-//! deliver.
+//! One tunnel's I/O shell, shared by the client and by each client session on the server: the
+//! sans-IO `TunnelCore` (mpquic-core `tunnel`: router, health, bond, resequencer, per-path FEC
+//! and packet-size watch, receive dispatch) plus the transport of each path (`transport.rs`;
+//! the tunnel never sees QUIC). The shell holds the connections and the lock, hands the core
+//! what arrives and the time, and carries out what it says: sends, TUN writes, wake-ups.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use mpquic_core::classify::{FlowClasses, Prefix};
-use mpquic_core::fec::{self, FecMode};
-use mpquic_core::pmtu::{PathMtu, Resize};
-use mpquic_core::reseq::Verdict;
+use mpquic_core::fec::FecMode;
+use mpquic_core::pmtu::Resize;
+use mpquic_core::tunnel::{Deliver, LinkStats, PathFec, Polled, Received, TunnelCore};
 use mpquic_core::wire::{self, Datagram};
 use mpquic_core::{
-    DropReason, HealthConfig, HealthMode, PacketInfo, PathId, PathSpec, PathState, Policy,
-    ProbeDue, Router, Transition,
+    DropReason, HealthMode, PacketInfo, PathId, PathSpec, PathState, Policy, Transition,
 };
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
@@ -26,6 +23,8 @@ use crate::config::TransportMode;
 use crate::status::{PathStatus, TunnelStatus};
 use crate::transport::{PathTransport, Sink};
 use crate::tun::Tun;
+
+pub use mpquic_core::tunnel::Sources;
 
 /// QUIC application error codes used when closing a connection.
 pub mod close {
@@ -50,39 +49,27 @@ struct Link {
 }
 
 struct State {
-    router: Router,
+    core: TunnelCore,
     /// The live connection of each path, by `PathId::index()`.
     links: Vec<Option<Link>>,
-    /// Each path's FEC state, by `PathId::index()` (kept across reconnections: its counters
-    /// are the path's, and group numbers simply continue).
-    fec: Vec<PathFec>,
-    /// Each path's packet size: the MTU watch (prober side) and what was done about packets
-    /// too big for it, by `PathId::index()` (kept across reconnections).
-    sizes: Vec<PathSize>,
     next_generation: u64,
-}
-
-/// A path's packet size (`pmtu.rs`): watched by the side that probes, acted on by its shell
-/// (`take_resize`: reconnect with smaller packets).
-#[derive(Default)]
-struct PathSize {
-    watch: Option<PathMtu>,
-    pending: Option<Resize>,
-    too_big_sent: u64,
-}
-
-/// Repair packets of FEC groups closed by their timer, for one path's transport.
-type DueRepairs = (PathId, Arc<dyn PathTransport>, Vec<Vec<u8>>);
-
-/// FEC on one path: what we send (encoder) and what we receive (decoder).
-struct PathFec {
-    enc: fec::Encoder,
-    dec: fec::Decoder,
 }
 
 impl State {
     fn link(&self, path: PathId) -> Option<&Link> {
         self.links.get(path.index()).and_then(Option::as_ref)
+    }
+}
+
+/// What a connection tells the core about itself.
+fn link_stats(t: &dyn PathTransport) -> LinkStats {
+    let st = t.stats();
+    LinkStats {
+        sent_packets: st.sent_packets,
+        lost_packets: st.lost_packets,
+        udp_payload: st.udp_payload,
+        link_payload: st.link_payload,
+        max_datagram: st.max_datagram,
     }
 }
 
@@ -104,12 +91,6 @@ pub struct Tunnel {
     pub class: Option<ClassTag>,
     tun: Arc<Tun>,
     mode: TransportMode,
-    /// FEC on what this side sends (the client's choice, for both directions).
-    fec: FecMode,
-    /// Server side: inner packets from the peer must carry this source address.
-    expect_src: Option<Sources>,
-    /// This side probes its paths (the client): it also watches their MTU.
-    watch_mtu: bool,
     /// The policy spreads a flow's packets (numbered for the peer's resequencer): routing
     /// needs each path's load first.
     per_packet: bool,
@@ -127,24 +108,6 @@ pub struct Carriage {
     pub policy: Policy,
     pub fec: FecMode,
     pub class: Option<ClassTag>,
-}
-
-/// The inner sources a client may send from (server side): its tunnel address, and the site
-/// LAN prefixes routed to it (routed LANs).
-#[derive(Debug, Clone)]
-pub struct Sources {
-    pub addr: Ipv4Addr,
-    /// A dual-stack tunnel: the client's IPv6 address.
-    pub addr6: Option<Ipv6Addr>,
-    pub lans: Vec<Prefix>,
-}
-
-impl Sources {
-    fn allows(&self, src: IpAddr) -> bool {
-        src == IpAddr::V4(self.addr)
-            || self.addr6.is_some_and(|a| src == IpAddr::V6(a))
-            || self.lans.iter().any(|p| p.contains(src))
-    }
 }
 
 impl Tunnel {
@@ -168,21 +131,10 @@ impl Tunnel {
             class,
             tun,
             mode,
-            fec,
-            expect_src,
-            watch_mtu: health == HealthMode::Probe,
             per_packet: policy.per_packet(),
             state: Mutex::new(State {
-                router: Router::new(
-                    policy,
-                    HealthConfig {
-                        mode: health,
-                        ..Default::default()
-                    },
-                ),
+                core: TunnelCore::new(policy, health, fec, expect_src),
                 links: Vec::new(),
-                fec: Vec::new(),
-                sizes: Vec::new(),
                 next_generation: 1,
             }),
             timers_changed: Notify::new(),
@@ -203,33 +155,23 @@ impl Tunnel {
     /// tunnel already has `limit` paths (or no room at all) and this one is new.
     pub fn path(&self, spec: PathSpec, limit: usize) -> Option<PathId> {
         let mut s = self.lock();
-        let id = s.router.path_within(spec, limit)?;
+        let id = s.core.path(spec, limit)?;
         if s.links.len() <= id.index() {
             s.links.resize_with(id.index() + 1, || None);
-        }
-        let fec = self.fec;
-        if s.fec.len() <= id.index() {
-            s.fec.resize_with(id.index() + 1, || PathFec {
-                enc: fec::Encoder::new(fec),
-                dec: fec::Decoder::new(),
-            });
-        }
-        if s.sizes.len() <= id.index() {
-            s.sizes.resize_with(id.index() + 1, Default::default);
         }
         Some(id)
     }
 
     pub fn policy(&self) -> Policy {
-        self.lock().router.bond().policy()
+        self.lock().core.router().bond().policy()
     }
 
     /// Schedule by `policy` from now on (a reload; `Bond::set_policy` says which changes
     /// are possible).
     pub fn set_policy(&self, policy: Policy) -> Result<(), String> {
         let mut s = self.lock();
-        let before = s.router.bond().policy();
-        s.router.set_policy(policy)?;
+        let before = s.core.router().bond().policy();
+        s.core.router_mut().set_policy(policy)?;
         drop(s);
         if before != policy {
             info!(tunnel = %self.peer, from = before.as_str(), to = policy.as_str(), "bonding policy changed");
@@ -239,11 +181,18 @@ impl Tunnel {
 
     /// The id of the path called `name`, if the tunnel has one.
     pub fn path_id(&self, name: &str) -> Option<PathId> {
-        self.lock().router.paths().find(name)
+        self.lock().core.router().paths().find(name)
     }
 
     pub fn path_name(&self, path: PathId) -> String {
-        self.lock().router.paths().get(path).spec.name.clone()
+        self.lock()
+            .core
+            .router()
+            .paths()
+            .get(path)
+            .spec
+            .name
+            .clone()
     }
 
     /// Put a fresh transport on `path`, replacing any previous one (closed after a short
@@ -253,7 +202,7 @@ impl Tunnel {
         let now = Instant::now();
         let (generation, old) = {
             let mut s = self.lock();
-            if s.router.paths().get(path).retired {
+            if s.core.router().paths().get(path).retired {
                 // Removed by a reload while this connection was being made (a path task on
                 // another thread): it is not wanted.
                 drop(s);
@@ -266,18 +215,7 @@ impl Tunnel {
                 transport: transport.clone(),
                 generation,
             });
-            s.router.connected(path, now);
-            let st = transport.stats();
-            if let (Some(payload), Some(link), true) =
-                (st.udp_payload, st.link_payload, self.watch_mtu)
-            {
-                let size = &mut s.sizes[path.index()];
-                size.pending = None;
-                match &mut size.watch {
-                    Some(w) => w.reset(payload, now),
-                    None => size.watch = Some(PathMtu::new(link, payload, now)),
-                }
-            }
+            s.core.connected(path, link_stats(&*transport), now);
             (generation, old)
         };
         // A new path probes at once.
@@ -308,10 +246,9 @@ impl Tunnel {
         let mut s = self.lock();
         if s.link(path).is_some_and(|l| l.generation == generation) {
             s.links[path.index()] = None;
-            s.router.disconnected(path);
-            let name = s.router.paths().get(path).spec.name.clone();
+            s.core.disconnected(path);
+            let name = s.core.router().paths().get(path).spec.name.clone();
             drop(s);
-            self.with_watch(path, PathMtu::on_outage);
             info!(tunnel = %self.peer, path = %name, "path disconnected");
         }
     }
@@ -325,7 +262,7 @@ impl Tunnel {
             if only.is_some_and(|g| s.link(path).is_none_or(|l| l.generation != g)) {
                 return;
             }
-            s.router.retire(path);
+            s.core.router_mut().retire(path);
             s.links.get_mut(path.index()).and_then(Option::take)
         };
         if let Some(l) = link {
@@ -340,7 +277,7 @@ impl Tunnel {
     }
 
     pub fn unusable_for(&self, path: PathId) -> Option<Duration> {
-        self.lock().router.unusable_for(path, Instant::now())
+        self.lock().core.router().unusable_for(path, Instant::now())
     }
 
     /// Close every connection (shutdown, or the session was replaced).
@@ -392,12 +329,12 @@ impl Tunnel {
         {
             let mut s = self.lock();
             for (path, load) in scratch.loads.drain(..) {
-                s.router.set_load(path, load);
+                s.core.router_mut().set_load(path, load);
             }
             let mut group_opened = false;
             for &i in which {
                 let len = batch.packet(i).len();
-                let Some(route) = s.router.route(infos[i].as_ref(), len, now) else {
+                let Some(route) = s.core.router_mut().route(infos[i].as_ref(), len, now) else {
                     continue; // counted as no_path by the bond
                 };
                 let path = route.path;
@@ -413,12 +350,10 @@ impl Tunnel {
                 {
                     let mut copy = batch.headed(i, 0).to_vec();
                     let mut repairs = Vec::new();
-                    if self.fec != FecMode::Off {
-                        let enc = &mut s.fec[also.index()].enc;
-                        group_opened |= enc.deadline().is_none();
-                        if let Some(h) = enc.on_data(now, &copy, &mut repairs) {
-                            copy.splice(0..0, h);
-                        }
+                    let (header, opened) = s.core.protect(also, &copy, now, &mut repairs);
+                    group_opened |= opened;
+                    if let Some(h) = header {
+                        copy.splice(0..0, h);
                     }
                     let second = |bytes, repair| SecondCopy {
                         path: also,
@@ -432,23 +367,25 @@ impl Tunnel {
                     }
                 }
                 let Some(link) = s.link(path) else {
-                    s.router.drop_tx(path, len, DropReason::NoPath);
+                    s.core.router_mut().drop_tx(path, len, DropReason::NoPath);
                     continue;
                 };
                 let share = scratch.add(path, &link.transport, i);
                 // (A batch is writable until a transport takes packets: `route_batch` runs
                 // before any send. Should that ever not hold, the packet goes unprotected
                 // rather than into a group whose data packet would lack its header.)
-                if self.fec != FecMode::Off && batch.headers_writable() {
-                    let enc = &mut s.fec[path.index()].enc;
-                    let idle = enc.deadline().is_none();
-                    if let Some(h) = enc.on_data(now, batch.headed(i, 0), &mut share.repairs) {
-                        group_opened |= idle;
+                if batch.headers_writable() {
+                    let (header, opened) =
+                        s.core
+                            .protect(path, batch.headed(i, 0), now, &mut share.repairs);
+                    group_opened |= opened;
+                    if let Some(h) = header {
                         batch.push_header(i, &h);
                     }
                 }
             }
-            self.wake_timers_if(s.router.take_woken() || group_opened);
+            let woken = s.core.router_mut().take_woken();
+            self.wake_timers_if(woken || group_opened);
         }
         // Every transport writes its headers before any takes packets (then they are shared).
         for share in scratch.per_path.iter() {
@@ -488,8 +425,8 @@ impl Tunnel {
             let mut s = self.lock();
             for (path, len, reason, repair) in refused_copies {
                 match repair {
-                    true => s.fec[path.index()].enc.refused(1),
-                    false => s.router.drop_tx(path, len, reason),
+                    true => s.core.repairs_refused(path, 1),
+                    false => s.core.router_mut().drop_tx(path, len, reason),
                 }
             }
         }
@@ -497,21 +434,23 @@ impl Tunnel {
             let mut too_big = Vec::new();
             let mut s = self.lock();
             for &(path, i, reason) in refused.iter() {
-                s.router.drop_tx(path, batch.packet(i).len(), reason);
+                s.core
+                    .router_mut()
+                    .drop_tx(path, batch.packet(i).len(), reason);
                 if reason == DropReason::Oversized {
                     let limit = per_path[path.index()]
                         .to
                         .as_ref()
                         .and_then(|(_, t)| t.stats().max_datagram);
                     if let Some(reply) = limit.and_then(|l| too_big_reply(batch, i, l)) {
-                        s.sizes[path.index()].too_big_sent += 1;
+                        s.core.too_big_sent(path);
                         too_big.push(reply);
                     }
                 }
             }
             for share in per_path.iter() {
                 if let (Some((path, _)), n @ 1..) = (&share.to, share.repairs_refused) {
-                    s.fec[path.index()].enc.refused(n);
+                    s.core.repairs_refused(*path, n);
                 }
             }
             drop(s);
@@ -528,7 +467,7 @@ impl Tunnel {
     fn refresh_loads(&self, scratch: &mut Routed) {
         {
             let s = self.lock();
-            let links = s.router.paths().ids();
+            let links = s.core.router().paths().ids();
             scratch
                 .links
                 .extend(links.filter_map(|id| s.link(id).map(|l| (id, l.transport.clone()))));
@@ -541,10 +480,10 @@ impl Tunnel {
     /// takes it as too big for now, unless the path went down meanwhile. Returns whether it
     /// counted.
     pub fn resize_failed(&self, path: PathId, payload: u16) -> bool {
-        let mut counted = false;
-        self.with_watch(path, |w| {
-            counted = w.on_resize_failed(payload, Instant::now());
-        });
+        let counted = self
+            .lock()
+            .core
+            .resize_failed(path, payload, Instant::now());
         self.timers_changed.notify_one();
         counted
     }
@@ -552,74 +491,20 @@ impl Tunnel {
     /// `path` could be connected only at the smallest packet size (`pmtu::PathMtu::on_fallback`);
     /// called before the new transport is installed.
     pub fn fell_back(&self, path: PathId) {
-        self.with_watch(path, PathMtu::on_fallback);
-    }
-
-    /// Apply `f` to `path`'s MTU watch, if this side has one for it.
-    fn with_watch(&self, path: PathId, f: impl FnOnce(&mut PathMtu)) {
-        if let Some(w) = self
-            .lock()
-            .sizes
-            .get_mut(path.index())
-            .and_then(|s| s.watch.as_mut())
-        {
-            f(w);
-        }
+        self.lock().core.fell_back(path);
     }
 
     /// A size change the MTU watch decided for `path` (client: reconnect it with packets of
     /// this UDP payload at most), once.
     pub fn take_resize(&self, path: PathId) -> Option<Resize> {
-        self.lock()
-            .sizes
-            .get_mut(path.index())
-            .and_then(|s| s.pending.take())
+        self.lock().core.take_resize(path)
     }
 
     /// `n` packets dropped before routing (counted on the tunnel, not on a path).
     pub fn drop_unsent(&self, reason: DropReason, n: u64) {
         if n > 0 {
-            self.lock().router.drop_unrouted(reason, n);
+            self.lock().core.router_mut().drop_unrouted(reason, n);
         }
-    }
-
-    /// Deliver a packet received on `path` to the TUN device. The TUN write (which runs the
-    /// kernel's forwarding of the packet) happens outside the lock.
-    fn deliver(&self, path: PathId, pkt: &[u8]) {
-        let marks = self
-            .class
-            .as_ref()
-            .and_then(|c| Some((c.marks.as_ref()?, c.rank)));
-        if self.expect_src.is_some() || marks.is_some() {
-            let info = PacketInfo::parse(pkt);
-            let refused = match (&info, &self.expect_src) {
-                (None, _) => Some(DropReason::Malformed),
-                (Some(info), Some(expect)) if !expect.allows(info.src) => {
-                    debug!(tunnel = %self.peer, src = %info.src, "spoofed inner source dropped");
-                    Some(DropReason::SpoofedSource)
-                }
-                _ => None,
-            };
-            if let Some(reason) = refused {
-                self.lock().router.drop_on(path, reason, 1);
-                return;
-            }
-            if let (Some(info), Some((marks, rank))) = (info, marks) {
-                marks.lock().unwrap_or_else(|e| e.into_inner()).mark(
-                    info.reply_hash(),
-                    rank,
-                    Instant::now(),
-                );
-            }
-        }
-        // Written at the end of this receive wake-up (`flush_tun`), coalesced with the
-        // packets around it; a full outbox is written now.
-        let refused = self.tun.queue(pkt);
-        let mut s = self.lock();
-        s.router.on_received(path, pkt.len(), Instant::now());
-        self.wake_timers_if(s.router.take_woken());
-        drop(s);
-        self.count_refused(refused);
     }
 
     /// Write what this wake-up delivered to the TUN device (`Sink::on_batch_end`).
@@ -631,60 +516,21 @@ impl Tunnel {
     /// Packets the TUN device refused, counted on the tunnel: a coalesced write carries
     /// packets of several paths (and, on a server, of several clients' tunnels).
     fn count_refused(&self, refused: Option<crate::tun::Refused>) {
-        let Some(r) = refused else { return };
+        if let Some((reason, n)) = self.refusal(refused) {
+            self.lock().core.router_mut().drop_unrouted(reason, n);
+        }
+    }
+
+    /// Why and how many packets the TUN device refused.
+    fn refusal(&self, refused: Option<crate::tun::Refused>) -> Option<(DropReason, u64)> {
+        let r = refused?;
         let reason = if r.error.raw_os_error() == Some(libc::EAGAIN) {
             DropReason::QueueFull
         } else {
             DropReason::TunRefused
         };
         debug!(tunnel = %self.peer, packets = r.packets, error = %r.error, "TUN write refused");
-        self.lock().router.drop_unrouted(reason, r.packets);
-    }
-
-    /// An inner packet from `path` as the peer's bond sent it (inside an FEC data packet or a
-    /// stream frame): bare, or numbered for the resequencer (`BOND_DATA`).
-    fn receive_inner(&self, path: PathId, bytes: &[u8]) {
-        match wire::decode(bytes) {
-            Some(d @ (Datagram::Packet(_) | Datagram::Bonded { .. })) => {
-                self.deliver_inner(path, d)
-            }
-            _ => self.lock().router.drop_on(path, DropReason::Malformed, 1),
-        }
-    }
-
-    /// An inner packet, bare or numbered: to the TUN device, or through the resequencer.
-    fn deliver_inner(&self, path: PathId, d: Datagram<'_>) {
-        match d {
-            Datagram::Packet(p) => self.deliver(path, p),
-            Datagram::Bonded { slot, seq, packet } => self.deliver_bonded(path, slot, seq, packet),
-            // Callers pass inner packets only; anything else is counted, never a panic.
-            _ => self.lock().router.drop_on(path, DropReason::Malformed, 1),
-        }
-    }
-
-    /// A numbered packet: delivered now, held for the ones before it, or dropped as a
-    /// duplicate (counted by the resequencer); what it releases goes on behind it.
-    fn deliver_bonded(&self, path: PathId, slot: u16, seq: u32, packet: &[u8]) {
-        let mut released = Vec::new();
-        let verdict = {
-            let mut s = self.lock();
-            let v = s.router.on_bonded(path, slot, seq, packet, Instant::now());
-            while let Some(r) = s.router.released() {
-                released.push(r);
-            }
-            // The first packet held sets a deadline the timer task does not know yet (later
-            // ones' deadlines come after it).
-            if v == Verdict::Held && s.router.reseq().holding() == 1 {
-                self.timers_changed.notify_one();
-            }
-            v
-        };
-        if verdict == Verdict::Deliver {
-            self.deliver(path, packet);
-        }
-        for (p, pkt) in released {
-            self.deliver(p, &pkt);
-        }
+        Some((reason, r.packets))
     }
 
     /// A packet woke a quiet tunnel: its probes are due now, not when the timer task planned.
@@ -697,225 +543,104 @@ impl Tunnel {
     /// A datagram from `path`'s connection `transport` (probes are answered on it, while it
     /// lives).
     fn on_datagram(&self, path: PathId, transport: &Weak<dyn PathTransport>, d: &[u8]) {
-        let answer = |msg: &[u8]| {
-            // Not sent when the buffer is full, like our own probes: never evict data.
-            if let Some(t) = transport.upgrade() {
-                let _ = t.send_control(msg);
-            }
+        let mut rx = Rx {
+            tunnel: self,
+            reply_to: Some(transport),
         };
-        match wire::decode(d) {
-            Some(d @ (Datagram::Packet(_) | Datagram::Bonded { .. })) => {
-                self.deliver_inner(path, d)
-            }
-            Some(Datagram::Probe { seq, view }) => {
-                answer(&wire::encode_probe(wire::PROBE_REPLY, seq));
-                let t = self
-                    .lock()
-                    .router
-                    .on_peer_probe(path, seq, view.as_ref(), Instant::now());
-                if let Some(t) = t {
-                    self.on_transition(&t);
-                }
-            }
-            Some(Datagram::ProbeReply(seq)) => {
-                let t = self.lock().router.on_probe_reply(path, seq, Instant::now());
-                if let Some(t) = t {
-                    self.on_transition(&t);
-                    // A transition makes a probe due now (it carries the new view to the peer).
-                    self.timers_changed.notify_one();
-                }
-            }
-            Some(Datagram::FecData {
-                group,
-                index,
-                packet,
-            }) => {
-                let mut recovered = Vec::new();
-                let fresh = self.lock().fec.get_mut(path.index()).is_some_and(|f| {
-                    f.dec
-                        .on_data(Instant::now(), group, index, packet, &mut recovered)
-                });
-                if fresh {
-                    self.receive_inner(path, packet);
-                }
-                for p in recovered {
-                    self.receive_inner(path, &p);
-                }
-            }
-            Some(Datagram::MtuProbe { seq, len }) => {
-                // Answered at the same size, so the probe tests the way back too; a reply
-                // too big for this side's packets is not sent, as a smaller MTU would do.
-                answer(&wire::encode_mtu_probe(wire::MTU_PROBE_REPLY, seq, len));
-            }
-            Some(Datagram::MtuProbeReply(seq)) => self.with_watch(path, |w| w.on_reply(seq)),
-            Some(Datagram::FecRepair(r)) => {
-                let mut recovered = Vec::new();
-                if let Some(f) = self.lock().fec.get_mut(path.index()) {
-                    f.dec.on_repair(Instant::now(), &r, &mut recovered);
-                }
-                for p in recovered {
-                    self.receive_inner(path, &p);
-                }
-            }
-            None => self.lock().router.drop_on(path, DropReason::Malformed, 1),
+        let got = self
+            .lock()
+            .core
+            .on_datagram(path, d, Instant::now(), &mut rx);
+        self.after_receive(got);
+    }
+
+    /// A packet from `path`'s reliable stream (`None`: a frame that did not parse).
+    fn on_stream_packet(&self, path: PathId, pkt: Option<&[u8]>) {
+        let mut rx = Rx {
+            tunnel: self,
+            reply_to: None,
+        };
+        let got = self
+            .lock()
+            .core
+            .on_stream_packet(path, pkt, Instant::now(), &mut rx);
+        self.after_receive(got);
+    }
+
+    fn after_receive(&self, got: Received) {
+        self.wake_timers_if(got.wake);
+        if let Some(t) = got.transition {
+            self.on_transition(&t);
         }
     }
 
-    /// Advance health: send due probes, log transitions. Returns when the core next has work
-    /// (`None`: no connected path, nothing to do until one is installed).
-    fn tick(&self) -> Option<Instant> {
+    /// Advance the core's timers: send due probes, FEC repairs and MTU probes, deliver what the
+    /// resequencer released, log transitions. Returns when the core next has work (`None`: no
+    /// connected path, nothing to do until one is installed).
+    fn tick(&self, polled: &mut Polled) -> Option<Instant> {
         let now = Instant::now();
-        let mut probes: Vec<ProbeDue> = Vec::new();
-        let mut changes: Vec<Transition> = Vec::new();
-        let mut repairs: Vec<DueRepairs> = Vec::new();
-        let mut mtu_probes: Vec<(Arc<dyn PathTransport>, Vec<u8>)> = Vec::new();
-        let mut released = Vec::new();
-        let (due, next): (Vec<(ProbeDue, Arc<dyn PathTransport>)>, _) = {
-            let mut s = self.lock();
-            s.router.poll(now, &mut probes, &mut changes);
-            while let Some(r) = s.router.released() {
-                released.push(r);
-            }
-            let due = probes
-                .iter()
-                .filter_map(|p| s.link(p.path).map(|l| (*p, l.transport.clone())))
-                .collect();
-            let mut next = s.router.next_deadline();
-            if self.fec != FecMode::Off {
-                self.poll_fec(&mut s, now, &mut repairs);
-                let fec_next = s.fec.iter().filter_map(|f| f.enc.deadline()).min();
-                next = next.into_iter().chain(fec_next).min();
-            }
-            if self.watch_mtu {
-                let mtu_next = self.poll_mtu(&mut s, now, &mut mtu_probes);
-                next = next.into_iter().chain(mtu_next).min();
-            }
-            (due, next)
+        let mut rx = Rx {
+            tunnel: self,
+            reply_to: None,
         };
-        // Packets whose wait for the ones before them ran out.
-        if !released.is_empty() {
-            for (path, pkt) in released {
-                self.deliver(path, &pkt);
+        let mut sends: Vec<(Arc<dyn PathTransport>, Vec<u8>)> = Vec::new();
+        let mut repairs = Vec::new();
+        let next = {
+            let mut s = self.lock();
+            let State { core, links, .. } = &mut *s;
+            let link = |id: PathId| links.get(id.index()).and_then(Option::as_ref);
+            let next = core.poll(
+                now,
+                |id| link(id).map(|l| link_stats(&*l.transport)),
+                &mut rx,
+                polled,
+            );
+            let to = |id: PathId| link(id).map(|l| l.transport.clone());
+            for p in &polled.probes {
+                if let Some(t) = to(p.path) {
+                    sends.push((t, wire::encode_probe_view(p.seq, &p.view).to_vec()));
+                }
             }
+            // Refused when the datagram buffer is full: then an MTU probe is lost, as it should
+            // be, and a health probe counts as unanswered, which is what a full buffer means.
+            sends.extend(
+                polled
+                    .mtu_probes
+                    .drain(..)
+                    .filter_map(|(id, m)| Some((to(id)?, m))),
+            );
+            repairs.extend(
+                polled
+                    .repairs
+                    .drain(..)
+                    .filter_map(|(id, r)| Some((id, to(id)?, r))),
+            );
+            next
+        };
+        if polled.delivered {
             self.flush_tun();
         }
-        for (transport, probe) in mtu_probes {
-            // Refused when the datagram buffer is full: then it is lost, as it should be.
-            let _ = transport.send_control(&probe);
+        for (transport, msg) in sends {
+            let _ = transport.send_control(&msg);
         }
         for (path, transport, r) in repairs {
             let n = send_repairs(&*transport, r.into_iter());
             if n > 0 {
-                self.lock().fec[path.index()].enc.refused(n);
+                self.lock().core.repairs_refused(path, n);
             }
         }
-        for (p, transport) in due {
-            let path = p.path;
-            // A probe that finds the datagram buffer full is not sent (it would evict data);
-            // health counts it as unanswered, which is what a full buffer means.
-            if transport
-                .send_control(&wire::encode_probe_view(p.seq, &p.view))
-                .is_err()
-            {
-                debug!(tunnel = %self.peer, path = %self.path_name(path), "probe not sent: datagram buffer full");
+        for &(path, v, was) in &polled.resized {
+            let name = self.path_name(path);
+            if v.recheck {
+                info!(tunnel = %self.peer, path = %name, payload = v.payload,
+                      "path MTU: trying larger packets");
+            } else {
+                warn!(tunnel = %self.peer, path = %name, was, payload = v.payload,
+                      "path MTU fell (full-size packets lost, small ones answered): reconnecting with smaller packets");
             }
         }
-        for t in &changes {
+        for t in &polled.transitions {
             self.on_transition(t);
-        }
-        next
-    }
-
-    /// FEC's timers: close groups that waited long enough (their repairs into `repairs`), feed
-    /// each encoder its path's loss counters, let decoders forget old groups.
-    fn poll_fec(&self, s: &mut State, now: Instant, repairs: &mut Vec<DueRepairs>) {
-        let State {
-            links, fec, router, ..
-        } = s;
-        for id in router.paths().ids() {
-            let (Some(f), link) = (fec.get_mut(id.index()), links.get(id.index())) else {
-                continue;
-            };
-            f.dec.expire(now);
-            let Some(link) = link.and_then(Option::as_ref) else {
-                continue;
-            };
-            let st = link.transport.stats();
-            let probe_loss = router
-                .paths()
-                .get(id)
-                .health
-                .as_ref()
-                .map_or(0.0, |h| h.loss());
-            f.enc
-                .on_counters(now, st.sent_packets, st.lost_packets, probe_loss);
-            let mut out = Vec::new();
-            f.enc.poll(now, &mut out);
-            if !out.is_empty() {
-                repairs.push((id, link.transport.clone(), out));
-            }
-        }
-    }
-
-    /// The MTU watch of every connected path: padded probes due into `probes`, verdicts kept
-    /// for the shell (`take_resize`). Returns the watches' next deadline.
-    fn poll_mtu(
-        &self,
-        s: &mut State,
-        now: Instant,
-        probes: &mut Vec<(Arc<dyn PathTransport>, Vec<u8>)>,
-    ) -> Option<Instant> {
-        let State {
-            links,
-            sizes,
-            router,
-            ..
-        } = s;
-        let mut next: Option<Instant> = None;
-        let mut out = Vec::new();
-        for id in router.paths().ids() {
-            let (Some(size), Some(link)) = (
-                sizes.get_mut(id.index()),
-                links.get(id.index()).and_then(Option::as_ref),
-            ) else {
-                continue;
-            };
-            let Some(watch) = size.watch.as_mut() else {
-                continue;
-            };
-            let path = router.paths().get(id);
-            let srtt = path.health.as_ref().and_then(|h| h.srtt());
-            let up = path.state() == Some(PathState::Up);
-            let quiet = router.paths().is_quiet();
-            let st = link.transport.stats();
-            // What a datagram costs on the wire beyond its bytes (QUIC header, frame, tag).
-            let overhead = match (st.udp_payload, st.max_datagram) {
-                (Some(p), Some(m)) => usize::from(p).saturating_sub(m),
-                _ => continue,
-            };
-            out.clear();
-            if let Some(v) = watch.poll(now, up, quiet, srtt, &mut out) {
-                let name = &path.spec.name;
-                if v.recheck {
-                    info!(tunnel = %self.peer, path = %name, payload = v.payload,
-                          "path MTU: trying larger packets");
-                } else {
-                    warn!(tunnel = %self.peer, path = %name, was = watch.current(), payload = v.payload,
-                          "path MTU fell (full-size packets lost, small ones answered): reconnecting with smaller packets");
-                }
-                size.pending = Some(v);
-            }
-            for p in &out {
-                let len = usize::from(p.size).saturating_sub(overhead);
-                probes.push((
-                    link.transport.clone(),
-                    wire::encode_mtu_probe(wire::MTU_PROBE, p.seq, len),
-                ));
-            }
-            next = next
-                .into_iter()
-                .chain(watch.next_deadline(srtt, quiet))
-                .min();
         }
         next
     }
@@ -923,8 +648,9 @@ impl Tunnel {
     /// Serve the core's timers for the tunnel's life: sleep until its next deadline, or until a
     /// path is installed (which may bring the deadline forward). No fixed tick.
     pub async fn run_timers(&self) {
+        let mut polled = Polled::default();
         loop {
-            let next = self.tick();
+            let next = self.tick(&mut polled);
             let changed = self.timers_changed.notified();
             match next {
                 Some(at) => {
@@ -949,13 +675,11 @@ impl Tunnel {
         if t.to != Some(PathState::Down) {
             return;
         }
-        // Whatever the path's MTU watch waits for fails now for the outage alone.
-        self.with_watch(t.path, PathMtu::on_outage);
         let now = Instant::now();
         let handover = {
             let s = self.lock();
             s.link(t.path).and_then(|l| {
-                let since = s.router.hand_over_since(t.path, now)?;
+                let since = s.core.router().hand_over_since(t.path, now)?;
                 Some((l.transport.clone(), since))
             })
         };
@@ -963,7 +687,10 @@ impl Tunnel {
             return;
         };
         let packets = transport.abandon(since);
-        self.lock().router.handed_over(t.path, packets.len() as u64);
+        self.lock()
+            .core
+            .router_mut()
+            .handed_over(t.path, packets.len() as u64);
         info!(tunnel = %self.peer, path = %self.path_name(t.path), resent = packets.len(),
               "path down: connection closed, its recent packets sent again on the live paths");
         self.resend(&packets);
@@ -1012,8 +739,8 @@ impl Tunnel {
     pub fn status(&self, address: Option<String>) -> TunnelStatus {
         let now = Instant::now();
         let s = self.lock();
-        let paths = s
-            .router
+        let router = s.core.router();
+        let paths = router
             .paths()
             .iter()
             .map(|(id, p)| {
@@ -1033,7 +760,7 @@ impl Tunnel {
                     rx_bytes: p.counters.rx_bytes,
                     rx_packets: p.counters.rx_packets,
                     handed_over_packets: p.counters.handed_over,
-                    flows: s.router.bond().flows_on(id) as u64,
+                    flows: router.bond().flows_on(id) as u64,
                     connects: p.connects,
                     drops: p
                         .drops
@@ -1052,10 +779,10 @@ impl Tunnel {
                     ps.probe_loss_pct = h.loss() * 100.0;
                     ps.probe_interval_ms = Some(ms(h.probe_interval()));
                 }
-                if let (Some(f), true) = (s.fec.get(id.index()), self.fec != FecMode::Off) {
+                if let (Some(f), true) = (s.core.fec(id), s.core.fec_mode() != FecMode::Off) {
                     fec_status(&mut ps, f);
                 }
-                if let Some(size) = s.sizes.get(id.index()) {
+                if let Some(size) = s.core.size(id) {
                     ps.too_big_sent = size.too_big_sent;
                     if let Some(w) = &size.watch {
                         ps.udp_payload_max = Some(u64::from(w.ceiling()));
@@ -1090,22 +817,21 @@ impl Tunnel {
             address,
             // The shell knows it (a dual-stack tunnel).
             address6: None,
-            lans: (self.expect_src.iter())
+            lans: (s.core.expect_src().into_iter())
                 .flat_map(|e| &e.lans)
                 .map(Prefix::to_string)
                 .collect(),
-            policy: s.router.bond().policy().as_str().into(),
+            policy: router.bond().policy().as_str().into(),
             mode: self.mode.as_str().into(),
-            fec: self.fec.to_string(),
+            fec: s.core.fec_mode().to_string(),
             paths,
-            drops: s
-                .router
+            drops: router
                 .bond()
                 .drops
                 .iter()
                 .map(|(r, n)| (r.as_str().to_string(), n))
                 .collect(),
-            reorder: reorder_status(s.router.reseq()),
+            reorder: reorder_status(router.reseq()),
         }
     }
 }
@@ -1292,35 +1018,73 @@ impl Sink for LinkSink {
     }
 
     fn on_stream_packet(&self, pkt: Option<&[u8]>) {
-        match pkt {
-            Some(p) => self.tunnel.receive_inner(self.path, p),
-            None => self
-                .tunnel
-                .lock()
-                .router
-                .drop_on(self.path, DropReason::Malformed, 1),
-        }
+        self.tunnel.on_stream_packet(self.path, pkt);
     }
 
     fn on_send_dropped(&self, reason: DropReason, packets: u64, bytes: u64) {
         self.tunnel
             .lock()
-            .router
+            .core
+            .router_mut()
             .drop_tx_batch(self.path, packets, bytes, reason);
     }
 
     fn on_received_dropped(&self, reason: DropReason) {
-        self.tunnel.lock().router.drop_on(self.path, reason, 1);
+        (self.tunnel.lock().core.router_mut()).drop_on(self.path, reason, 1);
     }
 
     fn on_closed(&self, peer_code: Option<u32>) {
+        let prober = self.tunnel.lock().core.watches_mtu();
         match peer_code {
             // The client took the path out of its configuration: so does the server's view
-            // (the side that does not probe, `watch_mtu` false).
-            Some(close::REMOVED) if !self.tunnel.watch_mtu => {
-                self.tunnel.retire(self.path, Some(self.generation))
-            }
+            // (the side that does not probe).
+            Some(close::REMOVED) if !prober => self.tunnel.retire(self.path, Some(self.generation)),
             _ => self.tunnel.remove(self.path, self.generation),
+        }
+    }
+}
+
+/// The core's receive side as the shell carries it out: inner packets to the TUN device's
+/// outbox (written at the end of the wake-up, `flush_tun`), replies on the connection the
+/// datagram came on. Used under the tunnel's lock, so it never takes it.
+struct Rx<'a> {
+    tunnel: &'a Tunnel,
+    reply_to: Option<&'a Weak<dyn PathTransport>>,
+}
+
+impl Deliver for Rx<'_> {
+    fn deliver(
+        &mut self,
+        _path: PathId,
+        packet: &[u8],
+        info: Option<&PacketInfo>,
+    ) -> Option<(DropReason, u64)> {
+        // Server: each packet from the client marks its flow's answers as this class.
+        if let Some((marks, rank)) =
+            (self.tunnel.class.as_ref()).and_then(|c| Some((c.marks.as_ref()?, c.rank)))
+        {
+            let parsed;
+            let info = match info {
+                Some(i) => Some(i),
+                None => {
+                    parsed = PacketInfo::parse(packet);
+                    parsed.as_ref()
+                }
+            };
+            if let Some(info) = info {
+                marks.lock().unwrap_or_else(|e| e.into_inner()).mark(
+                    info.reply_hash(),
+                    rank,
+                    Instant::now(),
+                );
+            }
+        }
+        self.tunnel.refusal(self.tunnel.tun.queue(packet))
+    }
+
+    fn answer(&mut self, msg: &[u8]) {
+        if let Some(t) = self.reply_to.and_then(Weak::upgrade) {
+            let _ = t.send_control(msg);
         }
     }
 }

@@ -1,0 +1,325 @@
+//! One tunnel's decisions, sans-IO: the client's tunnel and each client session's on the
+//! server. `TunnelCore` owns the `Router` (paths, health, bond, resequencer), each path's FEC
+//! and its packet-size watch, and the sources a peer may use; it takes received datagrams and
+//! stream packets (`receive.rs`), inner packets to protect on their way out, path events and the
+//! time (`timers.rs`), and says what to deliver to the TUN device, what to send on which path and
+//! when it next has work. The binary's `tunnel.rs` keeps connections, locks and wake-ups; the
+//! simulator (`tests/sim.rs`) drives this same state machine over modelled links.
+
+mod receive;
+mod timers;
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Instant;
+
+use crate::classify::Prefix;
+use crate::fec::{self, FecMode};
+use crate::pmtu::{PathMtu, Resize};
+use crate::wire::FEC_DATA_HEADER;
+use crate::{DropReason, HealthConfig, HealthMode, PacketInfo, PathId, PathSpec, Policy, Router};
+
+pub use receive::{Deliver, Received};
+pub use timers::Polled;
+
+/// The inner sources a client may send from (server side): its tunnel address, and the site
+/// LAN prefixes routed to it (routed LANs).
+#[derive(Debug, Clone)]
+pub struct Sources {
+    pub addr: Ipv4Addr,
+    /// A dual-stack tunnel: the client's IPv6 address.
+    pub addr6: Option<Ipv6Addr>,
+    pub lans: Vec<Prefix>,
+}
+
+impl Sources {
+    pub fn allows(&self, src: IpAddr) -> bool {
+        src == IpAddr::V4(self.addr)
+            || self.addr6.is_some_and(|a| src == IpAddr::V6(a))
+            || self.lans.iter().any(|p| p.contains(src))
+    }
+}
+
+/// What a path's live connection reports about itself (the shell reads it from its transport).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LinkStats {
+    /// Cumulative packets the connection sent and lost (FEC `auto` follows them).
+    pub sent_packets: u64,
+    pub lost_packets: u64,
+    /// The UDP payload its packets fill, and the largest the link could carry.
+    pub udp_payload: Option<u16>,
+    pub link_payload: Option<u16>,
+    /// The largest datagram it takes (what is left of `udp_payload` after its framing).
+    pub max_datagram: Option<usize>,
+}
+
+/// FEC on one path: what we send (encoder) and what we receive (decoder). Kept across
+/// reconnections: its counters are the path's, and group numbers simply continue.
+pub struct PathFec {
+    pub enc: fec::Encoder,
+    pub dec: fec::Decoder,
+}
+
+/// A path's packet size (`pmtu.rs`): watched by the side that probes, acted on by its shell
+/// (`take_resize`: reconnect with smaller, or again with larger, packets).
+#[derive(Default)]
+pub struct PathSize {
+    pub watch: Option<PathMtu>,
+    pending: Option<Resize>,
+    /// ICMP "too big" answers sent for packets this path's transport refused.
+    pub too_big_sent: u64,
+}
+
+pub struct TunnelCore {
+    router: Router,
+    fec_mode: FecMode,
+    /// By `PathId::index()`.
+    fec: Vec<PathFec>,
+    sizes: Vec<PathSize>,
+    /// This side probes its paths (the client): it also watches their packet size.
+    watch_mtu: bool,
+    /// Server side: inner packets from the peer must come from these sources.
+    expect_src: Option<Sources>,
+}
+
+impl TunnelCore {
+    pub fn new(
+        policy: Policy,
+        health: HealthMode,
+        fec: FecMode,
+        expect_src: Option<Sources>,
+    ) -> TunnelCore {
+        TunnelCore {
+            router: Router::new(
+                policy,
+                HealthConfig {
+                    mode: health,
+                    ..Default::default()
+                },
+            ),
+            fec_mode: fec,
+            fec: Vec::new(),
+            sizes: Vec::new(),
+            watch_mtu: health == HealthMode::Probe,
+            expect_src,
+        }
+    }
+
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+
+    /// Routing and drop accounting still reach the router directly.
+    pub fn router_mut(&mut self) -> &mut Router {
+        &mut self.router
+    }
+
+    pub fn fec_mode(&self) -> FecMode {
+        self.fec_mode
+    }
+
+    pub fn expect_src(&self) -> Option<&Sources> {
+        self.expect_src.as_ref()
+    }
+
+    /// Whether this side watches its paths' packet size (the prober, the client).
+    pub fn watches_mtu(&self) -> bool {
+        self.watch_mtu
+    }
+
+    /// The id of the path `spec` names, created if new (its spec refreshed). `None` when the
+    /// tunnel already has `limit` paths and this one is new.
+    pub fn path(&mut self, spec: PathSpec, limit: usize) -> Option<PathId> {
+        let id = self.router.path_within(spec, limit)?;
+        let mode = self.fec_mode;
+        if self.fec.len() <= id.index() {
+            self.fec.resize_with(id.index() + 1, || PathFec {
+                enc: fec::Encoder::new(mode),
+                dec: fec::Decoder::new(),
+            });
+        }
+        if self.sizes.len() <= id.index() {
+            self.sizes.resize_with(id.index() + 1, Default::default);
+        }
+        Some(id)
+    }
+
+    pub fn fec(&self, path: PathId) -> Option<&PathFec> {
+        self.fec.get(path.index())
+    }
+
+    pub fn size(&self, path: PathId) -> Option<&PathSize> {
+        self.sizes.get(path.index())
+    }
+
+    /// A new connection carries `path`, with packets of `link.udp_payload`: the size watch
+    /// starts over at that size.
+    pub fn connected(&mut self, path: PathId, link: LinkStats, now: Instant) {
+        self.router.connected(path, now);
+        if let (Some(payload), Some(ceiling), true) =
+            (link.udp_payload, link.link_payload, self.watch_mtu)
+        {
+            let size = &mut self.sizes[path.index()];
+            size.pending = None;
+            match &mut size.watch {
+                Some(w) => w.reset(payload, now),
+                None => size.watch = Some(PathMtu::new(ceiling, payload, now)),
+            }
+        }
+    }
+
+    /// The connection of `path` is gone: an outage, whatever its size watch was waiting for.
+    pub fn disconnected(&mut self, path: PathId) {
+        self.router.disconnected(path);
+        self.with_watch(path, PathMtu::on_outage);
+    }
+
+    /// Protect `packet`, leaving on `path` now, with the path's FEC: the header to send in front
+    /// of it (`None`: bare), repair packets of a group it closed appended to `repairs`. The bool
+    /// says a group was opened (the timers have a new deadline).
+    pub fn protect(
+        &mut self,
+        path: PathId,
+        packet: &[u8],
+        now: Instant,
+        repairs: &mut Vec<Vec<u8>>,
+    ) -> (Option<[u8; FEC_DATA_HEADER]>, bool) {
+        if self.fec_mode == FecMode::Off {
+            return (None, false);
+        }
+        let Some(f) = self.fec.get_mut(path.index()) else {
+            return (None, false);
+        };
+        let idle = f.enc.deadline().is_none();
+        let header = f.enc.on_data(now, packet, repairs);
+        (header, idle && header.is_some())
+    }
+
+    /// `n` repair packets of `path` the transport did not take.
+    pub fn repairs_refused(&mut self, path: PathId, n: u64) {
+        if let Some(f) = self.fec.get_mut(path.index()) {
+            f.enc.refused(n);
+        }
+    }
+
+    /// An ICMP "too big" was sent for a packet `path`'s transport refused.
+    pub fn too_big_sent(&mut self, path: PathId) {
+        if let Some(s) = self.sizes.get_mut(path.index()) {
+            s.too_big_sent += 1;
+        }
+    }
+
+    /// Connecting `path` with packets of `payload` failed (a larger size tried): the size
+    /// watch takes it as too big for now, unless the path went down meanwhile. Returns whether
+    /// it counted.
+    pub fn resize_failed(&mut self, path: PathId, payload: u16, now: Instant) -> bool {
+        let mut counted = false;
+        self.with_watch(path, |w| counted = w.on_resize_failed(payload, now));
+        counted
+    }
+
+    /// `path` could be connected only at the smallest packet size (`PathMtu::on_fallback`).
+    pub fn fell_back(&mut self, path: PathId) {
+        self.with_watch(path, PathMtu::on_fallback);
+    }
+
+    /// A size change the watch decided for `path` (reconnect it with packets of this UDP
+    /// payload at most), once.
+    pub fn take_resize(&mut self, path: PathId) -> Option<Resize> {
+        self.sizes.get_mut(path.index())?.pending.take()
+    }
+
+    fn with_watch(&mut self, path: PathId, f: impl FnOnce(&mut PathMtu)) {
+        if let Some(w) = self
+            .sizes
+            .get_mut(path.index())
+            .and_then(|s| s.watch.as_mut())
+        {
+            f(w);
+        }
+    }
+
+    /// What every path transition means beyond the router: a path that went down fails
+    /// whatever its size watch waits for, for the outage alone.
+    fn on_transition(&mut self, t: &crate::Transition) {
+        if t.to == Some(crate::PathState::Down) {
+            self.with_watch(t.path, PathMtu::on_outage);
+        }
+    }
+
+    /// An inner packet passes the source check (server side): counted and refused if not.
+    fn check_source(&mut self, path: PathId, info: Option<&PacketInfo>) -> bool {
+        let Some(expect) = &self.expect_src else {
+            return true;
+        };
+        let reason = match info {
+            None => DropReason::Malformed,
+            Some(i) if !expect.allows(i.src) => DropReason::SpoofedSource,
+            Some(_) => return true,
+        };
+        self.router.drop_on(path, reason, 1);
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::tests::tcp4;
+
+    #[derive(Default)]
+    struct Taken(Vec<Vec<u8>>);
+
+    impl Deliver for Taken {
+        fn deliver(
+            &mut self,
+            _: PathId,
+            p: &[u8],
+            _: Option<&PacketInfo>,
+        ) -> Option<(DropReason, u64)> {
+            self.0.push(p.to_vec());
+            None
+        }
+        fn answer(&mut self, _: &[u8]) {}
+    }
+
+    fn server_core() -> (TunnelCore, PathId) {
+        let sources = Sources {
+            addr: Ipv4Addr::new(10, 9, 0, 2),
+            addr6: None,
+            lans: vec![Prefix::parse("192.168.10.0/24").unwrap()],
+        };
+        let mut core = TunnelCore::new(
+            Policy::Failover,
+            HealthMode::Follow,
+            FecMode::Off,
+            Some(sources),
+        );
+        let spec = PathSpec {
+            name: "wan1".into(),
+            priority: 1,
+            weight: 1,
+        };
+        let id = core.path(spec, 4).unwrap();
+        core.connected(id, LinkStats::default(), Instant::now());
+        (core, id)
+    }
+
+    #[test]
+    fn a_server_delivers_only_the_clients_sources_and_counts_the_rest() {
+        let (mut core, id) = server_core();
+        let now = Instant::now();
+        let mut out = Taken::default();
+        for src in [[10, 9, 0, 2], [192, 168, 10, 7], [10, 9, 0, 3]] {
+            // A bare IP packet is its own datagram.
+            let p = tcp4(src, [1, 1, 1, 1], 1000, 80, None);
+            let _ = core.on_datagram(id, &p, now, &mut out);
+        }
+        // A truncated IPv4 header, and a datagram of no known kind.
+        let _ = core.on_datagram(id, &[0x45, 0, 1], now, &mut out);
+        let _ = core.on_datagram(id, &[0xff, 0xff], now, &mut out);
+        assert_eq!(out.0.len(), 2);
+        let drops = &core.router().paths().get(id).drops;
+        assert_eq!(drops.get(DropReason::SpoofedSource), 1);
+        assert_eq!(drops.get(DropReason::Malformed), 2);
+    }
+}

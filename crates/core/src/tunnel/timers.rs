@@ -1,0 +1,150 @@
+//! The tunnel's timers: health probes and path states, the resequencer's waits, FEC groups
+//! closed by age and decoders' old groups, and the packet-size watch of each path.
+
+use std::time::Instant;
+
+use crate::fec::FecMode;
+use crate::pmtu::Resize;
+use crate::wire;
+use crate::{PathId, PathState, ProbeDue, Transition};
+
+use super::{Deliver, LinkStats, Received, TunnelCore};
+
+/// What a `poll` asks the shell to send and to report. Owned by the shell and reused.
+#[derive(Default)]
+pub struct Polled {
+    /// Health probes due, each on its path.
+    pub probes: Vec<ProbeDue>,
+    /// Path state changes (log them; a path that went down hands its packets over).
+    pub transitions: Vec<Transition>,
+    /// FEC repair packets of groups closed by their timer, per path (refusals go back through
+    /// `TunnelCore::repairs_refused`).
+    pub repairs: Vec<(PathId, Vec<Vec<u8>>)>,
+    /// Padded MTU probes, each a whole datagram for its path.
+    pub mtu_probes: Vec<(PathId, Vec<u8>)>,
+    /// Size changes decided now (the shell reconnects the path: `take_resize`), with the size
+    /// the path had.
+    pub resized: Vec<(PathId, Resize, u16)>,
+    /// Packets were delivered (released by the resequencer): flush the TUN device.
+    pub delivered: bool,
+}
+
+impl Polled {
+    fn clear(&mut self) {
+        self.probes.clear();
+        self.transitions.clear();
+        self.repairs.clear();
+        self.mtu_probes.clear();
+        self.resized.clear();
+        self.delivered = false;
+    }
+}
+
+impl TunnelCore {
+    /// Advance time to `now`. `links`: each connected path's connection as it reports itself
+    /// (`None`: no connection). Returns when the core next has work (`None`: nothing until an
+    /// event).
+    pub fn poll(
+        &mut self,
+        now: Instant,
+        links: impl Fn(PathId) -> Option<LinkStats>,
+        rx: &mut impl Deliver,
+        out: &mut Polled,
+    ) -> Option<Instant> {
+        out.clear();
+        self.router.poll(now, &mut out.probes, &mut out.transitions);
+        for i in 0..out.transitions.len() {
+            let t = out.transitions[i];
+            self.on_transition(&t);
+        }
+        // Probes only where a connection can carry them.
+        out.probes.retain(|p| links(p.path).is_some());
+        // Packets whose wait for the ones before them ran out. (A packet that wakes a quiet
+        // tunnel makes its probes due now: `next_deadline` below says so.)
+        out.delivered = self.deliver_released(now, rx, &mut Received::default());
+        let mut next = self.router.next_deadline();
+        if self.fec_mode != FecMode::Off {
+            self.poll_fec(now, &links, out);
+            let fec_next = self.fec.iter().filter_map(|f| f.enc.deadline()).min();
+            next = next.into_iter().chain(fec_next).min();
+        }
+        if self.watch_mtu {
+            let mtu_next = self.poll_mtu(now, &links, out);
+            next = next.into_iter().chain(mtu_next).min();
+        }
+        next
+    }
+
+    /// Close FEC groups that waited long enough, feed each encoder its path's loss counters,
+    /// let decoders forget old groups.
+    fn poll_fec(
+        &mut self,
+        now: Instant,
+        links: &impl Fn(PathId) -> Option<LinkStats>,
+        out: &mut Polled,
+    ) {
+        for id in self.router.paths().ids() {
+            let Some(f) = self.fec.get_mut(id.index()) else {
+                continue;
+            };
+            f.dec.expire(now);
+            let Some(st) = links(id) else {
+                continue;
+            };
+            let probe_loss =
+                (self.router.paths().get(id).health.as_ref()).map_or(0.0, |h| h.loss());
+            f.enc
+                .on_counters(now, st.sent_packets, st.lost_packets, probe_loss);
+            let mut repairs = Vec::new();
+            f.enc.poll(now, &mut repairs);
+            if !repairs.is_empty() {
+                out.repairs.push((id, repairs));
+            }
+        }
+    }
+
+    /// The size watch of every connected path: padded probes due, verdicts kept for the shell
+    /// (`take_resize`). Returns the watches' next deadline.
+    fn poll_mtu(
+        &mut self,
+        now: Instant,
+        links: &impl Fn(PathId) -> Option<LinkStats>,
+        out: &mut Polled,
+    ) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let mut probes = Vec::new();
+        let quiet = self.router.paths().is_quiet();
+        for id in self.router.paths().ids() {
+            let (Some(size), Some(st)) = (self.sizes.get_mut(id.index()), links(id)) else {
+                continue;
+            };
+            let Some(watch) = size.watch.as_mut() else {
+                continue;
+            };
+            // What a datagram costs on the wire beyond its bytes (QUIC header, frame, tag).
+            let overhead = match (st.udp_payload, st.max_datagram) {
+                (Some(p), Some(m)) => usize::from(p).saturating_sub(m),
+                _ => continue,
+            };
+            let path = self.router.paths().get(id);
+            let srtt = path.health.as_ref().and_then(|h| h.srtt());
+            let up = path.state() == Some(PathState::Up);
+            probes.clear();
+            let was = watch.current();
+            if let Some(v) = watch.poll(now, up, quiet, srtt, &mut probes) {
+                size.pending = Some(v);
+                out.resized.push((id, v, was));
+            }
+            for p in &probes {
+                let len = usize::from(p.size).saturating_sub(overhead);
+                out.mtu_probes
+                    .push((id, wire::encode_mtu_probe(wire::MTU_PROBE, p.seq, len)));
+            }
+            next = next
+                .into_iter()
+                .chain(watch.next_deadline(srtt, quiet))
+                .min();
+        }
+        next
+    }
+}
