@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use mpquic_core::fec::FecMode;
 use mpquic_core::packet::PacketInfo;
 use mpquic_core::reseq::MAX_WAIT;
-use mpquic_core::tunnel::{Deliver, LinkStats, Polled, TunnelCore};
+use mpquic_core::tunnel::{Deliver, LinkStats, Outgoing, Polled, Routing, TunnelCore};
 use mpquic_core::wire::{self, Datagram};
 use mpquic_core::{
     DropReason, HealthConfig, HealthMode, PathId, PathLoad, PathSpec, Policy, Router,
@@ -71,6 +71,29 @@ struct Sim {
     longest_hold: Duration,
     arrived: Vec<Msg>,
     polled: Polled,
+}
+
+/// A batch of one packet, with the headers the core writes in front of it.
+struct OneBatch {
+    bytes: Vec<u8>,
+    header: usize,
+}
+
+impl Outgoing for OneBatch {
+    fn packet(&self, _: usize) -> &[u8] {
+        &self.bytes[self.header..]
+    }
+    fn headed(&self, _: usize) -> &[u8] {
+        &self.bytes
+    }
+    fn push_header(&mut self, _: usize, header: &[u8]) -> bool {
+        self.bytes.splice(0..0, header.iter().copied());
+        self.header += header.len();
+        true
+    }
+    fn headers_writable(&self) -> bool {
+        true
+    }
 }
 
 /// What a core's receive side hands the simulator: the inner packets for the TUN device and the
@@ -203,38 +226,35 @@ impl Sim {
         self.core(side).router_mut()
     }
 
-    /// `bytes` leave `side` on `path`, protected by the path's FEC as the shell does (its
-    /// header in front, the repairs of a group it closed behind it).
-    fn send_protected(&mut self, side: Side, path: PathId, bytes: Vec<u8>) {
-        let now = self.at();
-        let mut repairs = Vec::new();
-        let bytes = match self.core(side).protect(path, &bytes, now, &mut repairs) {
-            (Some(h), _) => [&h[..], &bytes].concat(),
-            (None, _) => bytes,
-        };
-        self.send(side, path, bytes);
-        for r in repairs {
-            self.send(side, path, r);
-        }
-    }
-
-    /// Send one data packet of flow `port` from `side`; returns the index of the path the
-    /// policy chose.
+    /// Send one data packet of flow `port` from `side`, routed, numbered and protected by the
+    /// side's core as the shell's batches are; returns the index of the path the policy chose.
     fn send_data(&mut self, side: Side, port: u16, seq: u32) -> Option<usize> {
         let pkt = ip_packet(port, seq);
-        let info = PacketInfo::parse(&pkt);
+        let infos = [PacketInfo::parse(&pkt)];
         let now = self.at();
         self.refresh_loads(side);
-        let route = self.router(side).route(info.as_ref(), pkt.len(), now)?;
-        let bytes = match route.seq {
-            Some((slot, n)) => [&wire::encode_bonded(slot, n)[..], &pkt].concat(),
-            None => pkt,
+        let mut batch = OneBatch {
+            bytes: pkt,
+            header: 0,
         };
-        if let Some(also) = route.also {
-            self.send_protected(side, also, bytes.clone());
+        let mut routing = Routing::default();
+        // Every path is connected (the links model its outages).
+        self.core(side)
+            .route_batch(&[0], &infos, &mut batch, |_| true, now, &mut routing);
+        for c in routing.copies.drain(..) {
+            self.send(side, c.path, c.bytes);
         }
-        self.send_protected(side, route.path, bytes);
-        Some(route.path.index())
+        let mut chosen = None;
+        for (path, share) in routing.paths() {
+            if !share.picks.is_empty() {
+                self.send(side, path, batch.bytes.clone());
+                chosen = Some(path.index());
+            }
+            for r in &share.repairs {
+                self.send(side, path, r.clone());
+            }
+        }
+        chosen
     }
 
     /// What the shell tells the router before routing: each path's rate (the link's), RTT

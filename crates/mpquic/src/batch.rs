@@ -191,6 +191,22 @@ impl PacketBatch {
     }
 }
 
+/// The core writes the bond's and FEC's headers into the batch's headroom.
+impl mpquic_core::tunnel::Outgoing for PacketBatch {
+    fn packet(&self, i: usize) -> &[u8] {
+        PacketBatch::packet(self, i)
+    }
+    fn headed(&self, i: usize) -> &[u8] {
+        PacketBatch::headed(self, i, 0)
+    }
+    fn push_header(&mut self, i: usize, header: &[u8]) -> bool {
+        PacketBatch::push_header(self, i, header)
+    }
+    fn headers_writable(&self) -> bool {
+        PacketBatch::headers_writable(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

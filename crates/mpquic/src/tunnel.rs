@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use mpquic_core::classify::{FlowClasses, Prefix};
 use mpquic_core::fec::FecMode;
 use mpquic_core::pmtu::Resize;
-use mpquic_core::tunnel::{Deliver, LinkStats, PathFec, Polled, Received, TunnelCore};
+use mpquic_core::tunnel::{Deliver, LinkStats, PathFec, Polled, Received, Routing, TunnelCore};
 use mpquic_core::wire::{self, Datagram};
 use mpquic_core::{
     DropReason, HealthMode, PacketInfo, PathId, PathSpec, PathState, Policy, Transition,
@@ -308,12 +308,12 @@ impl Tunnel {
         self.send_routed(batch, scratch);
     }
 
-    /// The first half of `send_batch`: pick each packet's path and write every header (the
-    /// bond's numbering, FEC's, the transports' framing) into the batch, recording the picks in
-    /// `scratch`. One lock covers the decisions for the whole batch. Nothing is sent, so the
-    /// batch stays writable: the server routes one batch for each of its client sessions before
-    /// any is sent (a transport that takes packets shares the batch, and no header can be
-    /// written after that; later sessions' packets went unnumbered and without FEC).
+    /// The first half of `send_batch`: the core picks each packet's path and writes every
+    /// header (the bond's numbering, FEC's), then the transports write their framing; the picks
+    /// stay in `scratch`. One lock covers the decisions for the whole batch. Nothing is sent,
+    /// so the batch stays writable: the server routes one batch for each of its client sessions
+    /// before any is sent (a transport that takes packets shares the batch, and no header can
+    /// be written after that; later sessions' packets went unnumbered and without FEC).
     pub fn route_batch(
         &self,
         batch: &mut PacketBatch,
@@ -328,68 +328,26 @@ impl Tunnel {
         }
         {
             let mut s = self.lock();
+            let State { core, links, .. } = &mut *s;
             for (path, load) in scratch.loads.drain(..) {
-                s.core.router_mut().set_load(path, load);
+                core.router_mut().set_load(path, load);
             }
-            let mut group_opened = false;
-            for &i in which {
-                let len = batch.packet(i).len();
-                let Some(route) = s.core.router_mut().route(infos[i].as_ref(), len, now) else {
-                    continue; // counted as no_path by the bond
-                };
-                let path = route.path;
-                // The bond's numbering goes first, next to the packet.
-                if let Some((slot, seq)) = route.seq {
-                    batch.push_header(i, &wire::encode_bonded(slot, seq));
+            let link = |id: PathId| links.get(id.index()).and_then(Option::as_ref);
+            let routing = &mut scratch.routing;
+            core.route_batch(which, infos, batch, |id| link(id).is_some(), now, routing);
+            // The transports of the paths used, while their links are at hand.
+            let used = routing.paths().map(|(id, _)| id);
+            for id in used.chain(routing.copies.iter().map(|c| c.path)) {
+                if scratch.to.len() <= id.index() {
+                    scratch.to.resize_with(id.index() + 1, || None);
                 }
-                // `redundant`: a copy for the second path, numbered the same (the receiver
-                // keeps the first to arrive), as a datagram in that path's own FEC groups.
-                if let Some((also, t)) = route
-                    .also
-                    .and_then(|a| s.link(a).map(|l| (a, l.transport.clone())))
-                {
-                    let mut copy = batch.headed(i, 0).to_vec();
-                    let mut repairs = Vec::new();
-                    let (header, opened) = s.core.protect(also, &copy, now, &mut repairs);
-                    group_opened |= opened;
-                    if let Some(h) = header {
-                        copy.splice(0..0, h);
-                    }
-                    let second = |bytes, repair| SecondCopy {
-                        path: also,
-                        to: t.clone(),
-                        bytes,
-                        repair,
-                    };
-                    scratch.copies.push(second(copy, false));
-                    for r in repairs {
-                        scratch.copies.push(second(r, true));
-                    }
-                }
-                let Some(link) = s.link(path) else {
-                    s.core.router_mut().drop_tx(path, len, DropReason::NoPath);
-                    continue;
-                };
-                let share = scratch.add(path, &link.transport, i);
-                // (A batch is writable until a transport takes packets: `route_batch` runs
-                // before any send. Should that ever not hold, the packet goes unprotected
-                // rather than into a group whose data packet would lack its header.)
-                if batch.headers_writable() {
-                    let (header, opened) =
-                        s.core
-                            .protect(path, batch.headed(i, 0), now, &mut share.repairs);
-                    group_opened |= opened;
-                    if let Some(h) = header {
-                        batch.push_header(i, &h);
-                    }
-                }
+                scratch.to[id.index()] = link(id).map(|l| l.transport.clone());
             }
-            let woken = s.core.router_mut().take_woken();
-            self.wake_timers_if(woken || group_opened);
+            self.wake_timers_if(routing.wake);
         }
         // Every transport writes its headers before any takes packets (then they are shared).
-        for share in scratch.per_path.iter() {
-            if let Some((_, t)) = &share.to {
+        for (id, share) in scratch.routing.paths() {
+            if let Some(t) = scratch.transport(id) {
                 t.prepare(batch, &share.picks);
             }
         }
@@ -400,28 +358,29 @@ impl Tunnel {
     /// count what the transports refused.
     pub fn send_routed(&self, batch: &mut PacketBatch, scratch: &mut Routed) {
         let mut refused_copies: Vec<(PathId, usize, DropReason, bool)> = Vec::new();
-        let Routed {
-            per_path,
-            refused,
-            copies,
-            ..
-        } = scratch;
-        for c in copies.drain(..) {
-            if let Err(reason) = c.to.send_control(&c.bytes) {
+        for c in &scratch.routing.copies {
+            let Some(t) = scratch.transport(c.path) else {
+                continue;
+            };
+            if let Err(reason) = t.send_control(&c.bytes) {
                 refused_copies.push((c.path, c.bytes.len(), reason, c.repair));
             }
         }
-        let mut repairs_refused = false;
-        for share in per_path.iter_mut() {
-            if let Some((path, t)) = &share.to {
+        let mut refused = std::mem::take(&mut scratch.refused);
+        let mut repairs_refused: Vec<(PathId, u64)> = Vec::new();
+        for (path, share) in scratch.routing.paths() {
+            if let Some(t) = scratch.transport(path) {
                 t.send_batch(batch, &share.picks, &mut |i, reason| {
-                    refused.push((*path, i, reason))
+                    refused.push((path, i, reason))
                 });
-                share.repairs_refused = send_repairs(&**t, share.repairs.drain(..));
-                repairs_refused |= share.repairs_refused > 0;
+                let n = send_repairs(&**t, &share.repairs);
+                if n > 0 {
+                    repairs_refused.push((path, n));
+                }
             }
         }
-        if !refused_copies.is_empty() {
+        if !refused_copies.is_empty() || !refused.is_empty() || !repairs_refused.is_empty() {
+            let mut too_big = Vec::new();
             let mut s = self.lock();
             for (path, len, reason, repair) in refused_copies {
                 match repair {
@@ -429,29 +388,20 @@ impl Tunnel {
                     false => s.core.router_mut().drop_tx(path, len, reason),
                 }
             }
-        }
-        if !refused.is_empty() || repairs_refused {
-            let mut too_big = Vec::new();
-            let mut s = self.lock();
             for &(path, i, reason) in refused.iter() {
                 s.core
                     .router_mut()
                     .drop_tx(path, batch.packet(i).len(), reason);
                 if reason == DropReason::Oversized {
-                    let limit = per_path[path.index()]
-                        .to
-                        .as_ref()
-                        .and_then(|(_, t)| t.stats().max_datagram);
+                    let limit = scratch.transport(path).and_then(|t| t.stats().max_datagram);
                     if let Some(reply) = limit.and_then(|l| too_big_reply(batch, i, l)) {
                         s.core.too_big_sent(path);
                         too_big.push(reply);
                     }
                 }
             }
-            for share in per_path.iter() {
-                if let (Some((path, _)), n @ 1..) = (&share.to, share.repairs_refused) {
-                    s.core.repairs_refused(*path, n);
-                }
+            for (path, n) in repairs_refused {
+                s.core.repairs_refused(path, n);
             }
             drop(s);
             // The TUN write forwards the message to the sender; outside the lock.
@@ -460,6 +410,8 @@ impl Tunnel {
                 self.count_refused(refused);
             }
         }
+        refused.clear();
+        scratch.refused = refused;
     }
 
     /// Each connected path's load as its transport sees it now (`PathLoad`) into
@@ -624,7 +576,7 @@ impl Tunnel {
             let _ = transport.send_control(&msg);
         }
         for (path, transport, r) in repairs {
-            let n = send_repairs(&*transport, r.into_iter());
+            let n = send_repairs(&*transport, &r);
             if n > 0 {
                 self.lock().core.repairs_refused(path, n);
             }
@@ -926,74 +878,38 @@ impl Shares {
     }
 }
 
-/// A batch's routing, per path: the transport and the packets it got. Owned by a TUN reader and
-/// reused for every batch (`Tunnel::send_batch`).
+/// A batch's routing: the core's picks per path and the transports they go to. Owned by a
+/// TUN reader and reused for every batch (`Tunnel::send_batch`).
 #[derive(Default)]
 pub struct Routed {
-    /// By `PathId::index()`: the path's share of this batch.
-    per_path: Vec<PathShare>,
+    routing: Routing,
+    /// By `PathId::index()`: the transport of each path this batch uses.
+    to: Vec<Option<Arc<dyn PathTransport>>>,
     /// Packets a transport refused: (path, packet, reason).
     refused: Vec<(PathId, usize, DropReason)>,
     /// Per-packet policies: the paths' loads read before routing, and the transports they are
     /// read from (kept from batch to batch: no allocation per batch).
     loads: Vec<(PathId, mpquic_core::PathLoad)>,
     links: Vec<(PathId, Arc<dyn PathTransport>)>,
-    /// `redundant`: second copies, and the repair packets of the FEC groups they closed.
-    copies: Vec<SecondCopy>,
-}
-
-/// A datagram for `redundant`'s second path: a packet's copy, or a repair packet (`repair`) of
-/// that path's FEC group it closed.
-struct SecondCopy {
-    path: PathId,
-    to: Arc<dyn PathTransport>,
-    bytes: Vec<u8>,
-    repair: bool,
-}
-
-/// The packets of a batch that go on one path, and that path's transport (`None`: none).
-#[derive(Default)]
-struct PathShare {
-    to: Option<(PathId, Arc<dyn PathTransport>)>,
-    picks: Vec<usize>,
-    /// FEC repair packets of groups this batch closed on the path, and how many the transport
-    /// refused.
-    repairs: Vec<Vec<u8>>,
-    repairs_refused: u64,
 }
 
 /// Send FEC repair packets as datagrams; returns how many the transport refused (a full
 /// buffer: repair never evicts data).
-fn send_repairs(t: &dyn PathTransport, repairs: impl Iterator<Item = Vec<u8>>) -> u64 {
-    repairs.filter(|r| t.send_control(r).is_err()).count() as u64
+fn send_repairs(t: &dyn PathTransport, repairs: &[Vec<u8>]) -> u64 {
+    repairs
+        .iter()
+        .filter(|r| t.send_control(r).is_err())
+        .count() as u64
 }
 
 impl Routed {
     fn clear(&mut self) {
-        self.copies.clear();
-        for share in &mut self.per_path {
-            share.to = None;
-            share.picks.clear();
-            share.repairs.clear();
-            share.repairs_refused = 0;
-        }
+        self.to.iter_mut().for_each(|t| *t = None);
         self.refused.clear();
     }
 
-    fn add(
-        &mut self,
-        path: PathId,
-        transport: &Arc<dyn PathTransport>,
-        packet: usize,
-    ) -> &mut PathShare {
-        if self.per_path.len() <= path.index() {
-            self.per_path
-                .resize_with(path.index() + 1, Default::default);
-        }
-        let share = &mut self.per_path[path.index()];
-        share.to.get_or_insert_with(|| (path, transport.clone()));
-        share.picks.push(packet);
-        share
+    fn transport(&self, path: PathId) -> Option<&Arc<dyn PathTransport>> {
+        self.to.get(path.index()).and_then(Option::as_ref)
     }
 }
 

@@ -7,6 +7,7 @@
 //! simulator (`tests/sim.rs`) drives this same state machine over modelled links.
 
 mod receive;
+mod send;
 mod timers;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -19,6 +20,7 @@ use crate::wire::FEC_DATA_HEADER;
 use crate::{DropReason, HealthConfig, HealthMode, PacketInfo, PathId, PathSpec, Policy, Router};
 
 pub use receive::{Deliver, Received};
+pub use send::{Outgoing, PathPicks, Routing, SecondCopy};
 pub use timers::Polled;
 
 /// The inner sources a client may send from (server side): its tunnel address, and the site
