@@ -15,11 +15,9 @@ use std::time::{Duration, Instant};
 use mpquic_core::fec::FecMode;
 use mpquic_core::packet::PacketInfo;
 use mpquic_core::reseq::MAX_WAIT;
-use mpquic_core::tunnel::{Deliver, LinkStats, Outgoing, Polled, Routing, TunnelCore};
+use mpquic_core::tunnel::{LinkStats, Outgoing, Polled, Recorded, Routing, TunnelCore};
 use mpquic_core::wire::{self, Datagram};
-use mpquic_core::{
-    DropReason, HealthConfig, HealthMode, PathId, PathLoad, PathSpec, Policy, Router,
-};
+use mpquic_core::{HealthConfig, HealthMode, PathId, PathLoad, PathSpec, Policy, Router};
 use mpquic_linkmodel::{Link, LinkSpec, LinkState};
 use proptest::prelude::*;
 
@@ -93,29 +91,6 @@ impl Outgoing for OneBatch {
     }
     fn headers_writable(&self) -> bool {
         true
-    }
-}
-
-/// What a core's receive side hands the simulator: the inner packets for the TUN device and the
-/// replies for the connection.
-#[derive(Default)]
-struct Taken {
-    delivered: Vec<Vec<u8>>,
-    answers: Vec<Vec<u8>>,
-}
-
-impl Deliver for Taken {
-    fn deliver(
-        &mut self,
-        _: PathId,
-        p: &[u8],
-        _: Option<&PacketInfo>,
-    ) -> Option<(DropReason, u64)> {
-        self.delivered.push(p.to_vec());
-        None
-    }
-    fn answer(&mut self, msg: &[u8]) {
-        self.answers.push(msg.to_vec());
     }
 }
 
@@ -285,6 +260,17 @@ impl Sim {
         self.delivered.push((to, port, seq));
     }
 
+    /// `n` packets of flow `port` (sequence 0..n) from `side`, one every `gap`, then a second
+    /// for the last ones to land.
+    fn send_flow(&mut self, side: Side, port: u16, n: u32, gap: Duration) {
+        for seq in 0..n {
+            self.send_data(side, port, seq);
+            let next = self.now + gap;
+            self.run_until(next);
+        }
+        self.run_until(self.now + Duration::from_secs(1));
+    }
+
     /// Packets `side`'s FEC decoders rebuilt.
     fn recovered(&self, side: Side) -> u64 {
         let c = match side {
@@ -297,7 +283,7 @@ impl Sim {
     }
 
     /// What a core handed over: packets to record, replies to send back on `path`.
-    fn take(&mut self, side: Side, path: Option<PathId>, taken: Taken) {
+    fn take(&mut self, side: Side, path: Option<PathId>, taken: Recorded) {
         for p in taken.delivered {
             self.deliver(side, &p);
         }
@@ -334,7 +320,7 @@ impl Sim {
         loop {
             for side in [Side::Client, Side::Server] {
                 let now = self.at();
-                let mut taken = Taken::default();
+                let mut taken = Recorded::default();
                 let mut polled = std::mem::take(&mut self.polled);
                 // Every path is connected (the links model its outages).
                 let _ = self.core(side).poll(
@@ -401,7 +387,7 @@ impl Sim {
                 .or_insert(self.now);
         }
         let now = self.at();
-        let mut taken = Taken::default();
+        let mut taken = Recorded::default();
         let got = self
             .core(m.to)
             .on_datagram(m.path, &m.bytes, now, &mut taken);
@@ -631,12 +617,7 @@ proptest! {
         let mut sim = Sim::new(Policy::Redundant, &specs, &links, seed);
         sim.run_until(Duration::from_millis(500));
         let n = 3000u32;
-        for seq in 0..n {
-            sim.send_data(Side::Client, 1000, seq);
-            let next = sim.now + Duration::from_millis(2);
-            sim.run_until(next);
-        }
-        sim.run_until(sim.now + Duration::from_secs(1));
+        sim.send_flow(Side::Client, 1000, n, Duration::from_millis(2));
         let mut seen = HashSet::new();
         let mut last = None;
         let mut out_of_order = 0u64;
@@ -711,12 +692,7 @@ proptest! {
         let mut sim = Sim::with_fec(Policy::Failover, fec, &specs, &[l], seed);
         sim.run_until(Duration::from_millis(500));
         let n = 4000u32;
-        for seq in 0..n {
-            sim.send_data(Side::Client, 9, seq);
-            let next = sim.now + Duration::from_millis(1);
-            sim.run_until(next);
-        }
-        sim.run_until(sim.now + Duration::from_secs(1));
+        sim.send_flow(Side::Client, 9, n, Duration::from_millis(1));
         let mut seen = HashSet::new();
         for d in sim.delivered.iter().filter(|d| d.0 == Side::Server) {
             prop_assert!(seen.insert(d.2), "delivered twice: {:?}", d);

@@ -19,7 +19,7 @@ use crate::pmtu::{PathMtu, Resize};
 use crate::wire::FEC_DATA_HEADER;
 use crate::{DropReason, HealthConfig, HealthMode, PacketInfo, PathId, PathSpec, Policy, Router};
 
-pub use receive::{Deliver, Received};
+pub use receive::{Deliver, Received, Recorded};
 pub use send::{Outgoing, PathPicks, Routing, SecondCopy};
 pub use timers::Polled;
 
@@ -268,22 +268,6 @@ mod tests {
     use super::*;
     use crate::packet::tests::tcp4;
 
-    #[derive(Default)]
-    struct Taken(Vec<Vec<u8>>);
-
-    impl Deliver for Taken {
-        fn deliver(
-            &mut self,
-            _: PathId,
-            p: &[u8],
-            _: Option<&PacketInfo>,
-        ) -> Option<(DropReason, u64)> {
-            self.0.push(p.to_vec());
-            None
-        }
-        fn answer(&mut self, _: &[u8]) {}
-    }
-
     fn server_core() -> (TunnelCore, PathId) {
         let sources = Sources {
             addr: Ipv4Addr::new(10, 9, 0, 2),
@@ -310,7 +294,7 @@ mod tests {
     fn a_server_delivers_only_the_clients_sources_and_counts_the_rest() {
         let (mut core, id) = server_core();
         let now = Instant::now();
-        let mut out = Taken::default();
+        let mut out = Recorded::default();
         for src in [[10, 9, 0, 2], [192, 168, 10, 7], [10, 9, 0, 3]] {
             // A bare IP packet is its own datagram.
             let p = tcp4(src, [1, 1, 1, 1], 1000, 80, None);
@@ -319,7 +303,7 @@ mod tests {
         // A truncated IPv4 header, and a datagram of no known kind.
         let _ = core.on_datagram(id, &[0x45, 0, 1], now, &mut out);
         let _ = core.on_datagram(id, &[0xff, 0xff], now, &mut out);
-        assert_eq!(out.0.len(), 2);
+        assert_eq!(out.delivered.len(), 2);
         let drops = &core.router().paths().get(id).drops;
         assert_eq!(drops.get(DropReason::SpoofedSource), 1);
         assert_eq!(drops.get(DropReason::Malformed), 2);

@@ -26,6 +26,28 @@ pub trait Deliver {
     fn answer(&mut self, msg: &[u8]);
 }
 
+/// A `Deliver` that keeps copies of what it is handed: for tests and the simulator.
+#[derive(Debug, Default)]
+pub struct Recorded {
+    pub delivered: Vec<Vec<u8>>,
+    pub answers: Vec<Vec<u8>>,
+}
+
+impl Deliver for Recorded {
+    fn deliver(
+        &mut self,
+        _: PathId,
+        p: &[u8],
+        _: Option<&PacketInfo>,
+    ) -> Option<(DropReason, u64)> {
+        self.delivered.push(p.to_vec());
+        None
+    }
+    fn answer(&mut self, msg: &[u8]) {
+        self.answers.push(msg.to_vec());
+    }
+}
+
 /// What the shell must act on after a receive.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 #[must_use]

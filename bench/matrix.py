@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""The adaptive data path matrix: mpquic's default transport against each fixed mode (datagram,
+datagram + fec auto, reliable) on the kinds of link a site sees within an hour: two unlike paths
+bonded, one path with random loss, one path switching between clean and lossy. Each cell is a
+scenario in bench/matrix/, run by mpquic-lab with every variant in turn; results go to
+bench/results/matrix/CELL/ and the table to bench/results/matrix/summary.md.
+
+    sudo python3 bench/matrix.py                  # every cell (~30 min), then the table
+    sudo python3 bench/matrix.py bonding-300-80   # some cells
+    python3 bench/matrix.py --table               # the table from the results on disk
+"""
+
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CELLS = os.path.join(ROOT, "bench", "matrix")
+OUT = os.path.join(ROOT, "bench", "results", "matrix")
+FIXED = ["datagram", "datagram-fec", "reliable"]
+
+
+def run(cells):
+    subprocess.run([os.path.join(ROOT, "scripts", "install-deps.sh")], check=True)
+    subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
+    lab = os.path.join(ROOT, "target", "release", "mpquic-lab")
+    for cell in cells:
+        print(f"=== {cell}", flush=True)
+        tmp = tempfile.mkdtemp()
+        try:
+            subprocess.run([lab, "run", os.path.join(CELLS, cell + ".yaml"), "--out", tmp], check=True)
+            out = os.path.join(OUT, cell)
+            shutil.rmtree(out, ignore_errors=True)
+            os.makedirs(out)
+            for f in ("report.md", "results.json"):
+                shutil.copy(os.path.join(tmp, f), out)
+            for d in glob.glob(os.path.join(tmp, "*", "")):
+                pngs = glob.glob(os.path.join(d, "*.png"))
+                if pngs:
+                    dest = os.path.join(out, os.path.basename(os.path.dirname(d)))
+                    os.makedirs(dest, exist_ok=True)
+                    for p in pngs:
+                        shutil.copy(p, dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load(cell):
+    with open(os.path.join(OUT, cell, "results.json")) as f:
+        d = json.load(f)
+    # variant label -> traffic label -> row
+    return {s["system"].removeprefix("mpquic-"): {t["label"]: t for t in s["traffic"]} for s in d["systems"]}
+
+
+def ratio(a, b):
+    return a / b if b else float("nan")
+
+
+def best_fixed(rows, label, value):
+    return max((value(rows[v][label]), v) for v in FIXED if v in rows)
+
+
+def bonding_table(cell, rows):
+    lines = [f"### {cell}", "",
+             "| variant | up 1 | up 16 | down 1 | down 16 | single-path sum up / down |",
+             "|---|---|---|---|---|---|"]
+    for v, r in rows.items():
+        if v not in ["default"] + FIXED:
+            continue
+        up = r["path 1 alone up 4 streams"]["mbit"] + r["path 2 alone up 4 streams"]["mbit"]
+        down = r["path 1 alone down 4 streams"]["mbit"] + r["path 2 alone down 4 streams"]["mbit"]
+        cells = []
+        for label, s in (("up 1 stream", up), ("up 16 streams", up), ("down 1 stream", down),
+                         ("down 16 streams", down)):
+            m = r[label]["mbit"]
+            cells.append(f"{m:.0f} ({ratio(m, s):.2f})")
+        lines.append(f"| {v} | " + " | ".join(cells) + f" | {up:.0f} / {down:.0f} |")
+    verdict = []
+    for label in ("up 1 stream", "up 16 streams", "down 1 stream", "down 16 streams"):
+        best, which = best_fixed(rows, label, lambda t: t["mbit"])
+        verdict.append(f"{label} {ratio(rows['default'][label]['mbit'], best):.2f}x ({which})")
+    lines += ["", "default / best fixed mode: " + ", ".join(verdict), ""]
+    return lines
+
+
+def loss_table(cell, rows):
+    levels = ["0%", "1%", "10%", "30%"]
+    lines = [f"### {cell}", "",
+             "| variant | " + " | ".join(f"{lv} cubic | {lv} bbr" for lv in levels) + " |",
+             "|---|" + "---|" * (2 * len(levels))]
+    for v, r in rows.items():
+        cells = []
+        for lv in levels:
+            for cc in ("cubic", "bbr"):
+                m = r[f"loss {lv} {cc}"]["mbit"]
+                base = r[f"loss 0% {cc}"]["mbit"]
+                cells.append(f"{m:.1f} ({ratio(m, base):.2f})")
+        lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    verdict = []
+    for lv in levels:
+        for cc in ("cubic", "bbr"):
+            label = f"loss {lv} {cc}"
+            best, which = best_fixed(rows, label, lambda t: t["mbit"])
+            verdict.append(f"{lv} {cc} {ratio(rows['default'][label]['mbit'], best):.2f}x ({which})")
+    lines += ["", "(in brackets: share of the same variant's lossless figure with that inner controller)",
+              "", "default / best fixed mode: " + ", ".join(verdict), ""]
+    return lines
+
+
+def handover_table(cell, rows, phase=20):
+    label = "upload 120 s"
+    lines = [f"### {cell}", "",
+             "| variant | " + " | ".join(f"{i * phase}-{(i + 1) * phase} s" for i in range(6)) + " | whole |",
+             "|---|" + "---|" * 7]
+    phases = {}
+    for v, r in rows.items():
+        iv = r[label]["intervals_mbit"]
+        phases[v] = [statistics.mean(iv[i * phase:(i + 1) * phase]) for i in range(len(iv) // phase)]
+        lines.append(f"| {v} | " + " | ".join(f"{p:.1f}" for p in phases[v]) + f" | {r[label]['mbit']:.1f} |")
+    fixed = [v for v in FIXED if v in phases]
+    best = sum(max(phases[v][i] for v in fixed) for i in range(len(phases["default"])))
+    lines += ["", f"default / best fixed mode per phase, summed: {ratio(sum(phases['default']), best):.2f}x", ""]
+    return lines
+
+
+def table():
+    out = ["# Adaptive data path matrix", "",
+           "Mbit/s per variant (in brackets: share of mpquic's own single-path sum, or of the lossless row).",
+           "Command: `sudo python3 bench/matrix.py`.", ""]
+    for path in sorted(glob.glob(os.path.join(OUT, "*", "results.json"))):
+        cell = os.path.basename(os.path.dirname(path))
+        rows = load(cell)
+        if cell.startswith("bonding"):
+            out += bonding_table(cell, rows)
+        elif cell.startswith("loss"):
+            out += loss_table(cell, rows)
+        elif cell.startswith("handover"):
+            out += handover_table(cell, rows)
+    text = "\n".join(out)
+    with open(os.path.join(OUT, "summary.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+
+
+def main(argv):
+    if argv[:1] != ["--table"]:
+        cells = argv or sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(CELLS, "*.yaml")))
+        run(cells)
+    table()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
