@@ -32,7 +32,7 @@ use crate::platform::Platform;
 use crate::reload::{self, PathChanges};
 use crate::status::StatusReport;
 use crate::transport::quic::QuicDialer;
-use crate::transport::{Dialer, PathTransport, Unfinished};
+use crate::transport::{Dialer, Known, PathTransport, Unfinished};
 use crate::tun::Tun;
 use crate::tunnel::{close, Carriage, ClassTag, Routed, Shares, Tunnel};
 use crate::{quic, runtime};
@@ -611,7 +611,11 @@ impl Client {
                 .map(|p| p.to_string())
                 .collect(),
         };
-        let (transport, ack) = class.dialer.dial(p, &h, class.slot(id).payload).await?;
+        let known = Known {
+            payload: class.slot(id).payload,
+            rtt: class.tunnel.rtt(id),
+        };
+        let (transport, ack) = class.dialer.dial(p, &h, known).await?;
         // Closed if the answer is unusable (or this attempt is given up by its timeout).
         let transport = Unfinished::new(transport);
         if !ack.ok {

@@ -309,7 +309,7 @@ async fn exchange_and_fail_over(mode: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
     use crate::hello::{Hello, PipeOf};
-    use crate::transport::Dialer;
+    use crate::transport::{Dialer, Known};
 
     let dir = pki_dir(1);
     let d = dir.path();
@@ -375,7 +375,10 @@ async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
         instance: None,
         class: None,
     };
-    let (t, ack) = dialer.dial(&c.paths[1], &stray, None).await.unwrap();
+    let (t, ack) = dialer
+        .dial(&c.paths[1], &stray, Known::default())
+        .await
+        .unwrap();
     t.close(0, "done");
     assert!(!ack.ok);
     let why = ack.error.unwrap();
@@ -564,8 +567,11 @@ async fn stripe_path_to_a_server_without_stripe_is_refused() {
         instance: None,
         class: None,
     };
-    use crate::transport::Dialer;
-    let (t, ack) = dialer.dial(&c.paths[0], &hello, None).await.unwrap();
+    use crate::transport::{Dialer, Known};
+    let (t, ack) = dialer
+        .dial(&c.paths[0], &hello, Known::default())
+        .await
+        .unwrap();
     t.close(0, "done");
     let why = ack.error.unwrap_or_default();
     assert!(!ack.ok && why.contains("stripe_enabled"), "{why}");

@@ -276,6 +276,13 @@ impl Tunnel {
         self.lock().links.iter().filter(|l| l.is_some()).count()
     }
 
+    /// `path`'s RTT as its probes last measured it (kept through an outage).
+    pub fn rtt(&self, path: PathId) -> Option<Duration> {
+        let s = self.lock();
+        let health = s.core.router().paths().get(path).health.as_ref()?;
+        health.srtt()
+    }
+
     pub fn unusable_for(&self, path: PathId) -> Option<Duration> {
         self.lock().core.router().unusable_for(path, Instant::now())
     }

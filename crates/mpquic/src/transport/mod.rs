@@ -184,14 +184,26 @@ pub(crate) fn enqueue_by_flow(
 pub trait Dialer: Send + Sync + 'static {
     /// Dial the server over `path` (bound as its config says) and send `hello`. Returns the
     /// path's transport, not yet started, and the server's answer, which may be a refusal (the
-    /// caller then closes the transport). `payload`: a UDP payload smaller than the link's, for
-    /// a path whose route carries less (`pmtu.rs`); both directions keep within it.
+    /// caller then closes the transport). `known`: what the client knows of the path from its
+    /// earlier connections.
     fn dial<'a>(
         &'a self,
         path: &'a crate::config::PathConfig,
         hello: &'a Hello,
-        payload: Option<u16>,
+        known: Known,
     ) -> BoxFuture<'a, Result<(Arc<dyn PathTransport>, HelloAck)>>;
+}
+
+/// What the client knows of a path when it dials it again.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Known {
+    /// A UDP payload smaller than the link's, for a path whose route carries less (`pmtu.rs`);
+    /// both directions keep within it.
+    pub payload: Option<u16>,
+    /// The path's RTT as its probes measured it: the handshake's first retransmission waits
+    /// about three of these rather than a second, so a path that comes back from an outage is
+    /// connected again within a fraction of a second of its return.
+    pub rtt: Option<std::time::Duration>,
 }
 
 /// Server side of session setup: paths offered by authenticated clients. Connections that fail

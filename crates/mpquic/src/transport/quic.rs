@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use super::{
-    enqueue_by_flow, stream_rx, BoxFuture, Dialer, Dropped, Listener, Offer, OfferReply,
+    enqueue_by_flow, stream_rx, BoxFuture, Dialer, Dropped, Known, Listener, Offer, OfferReply,
     PathTransport, Sink, TransportStats, Unfinished,
 };
 use crate::batch::PacketBatch;
@@ -381,7 +381,7 @@ impl QuicDialer {
             quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
                 .context("TLS config unusable for QUIC")?,
         ));
-        client.transport_config(quic::transport(cfg.congestion, link_mtu));
+        client.transport_config(quic::transport(cfg.congestion, link_mtu, None));
         Ok(QuicDialer {
             client,
             congestion: cfg.congestion,
@@ -396,7 +396,7 @@ impl QuicDialer {
         &self,
         p: &PathConfig,
         h: &Hello,
-        payload: Option<u16>,
+        known: Known,
     ) -> Result<(Arc<dyn PathTransport>, HelloAck)> {
         let remote: SocketAddr = tokio::net::lookup_host((p.remote_addr.as_str(), p.remote_port))
             .await
@@ -405,14 +405,23 @@ impl QuicDialer {
             .ok_or_else(|| anyhow!("{} has no address", p.remote_addr))?;
         // A smaller payload is announced to the server (it caps what the server sends) and is
         // this side's packet size and floor: the route carries no more.
-        let link_mtu = payload.map_or(self.link_mtu, |p| {
+        let link_mtu = known.payload.map_or(self.link_mtu, |p| {
             mpquic_core::mtu::link_mtu_for_payload(p).min(self.link_mtu)
         });
+        let mut client = self.client.clone();
+        if link_mtu != self.link_mtu || known.rtt.is_some() {
+            client.transport_config(quic::transport(self.congestion, link_mtu, known.rtt));
+        }
+        let to = &Target {
+            remote,
+            link_mtu,
+            client,
+        };
         if p.transport == PathKind::Stripe {
-            return self.dial_stripe(p, remote, link_mtu, h).await;
+            return self.dial_stripe(p, to, h).await;
         }
         if p.pipes <= 1 {
-            let (t, ack) = self.dial_one(p, remote, link_mtu, h).await?;
+            let (t, ack) = self.dial_one(p, to, h).await?;
             return Ok((t, ack));
         }
         // Pipe 0 joins the session like a path; the others then join pipe 0 (`pipes.rs`).
@@ -423,19 +432,16 @@ impl QuicDialer {
             }),
             ..h.clone()
         };
-        let (first, ack) = self.dial_one(p, remote, link_mtu, &hello_for(0)).await?;
+        let (first, ack) = self.dial_one(p, to, &hello_for(0)).await?;
         if !ack.ok {
             return Ok((first, ack));
         }
-        let group = quic::PipeGroup::new(self.congestion, mpquic_core::mtu::udp_payload(link_mtu));
+        let group =
+            quic::PipeGroup::new(self.congestion, mpquic_core::mtu::udp_payload(to.link_mtu));
         let set = Unfinished::new(QuicPipes::new(group, p.pipes, ack.clone(), first));
         let hellos: Vec<Hello> = (1..p.pipes).map(hello_for).collect();
-        let rest = futures_util::future::join_all(
-            hellos
-                .iter()
-                .map(|hk| self.dial_one(p, remote, link_mtu, hk)),
-        )
-        .await;
+        let rest =
+            futures_util::future::join_all(hellos.iter().map(|hk| self.dial_one(p, to, hk))).await;
         let mut failed = None;
         for (k, r) in (1..p.pipes).zip(rest) {
             match r {
@@ -465,15 +471,14 @@ impl QuicDialer {
     async fn dial_stripe(
         &self,
         p: &PathConfig,
-        remote: SocketAddr,
-        link_mtu: u32,
+        to: &Target,
         h: &Hello,
     ) -> Result<(Arc<dyn PathTransport>, HelloAck)> {
         let h = Hello {
             stripe: Some(hello::StripeOf { pipes: p.pipes }),
             ..h.clone()
         };
-        let (quic, ack) = self.dial_one(p, remote, link_mtu, &h).await?;
+        let (quic, ack) = self.dial_one(p, to, &h).await?;
         if !ack.ok {
             return Ok((quic, ack));
         }
@@ -492,19 +497,20 @@ impl QuicDialer {
         Ok((t, ack))
     }
 
-    /// One QUIC connection to `remote` over its own socket, and its hello exchange.
+    /// One QUIC connection to `to` over its own socket, and its hello exchange.
     async fn dial_one(
         &self,
         p: &PathConfig,
-        remote: SocketAddr,
-        link_mtu: u32,
+        to: &Target,
         h: &Hello,
     ) -> Result<(Arc<QuicTransport>, HelloAck)> {
+        let Target {
+            remote,
+            link_mtu,
+            client,
+        } = to;
+        let (remote, link_mtu) = (*remote, *link_mtu);
         let socket = self.platform.client_socket(&p.bind, remote)?;
-        let mut client = self.client.clone();
-        if link_mtu != self.link_mtu {
-            client.transport_config(quic::transport(self.congestion, link_mtu));
-        }
         let endpoint = quinn::Endpoint::new_with_abstract_socket(
             quic::client_endpoint(link_mtu),
             None,
@@ -512,7 +518,7 @@ impl QuicDialer {
             Arc::new(quinn::TokioRuntime),
         )?;
         let conn = endpoint
-            .connect_with(client, remote, &self.server_name)?
+            .connect_with(client.clone(), remote, &self.server_name)?
             .await
             .with_context(|| format!("handshake with {remote} failed"))?;
         let (mut send, mut recv) = conn.open_bi().await?;
@@ -532,10 +538,18 @@ impl Dialer for QuicDialer {
         &'a self,
         path: &'a PathConfig,
         hello: &'a Hello,
-        payload: Option<u16>,
+        known: Known,
     ) -> BoxFuture<'a, Result<(Arc<dyn PathTransport>, HelloAck)>> {
-        Box::pin(self.dial_inner(path, hello, payload))
+        Box::pin(self.dial_inner(path, hello, known))
     }
+}
+
+/// Where one dial goes: the server's address, the link MTU its packets fill, and the QUIC
+/// configuration for that size and the path's known RTT.
+struct Target {
+    remote: SocketAddr,
+    link_mtu: u32,
+    client: quinn::ClientConfig,
 }
 
 /// The server's QUIC session setup: one endpoint on the listening socket; each connection is
@@ -574,7 +588,11 @@ impl QuicListener {
             quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(crypto))
                 .context("TLS config unusable for QUIC")?,
         ));
-        server_config.transport_config(quic::transport(cfg.congestion, quic::DEFAULT_LINK_MTU));
+        server_config.transport_config(quic::transport(
+            cfg.congestion,
+            quic::DEFAULT_LINK_MTU,
+            None,
+        ));
         let endpoint = quinn::Endpoint::new_with_abstract_socket(
             quinn::EndpointConfig::default(),
             Some(server_config),
