@@ -24,21 +24,8 @@ use crate::status::{PathStatus, TunnelStatus};
 use crate::transport::{PathTransport, Sink};
 use crate::tun::Tun;
 
+pub use crate::transport::close;
 pub use mpquic_core::tunnel::Sources;
-
-/// QUIC application error codes used when closing a connection.
-pub mod close {
-    pub const SHUTDOWN: u32 = 0;
-    pub const REPLACED: u32 = 1;
-    pub const REFUSED: u32 = 2;
-    pub const PROTOCOL: u32 = 3;
-    /// Reliable mode: the path went down and its recent packets were sent on another path.
-    pub const PATH_DOWN: u32 = 4;
-    /// The path was taken out of the client's configuration (a reload): the server retires it.
-    pub const REMOVED: u32 = 5;
-    /// The server's rules for the client changed (a reload): it rejoins under the new ones.
-    pub const RULES_CHANGED: u32 = 6;
-}
 
 /// How long a replaced connection stays open to drain what is already in flight on it.
 const REPLACE_GRACE: Duration = Duration::from_millis(250);

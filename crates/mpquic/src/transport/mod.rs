@@ -26,6 +26,20 @@ pub mod quic;
 mod stream_rx;
 pub mod stripe;
 
+/// QUIC application error codes used when closing a connection.
+pub mod close {
+    pub const SHUTDOWN: u32 = 0;
+    pub const REPLACED: u32 = 1;
+    pub const REFUSED: u32 = 2;
+    pub const PROTOCOL: u32 = 3;
+    /// Reliable mode: the path went down and its recent packets were sent on another path.
+    pub const PATH_DOWN: u32 = 4;
+    /// The path was taken out of the client's configuration (a reload): the server retires it.
+    pub const REMOVED: u32 = 5;
+    /// The server's rules for the client changed (a reload): it rejoins under the new ones.
+    pub const RULES_CHANGED: u32 = 6;
+}
+
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The transport's own view of the path, for status and metrics.
@@ -65,7 +79,7 @@ pub trait Sink: Send + Sync + 'static {
     /// packet that failed authentication or the replay check, or was malformed).
     fn on_received_dropped(&self, reason: DropReason);
     /// The transport has ended (connection closed); nothing more arrives. `peer_code`: the
-    /// application code the peer closed it with (`tunnel::close`), if it did.
+    /// application code the peer closed it with (`close`), if it did.
     fn on_closed(&self, peer_code: Option<u32>);
 }
 
@@ -134,7 +148,7 @@ impl<T: PathTransport + ?Sized> Unfinished<T> {
 impl<T: PathTransport + ?Sized> Drop for Unfinished<T> {
     fn drop(&mut self) {
         if let Some(t) = self.0.take() {
-            t.close(crate::tunnel::close::SHUTDOWN, "path setup abandoned");
+            t.close(close::SHUTDOWN, "path setup abandoned");
         }
     }
 }

@@ -26,7 +26,7 @@ use crate::batch::PacketBatch;
 use crate::config::{Config, PathConfig, PathKind, TransportMode};
 use crate::hello::{self, Hello, HelloAck};
 use crate::platform::Platform;
-use crate::tunnel::close;
+use crate::transport::close;
 use crate::{quic, tls};
 
 mod pipes;

@@ -28,8 +28,8 @@ use super::QuicTransport;
 use crate::batch::PacketBatch;
 use crate::hello::HelloAck;
 use crate::quic::PipeGroup;
+use crate::transport::close;
 use crate::transport::{BoxFuture, PathTransport, Sink, TransportStats};
-use crate::tunnel::close;
 
 pub struct QuicPipes {
     pipes: RwLock<Vec<Arc<QuicTransport>>>,

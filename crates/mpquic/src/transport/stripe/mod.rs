@@ -796,7 +796,7 @@ async fn timer(link: Arc<Link>, conn: quinn::Connection) {
                 "stripe: nothing from the peer for {SESSION_TIMEOUT:?}; closing the path"
             );
             conn.close(
-                crate::tunnel::close::PATH_DOWN.into(),
+                crate::transport::close::PATH_DOWN.into(),
                 b"stripe session timed out",
             );
             return;
