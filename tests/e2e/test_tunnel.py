@@ -24,17 +24,33 @@ def test_ping_tcp_both_directions_and_udp(make_lab, mode):
     lab.iperf_server()
     up = lab.iperf(seconds=4)["end"]["sum_received"]["bits_per_second"] / 1e6
     down = lab.iperf(seconds=4, reverse=True)["end"]["sum_received"]["bits_per_second"] / 1e6
+    overflowed = udp_receive_overflows(lab, lab.inet_ns)
     udp = lab.iperf(seconds=4, udp_mbit=100)["end"]["sum"]
-    report(f"{mode}: ping 20/20 rtt avg {sum(p['rtts']) / len(p['rtts']):.2f} ms; TCP up {up:.0f} Mbit/s, "
-           f"down {down:.0f} Mbit/s; UDP 100 Mbit/s offered: {udp['bits_per_second'] / 1e6:.0f} Mbit/s, "
-           f"lost {udp['lost_percent']:.2f}%")
-    assert up > 50 and down > 50, (up, down)
-    assert udp["lost_percent"] < 2.0, udp
-    # Every packet is accounted for: the client sent on its paths what the server received.
+    # Datagrams the tunnel delivered that the receiving iperf3 could not read in time (its socket
+    # buffer full: the kernel counts them) are not the tunnel's loss. CI once saw 3.2% lost on a
+    # host whose hypervisor was taking the vCPUs away (steal) for seconds at a time.
+    overflowed = udp_receive_overflows(lab, lab.inet_ns) - overflowed
+    tunnel_lost = max(0, udp["lost_packets"] - overflowed) * 100 / max(1, udp["packets"])
     cli = lab.status("client0")["tunnels"][0]
     srv = lab.status("server")["tunnels"][0]
+    drops = {k: {r: n for r, n in t["drops"].items() if n} for k, t in (("client", cli), ("server", srv))}
+    report(f"{mode}: ping 20/20 rtt avg {sum(p['rtts']) / len(p['rtts']):.2f} ms; TCP up {up:.0f} Mbit/s, "
+           f"down {down:.0f} Mbit/s; UDP 100 Mbit/s offered: {udp['bits_per_second'] / 1e6:.0f} Mbit/s, "
+           f"lost {udp['lost_percent']:.2f}% ({overflowed} overflowed the receiver's socket, so "
+           f"{tunnel_lost:.2f}% in the tunnel); tunnel drops {drops}")
+    assert up > 50 and down > 50, (up, down)
+    assert tunnel_lost < 2.0, (udp, overflowed, drops)
+    # Every packet is accounted for: the client sent on its paths what the server received.
     assert sum(x["tx_packets"] for x in cli["paths"]) > 0
     assert srv["peer"] == "site1/mpq0" and srv["address"] == "10.200.17.1/24"
+
+
+def udp_receive_overflows(lab, ns):
+    """UDP datagrams the kernel of namespace `ns` dropped because a socket's receive buffer was
+    full (RcvbufErrors in /proc/net/snmp), so far."""
+    rows = [line.split() for line in lab.sh(ns, "cat /proc/net/snmp").stdout.splitlines()
+            if line.startswith("Udp:")]
+    return int(dict(zip(rows[0], rows[1]))["RcvbufErrors"])
 
 
 def test_two_clients_own_addresses_and_spoofed_source_dropped(make_lab):
