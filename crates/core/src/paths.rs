@@ -129,6 +129,9 @@ pub struct Path {
     pub connects: u64,
     /// Taken out of the configuration (a reload): no connection, not shown, not scheduled.
     pub retired: bool,
+    /// The smoothed RTT its probes measured when its last connection went away: a redial
+    /// starts its handshake timers from it.
+    pub last_srtt: Option<Duration>,
 }
 
 impl Path {
@@ -241,6 +244,7 @@ impl PathSet {
             drops: Drops::default(),
             connects: 0,
             retired: false,
+            last_srtt: None,
         });
         Some(PathId((self.paths.len() - 1) as u16))
     }
@@ -321,6 +325,9 @@ impl PathSet {
     pub fn disconnected(&mut self, id: PathId) -> Transition {
         let p = &mut self.paths[id.index()];
         let from = p.state();
+        if let Some(rtt) = p.health.as_ref().and_then(PathHealth::srtt) {
+            p.last_srtt = Some(rtt);
+        }
         p.health = None;
         Transition {
             path: id,

@@ -40,6 +40,17 @@ use crate::{quic, runtime};
 /// Bound on socket setup + handshake + hello for one attempt.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// The bound for an attempt on a path whose RTT is known (a redial): the handshake's
+/// retransmissions start about three RTTs apart and double (`quic::transport`), so later ones
+/// come a second or more apart; an attempt given up after ~40 RTTs (1 s at most 25 ms, never
+/// more than `CONNECT_TIMEOUT`) and made again keeps the wait after a path's return under half
+/// a second rather than up to one and a half.
+fn connect_timeout(rtt: Option<Duration>) -> Duration {
+    rtt.map_or(CONNECT_TIMEOUT, |r| {
+        (r * 40).clamp(Duration::from_secs(1), CONNECT_TIMEOUT)
+    })
+}
+
 struct Client {
     cfg: Config,
     /// Everything but the paths, which are in `paths` (and can change).
@@ -566,9 +577,10 @@ impl Client {
     }
 
     async fn dial(&self, k: usize, id: PathId, p: &PathConfig) -> Result<Arc<dyn PathTransport>> {
-        tokio::time::timeout(CONNECT_TIMEOUT, self.connect_inner(k, id, p))
+        let limit = connect_timeout(self.classes[k].tunnel.rtt(id));
+        tokio::time::timeout(limit, self.connect_inner(k, id, p))
             .await
-            .map_err(|_| anyhow!("no answer from the server within {CONNECT_TIMEOUT:?}"))?
+            .map_err(|_| anyhow!("no answer from the server within {limit:?}"))?
     }
 
     async fn connect_inner(

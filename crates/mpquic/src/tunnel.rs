@@ -263,11 +263,12 @@ impl Tunnel {
         self.lock().links.iter().filter(|l| l.is_some()).count()
     }
 
-    /// `path`'s RTT as its probes last measured it (kept through an outage).
+    /// `path`'s RTT as its probes last measured it: its live connection's, or the one it had
+    /// when its last connection went away.
     pub fn rtt(&self, path: PathId) -> Option<Duration> {
         let s = self.lock();
-        let health = s.core.router().paths().get(path).health.as_ref()?;
-        health.srtt()
+        let p = s.core.router().paths().get(path);
+        p.health.as_ref().and_then(|h| h.srtt()).or(p.last_srtt)
     }
 
     pub fn unusable_for(&self, path: PathId) -> Option<Duration> {
