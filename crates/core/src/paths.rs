@@ -141,6 +141,14 @@ impl Path {
     pub fn is_up(&self) -> bool {
         self.state() == Some(PathState::Up)
     }
+    /// The RTT its probes measured: its live connection's, or the one it had when its last
+    /// connection went away.
+    pub fn srtt(&self) -> Option<Duration> {
+        self.health
+            .as_ref()
+            .and_then(PathHealth::srtt)
+            .or(self.last_srtt)
+    }
 }
 
 /// A probe the shell must send on `path` with sequence number `seq`, carrying this side's

@@ -266,9 +266,7 @@ impl Tunnel {
     /// `path`'s RTT as its probes last measured it: its live connection's, or the one it had
     /// when its last connection went away.
     pub fn rtt(&self, path: PathId) -> Option<Duration> {
-        let s = self.lock();
-        let p = s.core.router().paths().get(path);
-        p.health.as_ref().and_then(|h| h.srtt()).or(p.last_srtt)
+        self.lock().core.router().paths().get(path).srtt()
     }
 
     pub fn unusable_for(&self, path: PathId) -> Option<Duration> {

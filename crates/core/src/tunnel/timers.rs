@@ -27,6 +27,8 @@ pub struct Polled {
     pub resized: Vec<(PathId, Resize, u16)>,
     /// Packets were delivered (released by the resequencer): flush the TUN device.
     pub delivered: bool,
+    /// What each path's connection reported, read once per poll (by `PathId::index()`).
+    links: Vec<Option<LinkStats>>,
 }
 
 impl Polled {
@@ -52,43 +54,44 @@ impl TunnelCore {
         out: &mut Polled,
     ) -> Option<Instant> {
         out.clear();
+        // Each connection once (the shell reads its counters under the connection's lock).
+        let mut stats = std::mem::take(&mut out.links);
+        stats.clear();
+        stats.extend(self.router.paths().ids().map(links));
+        let connected = |id: PathId| stats.get(id.index()).is_some_and(Option::is_some);
         self.router.poll(now, &mut out.probes, &mut out.transitions);
         for i in 0..out.transitions.len() {
             let t = out.transitions[i];
             self.on_transition(&t);
         }
         // Probes only where a connection can carry them.
-        out.probes.retain(|p| links(p.path).is_some());
+        out.probes.retain(|p| connected(p.path));
         // Packets whose wait for the ones before them ran out. (A packet that wakes a quiet
         // tunnel makes its probes due now: `next_deadline` below says so.)
         out.delivered = self.deliver_released(now, rx, &mut Received::default());
         let mut next = self.router.next_deadline();
         if self.fec_mode != FecMode::Off {
-            self.poll_fec(now, &links, out);
+            self.poll_fec(now, &stats, out);
             let fec_next = self.fec.iter().filter_map(|f| f.enc.deadline()).min();
             next = next.into_iter().chain(fec_next).min();
         }
         if self.watch_mtu {
-            let mtu_next = self.poll_mtu(now, &links, out);
+            let mtu_next = self.poll_mtu(now, &stats, out);
             next = next.into_iter().chain(mtu_next).min();
         }
+        out.links = stats;
         next
     }
 
     /// Close FEC groups that waited long enough, feed each encoder its path's loss counters,
     /// let decoders forget old groups.
-    fn poll_fec(
-        &mut self,
-        now: Instant,
-        links: &impl Fn(PathId) -> Option<LinkStats>,
-        out: &mut Polled,
-    ) {
+    fn poll_fec(&mut self, now: Instant, links: &[Option<LinkStats>], out: &mut Polled) {
         for id in self.router.paths().ids() {
             let Some(f) = self.fec.get_mut(id.index()) else {
                 continue;
             };
             f.dec.expire(now);
-            let Some(st) = links(id) else {
+            let Some(st) = links.get(id.index()).copied().flatten() else {
                 continue;
             };
             let probe_loss =
@@ -108,14 +111,17 @@ impl TunnelCore {
     fn poll_mtu(
         &mut self,
         now: Instant,
-        links: &impl Fn(PathId) -> Option<LinkStats>,
+        links: &[Option<LinkStats>],
         out: &mut Polled,
     ) -> Option<Instant> {
         let mut next: Option<Instant> = None;
         let mut probes = Vec::new();
         let quiet = self.router.paths().is_quiet();
         for id in self.router.paths().ids() {
-            let (Some(size), Some(st)) = (self.sizes.get_mut(id.index()), links(id)) else {
+            let (Some(size), Some(st)) = (
+                self.sizes.get_mut(id.index()),
+                links.get(id.index()).copied().flatten(),
+            ) else {
                 continue;
             };
             let Some(watch) = size.watch.as_mut() else {
