@@ -5,8 +5,9 @@ bonded, one path with random loss, one path switching between clean and lossy. E
 scenario in bench/matrix/, run by mpquic-lab with every variant in turn; results go to
 bench/results/matrix/CELL/ and the table to bench/results/matrix/summary.md.
 
-    sudo python3 bench/matrix.py                  # every cell (~30 min), then the table
+    sudo python3 bench/matrix.py                  # every cell, 3 rounds (~1.5 h), then the table
     sudo python3 bench/matrix.py bonding-300-80   # some cells
+    sudo python3 bench/matrix.py --rounds 1 loss-60-15
     python3 bench/matrix.py --table               # the table from the results on disk
 """
 
@@ -25,36 +26,89 @@ OUT = os.path.join(ROOT, "bench", "results", "matrix")
 FIXED = ["datagram", "datagram-fec", "reliable"]
 
 
-def run(cells):
+def steal_ticks():
+    """Ticks the hypervisor took from this VM's vCPUs so far (the `steal` column of /proc/stat)."""
+    with open("/proc/stat") as f:
+        return int(f.readline().split()[8])
+
+
+def run(cells, rounds):
     subprocess.run([os.path.join(ROOT, "scripts", "install-deps.sh")], check=True)
     subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=ROOT, check=True)
     lab = os.path.join(ROOT, "target", "release", "mpquic-lab")
     for cell in cells:
-        print(f"=== {cell}", flush=True)
-        tmp = tempfile.mkdtemp()
-        try:
-            subprocess.run([lab, "run", os.path.join(CELLS, cell + ".yaml"), "--out", tmp], check=True)
-            out = os.path.join(OUT, cell)
-            shutil.rmtree(out, ignore_errors=True)
-            os.makedirs(out)
-            for f in ("report.md", "results.json"):
-                shutil.copy(os.path.join(tmp, f), out)
-            for d in glob.glob(os.path.join(tmp, "*", "")):
-                pngs = glob.glob(os.path.join(d, "*.png"))
-                if pngs:
-                    dest = os.path.join(out, os.path.basename(os.path.dirname(d)))
-                    os.makedirs(dest, exist_ok=True)
-                    for p in pngs:
-                        shutil.copy(p, dest)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(os.path.join(OUT, cell), ignore_errors=True)
+    # Rounds interleave: every cell's variants once, then again, so a noisy minute on this
+    # shared host falls on one round of every variant rather than on all rounds of one.
+    for k in range(1, rounds + 1):
+        for cell in cells:
+            print(f"=== {cell} round {k}/{rounds}", flush=True)
+            tmp = tempfile.mkdtemp()
+            try:
+                stolen = steal_ticks()
+                subprocess.run([lab, "run", os.path.join(CELLS, cell + ".yaml"), "--out", tmp], check=True)
+                stolen = steal_ticks() - stolen
+                out = os.path.join(OUT, cell, f"round-{k}")
+                os.makedirs(out)
+                for f in ("report.md", "results.json"):
+                    shutil.copy(os.path.join(tmp, f), out)
+                with open(os.path.join(out, "steal"), "w") as f:
+                    f.write(f"{stolen}\n")
+                if k < rounds:
+                    continue
+                # The last round's plots only: they look alike, and they are most of the size.
+                for d in glob.glob(os.path.join(tmp, "*", "")):
+                    pngs = glob.glob(os.path.join(d, "*.png"))
+                    if pngs:
+                        dest = os.path.join(OUT, cell, os.path.basename(os.path.dirname(d)))
+                        os.makedirs(dest, exist_ok=True)
+                        for p in pngs:
+                            shutil.copy(p, dest)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load(cell):
-    with open(os.path.join(OUT, cell, "results.json")) as f:
+def load_round(path):
+    with open(path) as f:
         d = json.load(f)
     # variant label -> traffic label -> row
     return {s["system"].removeprefix("mpquic-"): {t["label"]: t for t in s["traffic"]} for s in d["systems"]}
+
+
+def load(cell):
+    """The cell's rounds merged: each row's figure is the median over the rounds (per second for
+    the intervals), with the lowest and highest beside it (`lo`, `hi`)."""
+    rounds = [load_round(p) for p in sorted(glob.glob(os.path.join(OUT, cell, "round-*", "results.json")))]
+    merged = {}
+    for v, labels in rounds[0].items():
+        merged[v] = {}
+        for label, row in labels.items():
+            rows = [r[v][label] for r in rounds if v in r and label in r[v]]
+            mbits = [r["mbit"] for r in rows]
+            m = dict(row)
+            m["mbit"], m["lo"], m["hi"] = statistics.median(mbits), min(mbits), max(mbits)
+            ivs = [r.get("intervals_mbit") or [] for r in rows]
+            n = min(len(i) for i in ivs)
+            m["intervals_mbit"] = [statistics.median(i[j] for i in ivs) for j in range(n)]
+            merged[v][label] = m
+    return merged, len(rounds)
+
+
+def steal_line(cell, n):
+    ticks = []
+    for p in sorted(glob.glob(os.path.join(OUT, cell, "round-*", "steal"))):
+        with open(p) as f:
+            ticks.append(f.read().strip())
+    return f"{n} round(s), medians; ticks stolen by the hypervisor per round: {', '.join(ticks)}"
+
+
+def spread(rows):
+    """The widest spread between rounds of any row of each variant: (hi - lo) / median."""
+    out = []
+    for v, r in rows.items():
+        w = max((t["hi"] - t["lo"]) / t["mbit"] for t in r.values() if t["mbit"] > 1)
+        out.append(f"{v} {w:.0%}")
+    return "widest spread between rounds: " + ", ".join(out)
 
 
 def ratio(a, b):
@@ -132,15 +186,17 @@ def table():
     out = ["# Adaptive data path matrix", "",
            "Mbit/s per variant (in brackets: share of mpquic's own single-path sum, or of the lossless row).",
            "Command: `sudo python3 bench/matrix.py`.", ""]
-    for path in sorted(glob.glob(os.path.join(OUT, "*", "results.json"))):
-        cell = os.path.basename(os.path.dirname(path))
-        rows = load(cell)
+    cells = sorted({os.path.basename(os.path.dirname(os.path.dirname(p)))
+                    for p in glob.glob(os.path.join(OUT, "*", "round-*", "results.json"))})
+    for cell in cells:
+        rows, n = load(cell)
         if cell.startswith("bonding"):
             out += bonding_table(cell, rows)
         elif cell.startswith("loss"):
             out += loss_table(cell, rows)
         elif cell.startswith("handover"):
             out += handover_table(cell, rows)
+        out += [steal_line(cell, n) + "; " + spread(rows), ""]
     text = "\n".join(out)
     with open(os.path.join(OUT, "summary.md"), "w") as f:
         f.write(text + "\n")
@@ -148,9 +204,14 @@ def table():
 
 
 def main(argv):
+    rounds = 3
+    if "--rounds" in argv:
+        i = argv.index("--rounds")
+        rounds = int(argv[i + 1])
+        argv = argv[:i] + argv[i + 2:]
     if argv[:1] != ["--table"]:
         cells = argv or sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(CELLS, "*.yaml")))
-        run(cells)
+        run(cells, rounds)
     table()
 
 

@@ -12,13 +12,14 @@ from conftest import report
 import labctl
 
 
-@pytest.mark.parametrize("mode", ["datagram", "reliable"])
+@pytest.mark.parametrize("mode", ["datagram", "reliable", "auto"])
 def test_ping_tcp_both_directions_and_udp(make_lab, mode):
     lab = make_lab(paths=2, mode=mode)
     lab.pki()
     lab.start_server()
     lab.start_client()
     lab.wait_tunnel()
+    up_since = time.monotonic()
     p = lab.ping(count=20, interval=0.05)
     assert len(p["received"]) == 20, p
     lab.iperf_server()
@@ -40,6 +41,15 @@ def test_ping_tcp_both_directions_and_udp(make_lab, mode):
            f"{tunnel_lost:.2f}% in the tunnel); tunnel drops {drops}")
     assert up > 50 and down > 50, (up, down)
     assert tunnel_lost < 2.0, (udp, overflowed, drops)
+    if mode == "auto":
+        # A clean path busy for 12 s carried datagrams for most of them; pings alone (quiet)
+        # go on its stream.
+        elapsed = time.monotonic() - up_since
+        wan1 = cli["paths"][0]
+        report(f"auto: wan1 carries {wan1['carry']} now, {wan1['stream_s']:.1f} s of "
+               f"{elapsed:.1f} s on its stream, to the stream {wan1['to_stream']} time(s)")
+        assert wan1["carry"] in ("datagram", "stream"), wan1
+        assert wan1["stream_s"] < elapsed - 6, (wan1, elapsed)
     # Every packet is accounted for: the client sent on its paths what the server received.
     assert sum(x["tx_packets"] for x in cli["paths"]) > 0
     assert srv["peer"] == "site1/mpq0" and srv["address"] == "10.200.17.1/24"

@@ -20,6 +20,7 @@ pub mod paths;
 pub mod playout;
 pub mod pmtu;
 pub mod reconnect;
+pub mod recovery;
 pub mod reliable;
 pub mod reseq;
 pub mod router;

@@ -7,13 +7,17 @@
 //! checked over many generated cases. Between the cores sits a minimal model of the transport
 //! (QUIC): each datagram carries a per-path packet number and a receiver drops numbers it has
 //! seen, as QUIC does; the links may duplicate, so removing that check makes the
-//! no-duplicate property fail.
+//! no-duplicate property fail. The model counts what each side sent and what its links lost
+//! (the connection's counters the core's FEC and adaptive recovery follow), and a data packet
+//! lost while its path carries on its stream (`transport_mode: auto`) is sent again a round trip
+//! later, as QUIC retransmits a stream's lost frames.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use mpquic_core::fec::FecMode;
 use mpquic_core::packet::PacketInfo;
+use mpquic_core::recovery::Carry;
 use mpquic_core::reseq::MAX_WAIT;
 use mpquic_core::tunnel::{LinkStats, Outgoing, Polled, Recorded, Routing, TunnelCore};
 use mpquic_core::wire::{self, Datagram};
@@ -69,6 +73,10 @@ struct Sim {
     longest_hold: Duration,
     arrived: Vec<Msg>,
     polled: Polled,
+    /// Per path, each side's (sent, lost) packets: its connection's counters.
+    counters: Vec<[(u64, u64); 2]>,
+    /// Stream frames lost on a link, to be sent again at the time: (due, side, path, bytes).
+    retransmit: Vec<(Duration, Side, PathId, Vec<u8>)>,
 }
 
 /// A batch of one packet, with the headers the core writes in front of it.
@@ -125,10 +133,31 @@ impl Sim {
         links: &[String],
         seed: u64,
     ) -> Sim {
+        Sim::build(policy, fec, false, specs, links, seed)
+    }
+
+    /// `transport_mode: auto`: each path carries on its stream or as datagrams, as its core
+    /// decides.
+    fn adaptive(policy: Policy, specs: &[PathSpec], links: &[String], seed: u64) -> Sim {
+        Sim::build(policy, FecMode::Off, true, specs, links, seed)
+    }
+
+    fn build(
+        policy: Policy,
+        fec: FecMode,
+        adaptive: bool,
+        specs: &[PathSpec],
+        links: &[String],
+        seed: u64,
+    ) -> Sim {
         let t0 = Instant::now();
         // As in the product: the client probes, the server follows its view.
         let mut client = TunnelCore::new(policy, HealthMode::Probe, fec, None);
         let mut server = TunnelCore::new(policy, HealthMode::Follow, fec, None);
+        if adaptive {
+            client = client.adaptive();
+            server = server.adaptive();
+        }
         for s in specs {
             for core in [&mut client, &mut server] {
                 let id = core.path(s.clone(), usize::MAX).unwrap();
@@ -157,6 +186,8 @@ impl Sim {
             longest_hold: Duration::ZERO,
             arrived: Vec::new(),
             polled: Polled::default(),
+            counters: vec![[(0, 0); 2]; specs.len()],
+            retransmit: Vec::new(),
         }
     }
 
@@ -177,17 +208,47 @@ impl Sim {
     }
 
     fn send(&mut self, from: Side, path: PathId, bytes: Vec<u8>) {
+        self.send_as(from, path, bytes, false);
+    }
+
+    /// Send `bytes`; `data`: an inner packet, which goes on the path's stream while the
+    /// sending core says so, and is then sent again a round trip after the link loses it.
+    fn send_as(&mut self, from: Side, path: PathId, bytes: Vec<u8>, data: bool) {
+        let on_stream = data && self.core(from).carry(path) == Some(Carry::Stream);
+        self.transmit(from, path, bytes, on_stream);
+    }
+
+    /// One packet onto the link; a stream's (`on_stream`) is sent again until it arrives.
+    fn transmit(&mut self, from: Side, path: PathId, bytes: Vec<u8>, on_stream: bool) {
         let pn = self.next_pn[from.index()];
         self.next_pn[from.index()] += 1;
         let now = self.at();
         let len = bytes.len();
+        let copy = on_stream.then(|| bytes.clone());
         let msg = Msg {
             to: from.peer(),
             path,
             pn,
             bytes,
         };
-        self.links[path.index()][from.index()].push(now, msg, len, 0);
+        let link = &mut self.links[path.index()][from.index()];
+        let dropped = |l: &Link<Msg>| {
+            let s = &l.stats;
+            s.dropped_state + s.dropped_loss + s.dropped_queue + s.dropped_mtu + s.dropped_codel
+        };
+        let before = dropped(link);
+        link.push(now, msg, len, 0);
+        let lost = dropped(link) > before;
+        let rtt = link.min_delay() * 2;
+        let c = &mut self.counters[path.index()][from.index()];
+        c.0 += 1;
+        if lost {
+            // Counted at once (QUIC declares it about a round trip later).
+            c.1 += 1;
+            if let Some(bytes) = copy {
+                self.retransmit.push((self.now + rtt, from, path, bytes));
+            }
+        }
     }
 
     fn core(&mut self, side: Side) -> &mut TunnelCore {
@@ -222,7 +283,7 @@ impl Sim {
         let mut chosen = None;
         for (path, share) in routing.paths() {
             if !share.picks.is_empty() {
-                self.send(side, path, batch.bytes.clone());
+                self.send_as(side, path, batch.bytes.clone(), true);
                 chosen = Some(path.index());
             }
             for r in &share.repairs {
@@ -302,11 +363,13 @@ impl Sim {
             let ids = c.router().paths().ids();
             ids.filter_map(|id| c.fec(id)?.enc.deadline()).min()
         };
+        let retransmit = self.retransmit.iter().map(|r| self.t0 + r.0).min();
         [
             self.client.router().next_deadline(),
             self.server.router().next_deadline(),
             fec(&self.client),
             fec(&self.server),
+            retransmit,
         ]
         .into_iter()
         .flatten()
@@ -322,10 +385,19 @@ impl Sim {
                 let now = self.at();
                 let mut taken = Recorded::default();
                 let mut polled = std::mem::take(&mut self.polled);
+                let counters: Vec<(u64, u64)> =
+                    self.counters.iter().map(|c| c[side.index()]).collect();
                 // Every path is connected (the links model its outages).
                 let _ = self.core(side).poll(
                     now,
-                    |_| Some(LinkStats::default()),
+                    |id| {
+                        let (sent_packets, lost_packets) = counters[id.index()];
+                        Some(LinkStats {
+                            sent_packets,
+                            lost_packets,
+                            ..LinkStats::default()
+                        })
+                    },
                     &mut taken,
                     &mut polled,
                 );
@@ -343,6 +415,17 @@ impl Sim {
                     }
                 }
                 self.polled = polled;
+            }
+            let due: Vec<_> = {
+                let now = self.now;
+                let (due, later) = std::mem::take(&mut self.retransmit)
+                    .into_iter()
+                    .partition(|r| r.0 <= now);
+                self.retransmit = later;
+                due
+            };
+            for (_, side, path, bytes) in due {
+                self.transmit(side, path, bytes, true);
             }
             let now = self.at();
             let mut arrived = std::mem::take(&mut self.arrived);
@@ -701,6 +784,93 @@ proptest! {
         prop_assert!(sim.recovered(Side::Server) > 0);
         prop_assert!(lost < 0.5 * loss + 0.002, "lost {:.2}% of packets on a link losing {:.2}%",
             lost * 100.0, loss * 100.0);
+    }
+}
+
+/// `transport_mode: auto` on one path, one flow of `n` packets from the client every 0.5 ms
+/// (busy enough for datagrams when clean), after the path came up.
+fn adaptive_flow(link: &str, seed: u64) -> Sim {
+    let mut sim = Sim::adaptive(
+        Policy::Failover,
+        &[spec("a", 1, 1)],
+        &[link.to_string()],
+        seed,
+    );
+    sim.run_until(Duration::from_millis(500));
+    sim
+}
+
+fn carry(sim: &Sim, side: Side) -> Carry {
+    let c = match side {
+        Side::Client => &sim.client,
+        Side::Server => &sim.server,
+    };
+    c.carry(c.router().paths().ids().next().unwrap()).unwrap()
+}
+
+/// The sequence numbers of flow `port` the server received, each checked to arrive once.
+fn received_once(sim: &Sim, port: u16) -> Result<HashSet<u32>, TestCaseError> {
+    let mut seen = HashSet::new();
+    for d in sim
+        .delivered
+        .iter()
+        .filter(|d| d.0 == Side::Server && d.1 == port)
+    {
+        prop_assert!(seen.insert(d.2), "delivered twice: {:?}", d);
+    }
+    Ok(seen)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// A lossy path under `auto` never leaves its stream, so every packet arrives, once.
+    #[test]
+    fn auto_on_a_lossy_path_loses_nothing(
+        loss in 0.005f64..0.2,
+        delay in 2u64..40,
+        seed in any::<u64>(),
+    ) {
+        let l = format!("delay={delay}ms,loss={:.3}%", loss * 100.0);
+        let mut sim = adaptive_flow(&l, seed);
+        let n = 3000u32;
+        sim.send_flow(Side::Client, 7, n, Duration::from_micros(500));
+        let seen = received_once(&sim, 7)?;
+        prop_assert_eq!(seen.len() as u32, n, "lost on a path the core knew to be lossy");
+        prop_assert_eq!(carry(&sim, Side::Client), Carry::Stream);
+    }
+
+    /// A clean busy path under `auto` carries datagrams after its first second; loss that
+    /// starts then moves it to its stream at the first loss, so at most the packets in flight
+    /// before that loss was known are lost (here, where the model knows a loss as it happens:
+    /// one or two).
+    #[test]
+    fn auto_moves_a_path_to_its_stream_at_its_first_loss(
+        loss in 0.01f64..0.2,
+        delay in 2u64..40,
+        seed in any::<u64>(),
+    ) {
+        let mut sim = adaptive_flow(&format!("delay={delay}ms"), seed);
+        let gap = Duration::from_micros(500);
+        for seq in 0..4000u32 {
+            sim.send_data(Side::Client, 8, seq);
+            let next = sim.now + gap;
+            sim.run_until(next);
+        }
+        prop_assert_eq!(carry(&sim, Side::Client), Carry::Datagram, "clean and busy: datagrams");
+        let l = &mut sim.links[0][Side::Client.index()];
+        let mut s = l.spec().clone();
+        s.loss = loss;
+        l.set_spec(s);
+        for seq in 4000..8000u32 {
+            sim.send_data(Side::Client, 8, seq);
+            let next = sim.now + gap;
+            sim.run_until(next);
+        }
+        sim.run_until(sim.now + Duration::from_secs(1));
+        let seen = received_once(&sim, 8)?;
+        prop_assert!(8000 - seen.len() <= 2, "lost {} packets", 8000 - seen.len());
+        prop_assert_eq!(carry(&sim, Side::Client), Carry::Stream);
     }
 }
 

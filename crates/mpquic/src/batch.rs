@@ -179,8 +179,13 @@ impl PacketBatch {
     /// Packet `i` with the header written in front of it, as an owned, reference-counted view
     /// of the batch's memory (no copy), or a copy for a small batch (`SHARE_MIN`).
     pub fn framed(&mut self, i: usize) -> Bytes {
+        self.framed_from(i, 0)
+    }
+
+    /// `framed`, without the first `skip` bytes of the headers (as `headed`).
+    pub fn framed_from(&mut self, i: usize, skip: usize) -> Bytes {
         let (r, h) = self.packets[i].clone();
-        let r = r.start - h..r.end;
+        let r = r.start - h + skip.min(h)..r.end;
         if self.packets.len() < SHARE_MIN && self.frozen.is_none() {
             return Bytes::copy_from_slice(&self.buf[r]);
         }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use mpquic_core::classify::{FlowClasses, Prefix};
 use mpquic_core::fec::FecMode;
 use mpquic_core::pmtu::Resize;
+use mpquic_core::recovery::Why;
 use mpquic_core::tunnel::{Deliver, LinkStats, PathFec, Polled, Received, Routing, TunnelCore};
 use mpquic_core::wire::{self, Datagram};
 use mpquic_core::{
@@ -113,6 +114,10 @@ impl Tunnel {
             fec,
             class,
         } = carriage;
+        let mut core = TunnelCore::new(policy, health, fec, expect_src);
+        if mode == TransportMode::Auto {
+            core = core.adaptive();
+        }
         Arc::new(Tunnel {
             peer,
             class,
@@ -120,7 +125,7 @@ impl Tunnel {
             mode,
             per_packet: policy.per_packet(),
             state: Mutex::new(State {
-                core: TunnelCore::new(policy, health, fec, expect_src),
+                core,
                 links: Vec::new(),
                 next_generation: 1,
             }),
@@ -203,6 +208,9 @@ impl Tunnel {
                 generation,
             });
             s.core.connected(path, link_stats(&*transport), now);
+            if let Some(c) = s.core.carry(path) {
+                transport.set_carry(c);
+            }
             (generation, old)
         };
         // A new path probes at once.
@@ -560,6 +568,12 @@ impl Tunnel {
                     .drain(..)
                     .filter_map(|(id, r)| Some((id, to(id)?, r))),
             );
+            // Under the lock, so a connection installed meanwhile cannot miss the change.
+            for &(id, c, _) in &polled.carry {
+                if let Some(t) = to(id) {
+                    t.set_carry(c);
+                }
+            }
             next
         };
         if polled.delivered {
@@ -582,6 +596,19 @@ impl Tunnel {
             } else {
                 warn!(tunnel = %self.peer, path = %name, was, payload = v.payload,
                       "path MTU fell (full-size packets lost, small ones answered): reconnecting with smaller packets");
+            }
+        }
+        for &(path, _, why) in &polled.carry {
+            let loss = self.lock().core.recovery(path).map_or(0.0, |r| r.loss());
+            let name = self.path_name(path);
+            // Debug for the quiet case: every lull in traffic does it.
+            match why {
+                Why::Loss => info!(tunnel = %self.peer, path = %name, loss_pct = loss * 100.0,
+                    "path loses packets: inner packets on its stream (retransmitted, in order)"),
+                Why::Quiet => debug!(tunnel = %self.peer, path = %name,
+                    "path quiet: inner packets on its stream until traffic shows it clean"),
+                Why::Clean => debug!(tunnel = %self.peer, path = %name,
+                    "path clean under traffic: inner packets as datagrams"),
             }
         }
         for t in &polled.transitions {
@@ -726,6 +753,12 @@ impl Tunnel {
                 }
                 if let (Some(f), true) = (s.core.fec(id), s.core.fec_mode() != FecMode::Off) {
                     fec_status(&mut ps, f);
+                }
+                if let Some(r) = s.core.recovery(id) {
+                    ps.carry = Some(r.carry().as_str().into());
+                    ps.recovery_loss_pct = Some(r.loss() * 100.0);
+                    ps.to_stream = r.to_stream;
+                    ps.stream_s = r.stream_time(now).as_secs_f64();
                 }
                 if let Some(size) = s.core.size(id) {
                     ps.too_big_sent = size.too_big_sent;

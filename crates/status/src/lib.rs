@@ -39,6 +39,17 @@ pub struct PathStatus {
     /// the path shows no head-of-line waits).
     #[serde(default)]
     pub playout_ms: Option<f64>,
+    /// `transport_mode: auto`: how the path carries inner packets now (`datagram` while clean,
+    /// `stream` while it loses), the loss that choice follows (%), the times it went to its
+    /// stream and the seconds it spent there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carry: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_loss_pct: Option<f64>,
+    #[serde(default)]
+    pub to_stream: u64,
+    #[serde(default)]
+    pub stream_s: f64,
     pub quic_sent_packets: u64,
     pub quic_lost_packets: u64,
     /// lost / sent packets over the connection's life (%).
@@ -202,6 +213,21 @@ pub struct ReloadStatus {
 }
 
 impl PathStatus {
+    /// One line on how an `auto` path carries inner packets (`None` in a fixed mode).
+    pub fn carry_summary(&self) -> Option<String> {
+        let carry = self.carry.as_deref()?;
+        let now = match carry {
+            "stream" => "on its stream (losing: retransmitted, in order)",
+            _ => "as datagrams (clean)",
+        };
+        Some(format!(
+            "{now}; loss {:.2}%, to the stream {} time(s), {:.0} s there",
+            self.recovery_loss_pct.unwrap_or(0.0),
+            self.to_stream,
+            self.stream_s
+        ))
+    }
+
     /// One line on the path's packet size when it is below its link's (`None` otherwise).
     pub fn mtu_summary(&self) -> Option<String> {
         let (now, max) = (self.udp_payload?, self.udp_payload_max?);

@@ -117,6 +117,26 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Gauge(|p| p.playout_ms),
     ),
     (
+        "mpquic_path_on_stream",
+        "transport_mode auto: 1 while the path carries inner packets on its stream (losing), 0 as datagrams (clean)",
+        PathValue::Gauge(|p| p.carry.as_deref().map(|c| if c == "stream" { 1.0 } else { 0.0 })),
+    ),
+    (
+        "mpquic_path_recovery_loss_pct",
+        "transport_mode auto: the path's loss estimate its carriage follows (%)",
+        PathValue::Gauge(|p| p.recovery_loss_pct),
+    ),
+    (
+        "mpquic_path_to_stream",
+        "transport_mode auto: times the path went to its stream",
+        PathValue::Counter(|p| p.to_stream),
+    ),
+    (
+        "mpquic_path_stream_s",
+        "transport_mode auto: seconds the path carried inner packets on its stream",
+        PathValue::Gauge(|p| Some(p.stream_s)),
+    ),
+    (
         "mpquic_path_quic_loss_pct",
         "QUIC packets lost / sent over the connection's life (%)",
         PathValue::Gauge(|p| Some(p.quic_loss_pct)),
@@ -539,6 +559,8 @@ mod tests {
             fec_overhead_pct: Some(1.0),
             udp_payload: Some(1),
             udp_payload_max: Some(1),
+            recovery_loss_pct: Some(1.0),
+            carry: Some("stream".into()),
             ..Default::default()
         };
         let json = serde_json::to_value(&p).unwrap();

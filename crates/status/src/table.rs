@@ -104,6 +104,9 @@ impl StatusReport {
                 );
             }
             for p in &t.paths {
+                if let Some(carry) = p.carry_summary() {
+                    let _ = writeln!(o, "  carry {:<4} {carry}", p.name);
+                }
                 if let Some(fec) = p.fec_summary() {
                     let _ = writeln!(o, "  fec {:<6} {fec}", p.name);
                 }

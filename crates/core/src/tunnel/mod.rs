@@ -16,6 +16,7 @@ use std::time::Instant;
 use crate::classify::Prefix;
 use crate::fec::{self, FecMode};
 use crate::pmtu::{PathMtu, Resize};
+use crate::recovery::{Carry, Recovery};
 use crate::wire::FEC_DATA_HEADER;
 use crate::{DropReason, HealthConfig, HealthMode, PacketInfo, PathId, PathSpec, Policy, Router};
 
@@ -81,6 +82,10 @@ pub struct TunnelCore {
     watch_mtu: bool,
     /// Server side: inner packets from the peer must come from these sources.
     expect_src: Option<Sources>,
+    /// `transport_mode: auto`: how each path carries inner packets now (`recovery.rs`), by
+    /// `PathId::index()`; empty for a fixed mode.
+    recovery: Vec<Recovery>,
+    adaptive: bool,
 }
 
 impl TunnelCore {
@@ -103,7 +108,26 @@ impl TunnelCore {
             sizes: Vec::new(),
             watch_mtu: health == HealthMode::Probe,
             expect_src,
+            recovery: Vec::new(),
+            adaptive: false,
         }
+    }
+
+    /// Each path chooses how it carries inner packets from its loss (`transport_mode: auto`):
+    /// `poll` reports the changes (`Polled::carry`), `carry` says the current choice.
+    pub fn adaptive(mut self) -> TunnelCore {
+        self.adaptive = true;
+        self
+    }
+
+    /// How `path` carries inner packets now: `None` in a fixed mode.
+    pub fn carry(&self, path: PathId) -> Option<Carry> {
+        self.recovery(path).map(Recovery::carry)
+    }
+
+    /// `path`'s adaptive recovery state (`transport_mode: auto`).
+    pub fn recovery(&self, path: PathId) -> Option<&Recovery> {
+        self.recovery.get(path.index())
     }
 
     pub fn router(&self) -> &Router {
@@ -141,6 +165,9 @@ impl TunnelCore {
         }
         if self.sizes.len() <= id.index() {
             self.sizes.resize_with(id.index() + 1, Default::default);
+        }
+        if self.adaptive && self.recovery.len() <= id.index() {
+            self.recovery.resize_with(id.index() + 1, Default::default);
         }
         Some(id)
     }

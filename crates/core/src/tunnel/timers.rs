@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use crate::fec::FecMode;
 use crate::pmtu::Resize;
+use crate::recovery::{Carry, Why};
 use crate::wire;
 use crate::{PathId, PathState, ProbeDue, Transition};
 
@@ -25,6 +26,8 @@ pub struct Polled {
     /// Size changes decided now (the shell reconnects the path: `take_resize`), with the size
     /// the path had.
     pub resized: Vec<(PathId, Resize, u16)>,
+    /// `transport_mode: auto`: paths whose carriage changed now (tell their transports).
+    pub carry: Vec<(PathId, Carry, Why)>,
     /// Packets were delivered (released by the resequencer): flush the TUN device.
     pub delivered: bool,
     /// What each path's connection reported, read once per poll (by `PathId::index()`).
@@ -38,6 +41,7 @@ impl Polled {
         self.repairs.clear();
         self.mtu_probes.clear();
         self.resized.clear();
+        self.carry.clear();
         self.delivered = false;
     }
 }
@@ -75,6 +79,7 @@ impl TunnelCore {
             let fec_next = self.fec.iter().filter_map(|f| f.enc.deadline()).min();
             next = next.into_iter().chain(fec_next).min();
         }
+        self.poll_recovery(now, &stats, out);
         if self.watch_mtu {
             let mtu_next = self.poll_mtu(now, &stats, out);
             next = next.into_iter().chain(mtu_next).min();
@@ -102,6 +107,23 @@ impl TunnelCore {
             f.enc.poll(now, &mut repairs);
             if !repairs.is_empty() {
                 out.repairs.push((id, repairs));
+            }
+        }
+    }
+
+    /// Feed each path's recovery its connection's loss counters; report changes of carriage.
+    fn poll_recovery(&mut self, now: Instant, links: &[Option<LinkStats>], out: &mut Polled) {
+        for id in self.router.paths().ids() {
+            let (Some(r), Some(st)) = (
+                self.recovery.get_mut(id.index()),
+                links.get(id.index()).copied().flatten(),
+            ) else {
+                continue;
+            };
+            let probe_loss =
+                (self.router.paths().get(id).health.as_ref()).map_or(0.0, |h| h.loss());
+            if let Some(c) = r.on_counters(now, st.sent_packets, st.lost_packets, probe_loss) {
+                out.carry.push((id, c.0, c.1));
             }
         }
     }

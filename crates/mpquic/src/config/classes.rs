@@ -132,11 +132,11 @@ fn class(rc: &RawClass, c: &mut Checker, top: &ClassConfig, i: usize) -> ClassCo
         (None, true) => TransportMode::Datagram,
         (None, false) => top.mode,
     };
-    if fec != FecMode::Off && mode == TransportMode::Reliable {
+    if fec != FecMode::Off && mode.has_stream() {
         c.at(
             &at("fec"),
             "`fec` needs `transport_mode: datagram`".into(),
-            Some("reliable mode already retransmits what is lost; use fec: off".into()),
+            Some("auto and reliable modes retransmit what is lost on their streams; use fec: off, or transport_mode: datagram".into()),
         );
     }
     ClassConfig {

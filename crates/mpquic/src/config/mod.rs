@@ -53,6 +53,9 @@ pub enum Congestion {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TransportMode {
+    /// Each path chooses from its measured loss (`mpquic_core::recovery`): datagrams while it
+    /// is clean, its reliable stream while it loses. The default.
+    Auto,
     /// Inner packets as QUIC DATAGRAM frames (unreliable, lowest latency).
     Datagram,
     /// Inner packets on one QUIC stream per path, 2-byte length prefix (retransmitted).
@@ -87,9 +90,16 @@ impl Congestion {
 impl TransportMode {
     pub fn as_str(self) -> &'static str {
         match self {
+            TransportMode::Auto => "auto",
             TransportMode::Datagram => "datagram",
             TransportMode::Reliable => "reliable",
         }
+    }
+
+    /// Whether the path's connection opens a stream for inner packets (the receiver reads
+    /// both it and datagrams whatever the mode).
+    pub fn has_stream(self) -> bool {
+        self != TransportMode::Datagram
     }
 }
 
@@ -695,7 +705,7 @@ multipath_paths:
         ))
         .unwrap();
         assert_eq!(ours.congestion, Congestion::Bbr);
-        // No key at all: the loss-tolerant defaults (issue 9, docs/BENCHMARKS.md).
+        // No key at all: the defaults (bbr; each path choosing datagrams or its stream).
         let bare = parse(
             &SEED_CLIENT
                 .replace("congestion_algorithm: bbr\n", "")
@@ -703,7 +713,7 @@ multipath_paths:
         )
         .unwrap();
         assert_eq!(bare.congestion, Congestion::Bbr);
-        assert_eq!(mode_of(&bare), TransportMode::Reliable);
+        assert_eq!(mode_of(&bare), TransportMode::Auto);
         // Status prints the name the config spells.
         for c in [
             Congestion::Bbr,

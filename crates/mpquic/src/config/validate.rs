@@ -611,16 +611,16 @@ fn mode(raw: &RawConfig, role: &RoleConfig, c: &mut Checker) -> TransportMode {
     if !stripe {
         return raw.transport_mode.unwrap_or(default_mode(raw));
     }
-    if raw.transport_mode == Some(TransportMode::Reliable) {
-        c.warnings.push(
-            "transport_mode: reliable does not apply with stripe paths: the tunnel runs in datagram mode, FEC repairs loss"
-                .into(),
-        );
+    if let Some(m) = raw.transport_mode.filter(|m| m.has_stream()) {
+        c.warnings.push(format!(
+            "transport_mode: {} does not apply with stripe paths: the tunnel runs in datagram mode, FEC repairs loss",
+            m.as_str()
+        ));
     }
     TransportMode::Datagram
 }
 
-/// Reliable mode, unless the client asks for FEC (which is for datagram mode).
+/// `auto`, unless the client asks for FEC (which is for datagram mode).
 fn default_mode(raw: &RawConfig) -> TransportMode {
     let fec_on = raw
         .fec
@@ -629,7 +629,7 @@ fn default_mode(raw: &RawConfig) -> TransportMode {
     if fec_on {
         TransportMode::Datagram
     } else {
-        TransportMode::Reliable
+        TransportMode::Auto
     }
 }
 
@@ -653,11 +653,14 @@ fn client_fec(raw: &RawConfig, c: &mut Checker) -> FecMode {
         .multipath_paths
         .iter()
         .any(|p| p.transport.as_deref() == Some("stripe"));
-    if mode != FecMode::Off && raw.transport_mode == Some(TransportMode::Reliable) && !stripe {
+    let fixed_stream = raw
+        .transport_mode
+        .is_some_and(|m| m != TransportMode::Datagram);
+    if mode != FecMode::Off && fixed_stream && !stripe {
         c.at(
             "fec",
             "`fec` needs `transport_mode: datagram`".into(),
-            Some("reliable mode already retransmits what is lost; use fec: off".into()),
+            Some("auto and reliable modes retransmit what is lost on their streams; use fec: off, or transport_mode: datagram".into()),
         );
     }
     mode

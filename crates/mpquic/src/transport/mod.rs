@@ -99,6 +99,9 @@ pub trait PathTransport: Send + Sync + 'static {
     );
     /// Send a control message (probe, reply): never queued behind data, never evicting it.
     fn send_control(&self, msg: &[u8]) -> Result<(), DropReason>;
+    /// `transport_mode: auto`: how the tunnel core wants the path's inner packets carried now
+    /// (`mpquic_core::recovery`). A transport with one way of carrying them ignores it.
+    fn set_carry(&self, _carry: mpquic_core::recovery::Carry) {}
     fn remote(&self) -> SocketAddr;
     fn stats(&self) -> TransportStats;
     /// What the per-packet schedulers need, cheaply (read before routing each batch).

@@ -5,6 +5,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use mpquic_core::pacing::Pacer;
 use mpquic_core::packet::is_pure_tcp_ack;
+use mpquic_core::recovery::Carry;
 use mpquic_core::sendq::SendQueue;
 use mpquic_core::{DropReason, PathLoad};
 use tokio::sync::mpsc;
@@ -65,6 +67,10 @@ pub struct QuicTransport {
     recent: Arc<Mutex<Recent>>,
     /// Reliable mode: the delay the stream's receiver holds packets to (µs, `stream_rx`).
     playout_us: Arc<std::sync::atomic::AtomicU64>,
+    /// `auto`: the tunnel core's choice for the path (`set_carry`); inner packets go on the
+    /// stream only while it says so. Reliable mode: always the stream.
+    adaptive: bool,
+    on_stream: AtomicBool,
     /// Taken by `start`: the hello stream (reliable mode carries the packets on it), and the
     /// stream writer's queue.
     start: std::sync::Mutex<Option<StartParts>>,
@@ -93,12 +99,12 @@ impl QuicTransport {
         mode: TransportMode,
         link_payload: Option<u16>,
     ) -> Arc<QuicTransport> {
-        let (stream_tx, stream_rx) = match mode {
-            TransportMode::Reliable => {
+        let (stream_tx, stream_rx) = match mode.has_stream() {
+            true => {
                 let (tx, rx) = mpsc::channel(STREAM_QUEUE);
                 (Some(tx), Some(rx))
             }
-            TransportMode::Datagram => (None, None),
+            false => (None, None),
         };
         Arc::new(QuicTransport {
             meter: quic::window_meter(&conn),
@@ -106,6 +112,8 @@ impl QuicTransport {
             stream_tx,
             recent: Arc::default(),
             playout_us: Arc::default(),
+            adaptive: mode == TransportMode::Auto,
+            on_stream: AtomicBool::new(mode == TransportMode::Reliable),
             start: std::sync::Mutex::new(Some(StartParts {
                 send,
                 recv,
@@ -138,21 +146,30 @@ impl QuicTransport {
         }
     }
 
-    /// Bytes waiting to be sent: datagram mode, in QUIC's datagram queue; reliable mode, the
-    /// frames waiting for the stream writer (at a full packet each: an estimate, the sizes are
-    /// not kept).
-    fn queued(&self) -> u64 {
-        match &self.stream_tx {
-            Some(tx) => ((tx.max_capacity() - tx.capacity()) * 1400) as u64,
-            None => quic::DATAGRAM_SEND_BUFFER
-                .saturating_sub(self.conn.datagram_send_buffer_space()) as u64,
-        }
+    /// The stream writer's queue, while inner packets go on the stream (reliable mode; `auto`
+    /// on a losing path).
+    fn stream_now(&self) -> Option<&mpsc::Sender<(Instant, Bytes)>> {
+        self.stream_tx
+            .as_ref()
+            .filter(|_| self.on_stream.load(Ordering::Relaxed))
     }
 
-    /// How many bytes may wait: datagram mode, bounded in time at the path's rate from its
-    /// window and RTT (`quic::datagram_queue_limit`); reliable mode, the writer's queue.
+    /// Bytes waiting to be sent: in QUIC's datagram queue, and the frames waiting for the
+    /// stream writer (at a full packet each: an estimate, the sizes are not kept).
+    fn queued(&self) -> u64 {
+        let stream = self
+            .stream_tx
+            .as_ref()
+            .map_or(0, |tx| (tx.max_capacity() - tx.capacity()) * 1400);
+        let datagrams =
+            quic::DATAGRAM_SEND_BUFFER.saturating_sub(self.conn.datagram_send_buffer_space());
+        (stream + datagrams) as u64
+    }
+
+    /// How many bytes may wait: for datagrams, bounded in time at the path's rate from its
+    /// window and RTT (`quic::datagram_queue_limit`); on the stream, the writer's queue.
     fn queue_limit(&self, window: u64, rtt: Duration) -> u64 {
-        match &self.stream_tx {
+        match self.stream_now() {
             Some(_) => (STREAM_QUEUE * 1400) as u64,
             None => quic::datagram_queue_limit(window, rtt),
         }
@@ -174,6 +191,7 @@ impl PathTransport for QuicTransport {
         }
         // Pure TCP ACKs get the header too, unused: `send_batch` sends them as datagrams from
         // the packet alone, and deciding once per packet (there) keeps one parse per packet.
+        // So do all packets in `auto`, where the carriage may change before `send_batch`.
         for &i in which {
             // The frame carries the packet with the headers in front of it (the bond's).
             let len = (batch.header_len(i) + batch.packet(i).len()) as u16;
@@ -188,21 +206,23 @@ impl PathTransport for QuicTransport {
         refused: &mut dyn FnMut(usize, DropReason),
     ) {
         let now = Instant::now();
-        // Datagram mode: the room left under the queue's bound, taken once per batch (quinn
-        // only drains meanwhile, so this errs on the short side).
-        let mut room = match self.stream_tx {
+        // One carriage for the whole batch (`auto` may change it meanwhile).
+        let stream = self.stream_now();
+        // Datagrams: the room left under the queue's bound, taken once per batch (quinn only
+        // drains meanwhile, so this errs on the short side).
+        let mut room = match stream {
             Some(_) => u64::MAX,
             None => self
                 .queue_limit(self.window().0, self.conn.rtt())
                 .saturating_sub(self.queued()),
         };
         for &i in which {
-            let sent = match &self.stream_tx {
-                // Reliable mode's pure TCP ACKs go as datagrams (`packet::is_pure_tcp_ack`).
-                Some(_) if is_pure_tcp_ack(batch.packet(i)) => send_datagram(
-                    &self.conn,
-                    Bytes::copy_from_slice(batch.headed(i, STREAM_HEADER)),
-                ),
+            let sent = match stream {
+                // Pure TCP ACKs go as datagrams (`packet::is_pure_tcp_ack`): nothing waits for
+                // them, and a lost one is covered by the next.
+                Some(_) if is_pure_tcp_ack(batch.packet(i)) => {
+                    send_datagram(&self.conn, unframed(batch, i))
+                }
                 Some(tx) => tx
                     .try_send((now, stream_frame(batch, i)))
                     .map_err(|e| match e {
@@ -210,13 +230,19 @@ impl PathTransport for QuicTransport {
                         mpsc::error::TrySendError::Closed(_) => DropReason::SendFailed,
                     }),
                 None => {
-                    let len = (batch.header_len(i) + batch.packet(i).len()) as u64;
-                    if len > room {
+                    let d = unframed(batch, i);
+                    if d.len() as u64 > room {
                         Err(DropReason::QueueFull)
                     } else {
-                        room -= len;
-                        // A view of the batch's buffer: no copy, no allocation per packet.
-                        send_datagram(&self.conn, batch.framed(i))
+                        room -= d.len() as u64;
+                        match (send_datagram(&self.conn, d), &self.stream_tx) {
+                            // `auto` on a clean path: a packet too big for a datagram (a
+                            // `tun_mtu` above the default) still fits the stream.
+                            (Err(DropReason::Oversized), Some(tx)) => tx
+                                .try_send((now, stream_frame(batch, i)))
+                                .map_err(|_| DropReason::QueueFull),
+                            (r, _) => r,
+                        }
                     }
                 }
             };
@@ -228,6 +254,13 @@ impl PathTransport for QuicTransport {
 
     fn send_control(&self, msg: &[u8]) -> Result<(), DropReason> {
         send_datagram(&self.conn, Bytes::copy_from_slice(msg))
+    }
+
+    fn set_carry(&self, carry: Carry) {
+        if self.adaptive {
+            self.on_stream
+                .store(carry == Carry::Stream, Ordering::Relaxed);
+        }
     }
 
     fn remote(&self) -> SocketAddr {
@@ -850,17 +883,31 @@ impl OfferReply for QuicOffer {
     }
 }
 
+/// Whether `prepare` framed packet `i` for the stream: its outermost header is a frame header
+/// for exactly the rest (its send time still unset).
+fn stream_framed(batch: &PacketBatch, i: usize) -> bool {
+    let (h, len) = (batch.header_len(i), batch.packet(i).len());
+    h >= STREAM_HEADER
+        && batch.headed(i, 0)[..STREAM_HEADER]
+            == stream_rx::header((h - STREAM_HEADER + len) as u16, 0)
+}
+
+/// Packet `i` as a datagram carries it: with the headers in front, without the stream's frame
+/// header if `prepare` wrote one. A view of the batch's buffer: no copy, no allocation.
+fn unframed(batch: &mut PacketBatch, i: usize) -> Bytes {
+    let skip = if stream_framed(batch, i) {
+        STREAM_HEADER
+    } else {
+        0
+    };
+    batch.framed_from(i, skip)
+}
+
 /// A packet with its header in front, as the stream carries it (the send time is stamped by
 /// the writer): framed in the batch's headroom by `prepare` (no copy), or copied when it was
 /// not.
 fn stream_frame(batch: &mut PacketBatch, i: usize) -> Bytes {
-    let (h, len) = (batch.header_len(i), batch.packet(i).len());
-    // Framed by `prepare` when the outermost header is a frame header for exactly this much
-    // (its send time still unset).
-    let framed = h >= STREAM_HEADER
-        && batch.headed(i, 0)[..STREAM_HEADER]
-            == stream_rx::header((h - STREAM_HEADER + len) as u16, 0);
-    if framed {
+    if stream_framed(batch, i) {
         return batch.framed(i);
     }
     let p = batch.headed(i, 0);

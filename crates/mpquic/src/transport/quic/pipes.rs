@@ -91,6 +91,11 @@ impl QuicPipes {
         if let Some(m) = &pipe.meter {
             self.group.join(m);
         }
+        // The path's carriage (`auto`) is pipe 0's.
+        if let Some(first) = pipes.first() {
+            let on = first.on_stream.load(Ordering::Relaxed);
+            pipe.on_stream.store(on, Ordering::Relaxed);
+        }
         pipes.push(pipe.clone());
         drop(pipes);
         if let Some(sink) = self.sink.lock().unwrap_or_else(|e| e.into_inner()).clone() {
@@ -188,6 +193,12 @@ impl PathTransport for QuicPipes {
                 p.send_batch(batch, w, refused);
                 w.clear();
             }
+        }
+    }
+
+    fn set_carry(&self, carry: mpquic_core::recovery::Carry) {
+        for p in self.pipes.read().unwrap_or_else(|e| e.into_inner()).iter() {
+            p.set_carry(carry);
         }
     }
 
