@@ -406,6 +406,20 @@ impl PathHealth {
         }
     }
 
+    /// The path stopped acknowledging the data it carries (`ackwatch.rs`): down now, as a
+    /// probe silence would take it, and back up the same way.
+    pub fn declare_down(&mut self, now: Instant) {
+        if self.state != PathState::Down {
+            self.consecutive = 0;
+            self.set_state(PathState::Down, now);
+        }
+    }
+
+    /// The deviation of the probes' round trips (RFC 6298's RTTVAR).
+    pub fn rttvar(&self) -> Duration {
+        self.rttvar
+    }
+
     fn check_silence(&mut self, now: Instant) {
         if self.state == PathState::Down {
             return;

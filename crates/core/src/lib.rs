@@ -2,6 +2,7 @@
 //! injected clock (`now: Instant` arguments). The I/O shell in the `mpquic` crate feeds it events;
 //! the deterministic simulator in `tests/sim.rs` feeds it modelled links in virtual time.
 
+pub mod ackwatch;
 pub mod addressing;
 pub mod bond;
 pub mod cc;

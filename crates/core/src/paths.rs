@@ -417,6 +417,11 @@ impl PathSet {
         })
     }
 
+    /// `id` stopped acknowledging its data: down now (`PathHealth::declare_down`).
+    pub fn declare_down(&mut self, id: PathId, now: Instant) -> Option<Transition> {
+        self.health_event(id, |h| h.declare_down(now))
+    }
+
     /// Count a packet of `len` bytes sent on `id`.
     pub fn count_tx(&mut self, id: PathId, len: usize, now: Instant) {
         self.paths[id.index()].load.backlog += len as u64;

@@ -176,6 +176,12 @@ impl Router {
         self.tell_bond(t)
     }
 
+    /// `id` stopped acknowledging its data (`ackwatch.rs`): down now.
+    pub fn declare_down(&mut self, id: PathId, now: Instant) -> Option<Transition> {
+        let t = self.paths.declare_down(id, now);
+        self.tell_bond(t)
+    }
+
     /// A path event's transition reaches the bond (the one rule that keeps them in step).
     fn tell_bond(&mut self, t: Option<Transition>) -> Option<Transition> {
         if let Some(t) = &t {

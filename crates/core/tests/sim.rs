@@ -10,7 +10,9 @@
 //! no-duplicate property fail. The model counts what each side sent and what its links lost
 //! (the connection's counters the core's FEC and adaptive recovery follow), and a data packet
 //! lost while its path carries on its stream (`transport_mode: auto`) is sent again a round trip
-//! later, as QUIC retransmits a stream's lost frames.
+//! later, as QUIC retransmits a stream's lost frames. Every packet that arrives is acknowledged
+//! at once by an ACK on the reverse link (which may lose it too): the ACK frames each side
+//! receives are the count the core's ACK watch follows.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -50,6 +52,8 @@ struct Msg {
     path: PathId,
     pn: u64,
     bytes: Vec<u8>,
+    /// An ACK (no bytes): counted by its receiver, not acknowledged.
+    ack: bool,
 }
 
 struct Sim {
@@ -75,6 +79,10 @@ struct Sim {
     polled: Polled,
     /// Per path, each side's (sent, lost) packets: its connection's counters.
     counters: Vec<[(u64, u64); 2]>,
+    /// Per path, the ACKs each side received.
+    acks: Vec<[u64; 2]>,
+    /// When each side's core said it next has work (its last `poll`).
+    next_poll: [Option<Instant>; 2],
     /// Stream frames lost on a link, to be sent again at the time: (due, side, path, bytes).
     retransmit: Vec<(Duration, Side, PathId, Vec<u8>)>,
 }
@@ -187,6 +195,8 @@ impl Sim {
             arrived: Vec::new(),
             polled: Polled::default(),
             counters: vec![[(0, 0); 2]; specs.len()],
+            acks: vec![[0; 2]; specs.len()],
+            next_poll: [None; 2],
             retransmit: Vec::new(),
         }
     }
@@ -230,6 +240,7 @@ impl Sim {
             path,
             pn,
             bytes,
+            ack: false,
         };
         let link = &mut self.links[path.index()][from.index()];
         let dropped = |l: &Link<Msg>| {
@@ -370,6 +381,8 @@ impl Sim {
             fec(&self.client),
             fec(&self.server),
             retransmit,
+            self.next_poll[0],
+            self.next_poll[1],
         ]
         .into_iter()
         .flatten()
@@ -385,16 +398,24 @@ impl Sim {
                 let now = self.at();
                 let mut taken = Recorded::default();
                 let mut polled = std::mem::take(&mut self.polled);
-                let counters: Vec<(u64, u64)> =
-                    self.counters.iter().map(|c| c[side.index()]).collect();
+                let counters: Vec<(u64, u64, u64, Duration)> = (self.counters.iter())
+                    .zip(&self.acks)
+                    .zip(&self.links)
+                    .map(|((c, a), l)| {
+                        let (s, lost) = c[side.index()];
+                        (s, lost, a[side.index()], l[side.index()].min_delay() * 2)
+                    })
+                    .collect();
                 // Every path is connected (the links model its outages).
-                let _ = self.core(side).poll(
+                self.next_poll[side.index()] = self.core(side).poll(
                     now,
                     |id| {
-                        let (sent_packets, lost_packets) = counters[id.index()];
+                        let (sent_packets, lost_packets, acks, rtt) = counters[id.index()];
                         Some(LinkStats {
                             sent_packets,
                             lost_packets,
+                            acks: Some(acks),
+                            rtt: Some(rtt),
                             ..LinkStats::default()
                         })
                     },
@@ -453,6 +474,19 @@ impl Sim {
     }
 
     fn receive(&mut self, m: Msg) {
+        if m.ack {
+            self.acks[m.path.index()][m.to.index()] += 1;
+            return;
+        }
+        let ack = Msg {
+            to: m.to.peer(),
+            path: m.path,
+            pn: 0,
+            bytes: Vec::new(),
+            ack: true,
+        };
+        let now = self.at();
+        self.links[m.path.index()][m.to.index()].push(now, ack, 40, 0);
         if !self.seen.insert((m.to, m.path, m.pn)) {
             self.dup_dropped += 1;
             return;
@@ -560,6 +594,56 @@ proptest! {
             let b = back[side].expect("returned to the primary");
             prop_assert!(b < Duration::from_secs(5), "side {side} took {b:?} to return");
         }
+    }
+
+    /// Failover from the data: under traffic (10 ms pings both ways), a primary of up to 20 ms
+    /// RTT that stops acknowledging, in either or both directions, is left by both sides within
+    /// 100 ms (its probes alone took 270 ms here), and taken back after the repair.
+    #[test]
+    fn traffic_leaves_a_black_hole_within_100ms(
+        d0 in 1u64..10, d1 in 2u64..60,
+        dir in 0usize..3,
+        fail_ms in 2_000u64..4_000,
+        seed in any::<u64>(),
+    ) {
+        let block = [(true, true), (true, false), (false, true)][dir];
+        let fail_at = Duration::from_millis(fail_ms);
+        let repair_at = fail_at + Duration::from_secs(3);
+        let (sim, last, back) = failover_case((d0, d1), block, fail_at, repair_at, seed);
+        for side in 0..2 {
+            let gap = last[side].unwrap_or_default();
+            prop_assert!(gap <= Duration::from_millis(100), "side {side} stayed on the dead path for {gap:?}");
+            prop_assert!(back[side].is_some(), "side {side} did not return");
+        }
+        let silences: u64 = (sim.client.router().paths().ids())
+            .map(|id| sim.client.ack_watch(id).unwrap().silences)
+            .sum();
+        prop_assert!(silences >= 1, "the client's data did not notice");
+    }
+
+    /// Random loss is not silence: a primary losing up to 20% both ways under 10 ms pings is
+    /// not taken out of use by its ACKs (at most once in 20 s, where the probes' loss estimate
+    /// trails the loss).
+    #[test]
+    fn random_loss_does_not_silence_an_active_path(
+        loss in 0.0f64..0.2,
+        d0 in 1u64..30,
+        seed in any::<u64>(),
+    ) {
+        let specs = [spec("wan1", 1, 1), spec("wan2", 2, 1)];
+        let l0 = format!("delay={d0}ms,loss={:.3}%", loss * 100.0);
+        let mut sim = Sim::new(Policy::Failover, &specs, &[l0, delay(20)], seed);
+        sim.run_until(Duration::from_secs(1));
+        for seq in 0..2000u32 {
+            sim.send_data(Side::Client, 7, seq);
+            sim.send_data(Side::Server, 7, seq);
+            let next = sim.now + Duration::from_millis(10);
+            sim.run_until(next);
+        }
+        let count = |c: &TunnelCore| c.ack_watch(c.router().paths().ids().next().unwrap()).unwrap().silences;
+        let (cs, ss) = (count(&sim.client), count(&sim.server));
+        println!("loss {:.1}% d0 {d0}: silences client {cs} server {ss}", loss * 100.0);
+        prop_assert!(cs <= 1 && ss <= 1, "silences: client {cs}, server {ss}");
     }
 
     /// A quiet tunnel probes slowly, but the first packet wakes it: whatever direction of the

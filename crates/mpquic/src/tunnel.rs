@@ -58,6 +58,8 @@ fn link_stats(t: &dyn PathTransport) -> LinkStats {
         udp_payload: st.udp_payload,
         link_payload: st.link_payload,
         max_datagram: st.max_datagram,
+        acks: st.acks,
+        rtt: st.rtt,
     }
 }
 
@@ -754,6 +756,7 @@ impl Tunnel {
                 if let (Some(f), true) = (s.core.fec(id), s.core.fec_mode() != FecMode::Off) {
                     fec_status(&mut ps, f);
                 }
+                ps.ack_silences = s.core.ack_watch(id).map_or(0, |w| w.silences);
                 if let Some(r) = s.core.recovery(id) {
                     ps.carry = Some(r.carry().as_str().into());
                     ps.recovery_loss_pct = Some(r.loss() * 100.0);

@@ -65,6 +65,10 @@ pub struct PathStatus {
     pub rx_mbit: f64,
     pub flows: u64,
     pub connects: u64,
+    /// Times the client took the path out of use because it stopped acknowledging the data
+    /// it carried (before its probes would have).
+    #[serde(default)]
+    pub ack_silences: u64,
     /// Reliable mode: packets this path had sent when it went down, sent again on a live path
     /// (some may reach the peer twice).
     #[serde(default)]

@@ -127,6 +127,11 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Gauge(|p| p.recovery_loss_pct),
     ),
     (
+        "mpquic_path_ack_silences",
+        "Times the path was taken out of use for leaving the data it carried unacknowledged",
+        PathValue::Counter(|p| p.ack_silences),
+    ),
+    (
         "mpquic_path_to_stream",
         "transport_mode auto: times the path went to its stream",
         PathValue::Counter(|p| p.to_stream),

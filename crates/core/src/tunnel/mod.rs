@@ -13,6 +13,7 @@ mod timers;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Instant;
 
+use crate::ackwatch::AckWatch;
 use crate::classify::Prefix;
 use crate::fec::{self, FecMode};
 use crate::pmtu::{PathMtu, Resize};
@@ -53,6 +54,10 @@ pub struct LinkStats {
     pub link_payload: Option<u16>,
     /// The largest datagram it takes (what is left of `udp_payload` after its framing).
     pub max_datagram: Option<usize>,
+    /// ACK frames it has received (`ackwatch.rs`; `None`: a transport that does not say).
+    pub acks: Option<u64>,
+    /// Its own RTT estimate.
+    pub rtt: Option<std::time::Duration>,
 }
 
 /// FEC on one path: what we send (encoder) and what we receive (decoder). Kept across
@@ -86,6 +91,8 @@ pub struct TunnelCore {
     /// `PathId::index()`; empty for a fixed mode.
     recovery: Vec<Recovery>,
     adaptive: bool,
+    /// The watch over each path's ACKs (`ackwatch.rs`), by `PathId::index()`.
+    acks: Vec<AckWatch>,
 }
 
 impl TunnelCore {
@@ -110,6 +117,7 @@ impl TunnelCore {
             expect_src,
             recovery: Vec::new(),
             adaptive: false,
+            acks: Vec::new(),
         }
     }
 
@@ -169,7 +177,23 @@ impl TunnelCore {
         if self.adaptive && self.recovery.len() <= id.index() {
             self.recovery.resize_with(id.index() + 1, Default::default);
         }
+        if self.acks.len() <= id.index() {
+            self.acks.resize_with(id.index() + 1, Default::default);
+        }
         Some(id)
+    }
+
+    /// `path`'s watch over its ACKs (status: the times it took the path out of use).
+    pub fn ack_watch(&self, path: PathId) -> Option<&AckWatch> {
+        self.acks.get(path.index())
+    }
+
+    /// Inner packets left on `path` now: the core watches for their ACKs. Returns whether
+    /// the core's deadline moved earlier.
+    fn on_sent(&mut self, path: PathId, now: Instant) -> bool {
+        self.acks
+            .get_mut(path.index())
+            .is_some_and(|w| w.on_sent(now))
     }
 
     pub fn fec(&self, path: PathId) -> Option<&PathFec> {

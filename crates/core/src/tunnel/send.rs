@@ -110,6 +110,7 @@ impl TunnelCore {
             // `redundant`: a copy for the second path, numbered the same (the receiver keeps
             // the first to arrive), in that path's own FEC groups.
             if let Some(also) = route.also.filter(|a| connected(*a)) {
+                opened |= self.on_sent(also, now);
                 let mut copy = batch.headed(i).to_vec();
                 let mut repairs = Vec::new();
                 let (header, o) = self.protect(also, &copy, now, &mut repairs);
@@ -134,6 +135,7 @@ impl TunnelCore {
                 self.router.drop_tx(path, len, DropReason::NoPath);
                 continue;
             }
+            opened |= self.on_sent(path, now);
             let share = out.on(path);
             share.picks.push(i);
             // (Headers are writable until a transport takes packets: the shell routes before

@@ -6,7 +6,7 @@ use std::time::Instant;
 use crate::fec::FecMode;
 use crate::pmtu::Resize;
 use crate::recovery::{Carry, Why};
-use crate::wire;
+use crate::{ackwatch, wire};
 use crate::{PathId, PathState, ProbeDue, Transition};
 
 use super::{Deliver, LinkStats, Received, TunnelCore};
@@ -64,6 +64,7 @@ impl TunnelCore {
         stats.extend(self.router.paths().ids().map(links));
         let connected = |id: PathId| stats.get(id.index()).is_some_and(Option::is_some);
         self.router.poll(now, &mut out.probes, &mut out.transitions);
+        let silence_next = self.poll_silence(now, &stats, out);
         for i in 0..out.transitions.len() {
             let t = out.transitions[i];
             self.on_transition(&t);
@@ -73,7 +74,12 @@ impl TunnelCore {
         // Packets whose wait for the ones before them ran out. (A packet that wakes a quiet
         // tunnel makes its probes due now: `next_deadline` below says so.)
         out.delivered = self.deliver_released(now, rx, &mut Received::default());
-        let mut next = self.router.next_deadline();
+        let mut next = self
+            .router
+            .next_deadline()
+            .into_iter()
+            .chain(silence_next)
+            .min();
         if self.fec_mode != FecMode::Off {
             self.poll_fec(now, &stats, out);
             let fec_next = self.fec.iter().filter_map(|f| f.enc.deadline()).min();
@@ -109,6 +115,53 @@ impl TunnelCore {
                 out.repairs.push((id, repairs));
             }
         }
+    }
+
+    /// The watch over each path's ACKs (`ackwatch.rs`): a path that is up, sent, and has had
+    /// no ACK for its bound goes down now, if another path is up to take its traffic (alone, it
+    /// waits for its probes' verdict: there is nowhere better to send). Both sides watch: the
+    /// client's data shows a dead path either way, the server's shows it too when it is the
+    /// one sending (its follower state takes the client's view again with the next probe that
+    /// arrives, which in a black hole is only after the repair). Returns the watches' next
+    /// deadline.
+    fn poll_silence(
+        &mut self,
+        now: Instant,
+        links: &[Option<LinkStats>],
+        out: &mut Polled,
+    ) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let mut silent = Vec::new();
+        let paths = self.router.paths();
+        for id in paths.ids() {
+            let st = links.get(id.index()).copied().flatten();
+            let Some(w) = self.acks.get_mut(id.index()) else {
+                continue;
+            };
+            w.on_acks(st.and_then(|s| s.acks), now);
+            let Some(h) = paths
+                .get(id)
+                .health
+                .as_ref()
+                .filter(|h| h.state() == PathState::Up)
+            else {
+                continue;
+            };
+            let Some(rtt) = h.srtt().into_iter().chain(st.and_then(|s| s.rtt)).max() else {
+                continue;
+            };
+            let bound = ackwatch::bound(rtt, h.rttvar(), h.loss()).min(h.down_after());
+            if w.silent_for(now) > bound && paths.iter().any(|(o, p)| o != id && p.is_up()) {
+                w.silenced();
+                silent.push(id);
+                continue;
+            }
+            next = next.into_iter().chain(w.deadline(now, bound)).min();
+        }
+        for id in silent {
+            out.transitions.extend(self.router.declare_down(id, now));
+        }
+        next
     }
 
     /// Feed each path's recovery its connection's loss counters; report changes of carriage.

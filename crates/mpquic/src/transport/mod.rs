@@ -60,6 +60,9 @@ pub struct TransportStats {
     pub link_payload: Option<u16>,
     /// Reliable mode: the delay the receiver holds the path's packets to (`stream_rx`).
     pub playout: Option<Duration>,
+    /// ACK frames received (the tunnel core's ACK watch); `None` where data is not
+    /// acknowledged through them (stripe).
+    pub acks: Option<u64>,
 }
 
 /// Where a transport delivers what it receives, and reports what it lost after accepting it.

@@ -282,6 +282,7 @@ impl PathTransport for QuicTransport {
                 .stream_tx
                 .as_ref()
                 .map(|_| stream_rx::delay(&self.playout_us)),
+            acks: Some(st.frame_rx.acks),
         }
     }
 

@@ -228,6 +228,8 @@ impl PathTransport for QuicPipes {
             max_datagram: all.iter().filter_map(|s| s.max_datagram).min(),
             link_payload: all.iter().find_map(|s| s.link_payload),
             playout: all.iter().filter_map(|s| s.playout).max(),
+            // Any pipe's ACKs show the path alive.
+            acks: all.iter().map(|s| s.acks).sum(),
         }
     }
 

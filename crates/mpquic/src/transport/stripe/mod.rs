@@ -698,6 +698,8 @@ impl PathTransport for StripeTransport {
             max_datagram: self.max_datagram(),
             link_payload: q.link_payload,
             playout: None,
+            // Stripe packets are acknowledged by their own feedback, not by QUIC's ACKs.
+            acks: None,
         }
     }
 
