@@ -84,8 +84,14 @@ def load(cell):
         merged[v] = {}
         for label, row in labels.items():
             rows = [r[v][label] for r in rounds if v in r and label in r[v]]
-            mbits = [r["mbit"] for r in rows]
+            mbits = [r.get("mbit", 0) for r in rows]
             m = dict(row)
+            if "mbit" not in row:
+                # A ping row: the worst round's gap and loss.
+                worst = max(rows, key=lambda r: r.get("longest_gap_s", 0))
+                m.update(worst, lo=0, hi=0, mbit=0)
+                merged[v][label] = m
+                continue
             m["mbit"], m["lo"], m["hi"] = statistics.median(mbits), min(mbits), max(mbits)
             ivs = [r.get("intervals_mbit") or [] for r in rows]
             n = min(len(i) for i in ivs)
@@ -106,9 +112,10 @@ def spread(rows):
     """The widest spread between rounds of any row of each variant: (hi - lo) / median."""
     out = []
     for v, r in rows.items():
-        w = max((t["hi"] - t["lo"]) / t["mbit"] for t in r.values() if t["mbit"] > 1)
-        out.append(f"{v} {w:.0%}")
-    return "widest spread between rounds: " + ", ".join(out)
+        ws = [(t["hi"] - t["lo"]) / t["mbit"] for t in r.values() if t["mbit"] > 1]
+        if ws:
+            out.append(f"{v} {max(ws):.0%}")
+    return ("widest spread between rounds: " + ", ".join(out)) if out else "ping rows: the worst round"
 
 
 def ratio(a, b):
@@ -182,6 +189,20 @@ def handover_table(cell, rows, phase=20):
     return lines
 
 
+def blackhole_table(cell, rows):
+    faults = ["both ways", "server to client", "client to server"]
+    lines = [f"### {cell}", "",
+             "Longest ping gap (ms) and pings lost, per fault of the primary (10 ms RTT):", "",
+             "| variant | " + " | ".join(faults) + " |",
+             "|---|" + "---|" * len(faults)]
+    for v, r in rows.items():
+        cells = [f"{r[f]['longest_gap_s'] * 1000:.0f} ({r[f]['sent'] - r[f]['received']} lost)" for f in faults]
+        lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    worst = max(rows["default"][f]["longest_gap_s"] for f in faults)
+    lines += ["", f"default: longest gap of any fault {worst * 1000:.0f} ms (acceptance: <= 100 ms)", ""]
+    return lines
+
+
 def table():
     out = ["# Adaptive data path matrix", "",
            "Mbit/s per variant (in brackets: share of mpquic's own single-path sum, or of the lossless row).",
@@ -196,6 +217,8 @@ def table():
             out += loss_table(cell, rows)
         elif cell.startswith("handover"):
             out += handover_table(cell, rows)
+        elif cell.startswith("blackhole"):
+            out += blackhole_table(cell, rows)
         out += [steal_line(cell, n) + "; " + spread(rows), ""]
     text = "\n".join(out)
     with open(os.path.join(OUT, "summary.md"), "w") as f:

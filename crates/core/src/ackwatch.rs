@@ -6,7 +6,7 @@
 //! ACK frames its connection has received at each poll (`on_acks`). Once a path has sent since
 //! the last ACK progress and no ACK has come for `bound` (what a live path's next ACK can take:
 //! two smoothed RTTs and four deviations, plus the peer's ACK delay, once for each ACK that
-//! random loss may take in a row), it is silent. The core polls at a third of the bound while
+//! random loss may take in a row; 50 ms at least), it is silent. The core polls at a third of the bound while
 //! a path waits, so a silence is seen within a third of a bound of its end. A quiet path sends
 //! nothing and is judged by its probes alone, as before.
 
@@ -20,6 +20,10 @@ pub const MAX_ACK_DELAY: Duration = Duration::from_millis(25);
 const FALSE_SILENCE: f64 = 1e-5;
 /// Above this the loss is not random loss to ride out.
 const TOLERATED_LOSS: f64 = 0.5;
+/// The shortest bound, whatever the RTT: on a LAN-short path a peer that is not scheduled for
+/// a few tens of milliseconds (a busy or oversubscribed host: this lab's hypervisor takes its
+/// vCPUs away for that long at times) is not a dead path.
+const MIN_BOUND: Duration = Duration::from_millis(50);
 
 /// How long a live path may leave data unacknowledged: `rtt` (the larger of the probes' and
 /// the connection's own estimate, which follows a growing queue within an ACK), `rttvar`, and
@@ -33,7 +37,7 @@ pub fn bound(rtt: Duration, rttvar: Duration, loss: f64) -> Duration {
     } else {
         1.0
     };
-    2 * rtt + 4 * rttvar + MAX_ACK_DELAY.mul_f64(in_a_row)
+    (2 * rtt + 4 * rttvar + MAX_ACK_DELAY.mul_f64(in_a_row)).max(MIN_BOUND)
 }
 
 /// One path's watch over its connection's ACKs.
@@ -120,6 +124,8 @@ mod tests {
         assert_eq!(bound(ms(10), ms(2), 0.3), ms(28 + 250));
         // Beyond half lost, no more tolerance.
         assert_eq!(bound(ms(10), ms(2), 0.9), bound(ms(10), ms(2), 0.5));
+        // A LAN-short path still waits the floor.
+        assert_eq!(bound(ms(1), Duration::ZERO, 0.0), MIN_BOUND);
     }
 
     #[test]
