@@ -30,10 +30,12 @@ def test_one_flow_uses_both_paths_in_order(make_lab, policy, reverse):
     share = {p: 100.0 * sent[p] / sum(sent.values()) for p in sent}
     reorder = lab.status(receiver)["tunnels"][0]["reorder"]
     packets = sum(sent.values()) / 1400
+    # A path the ACK watch took out of use shows here (a false silence would starve it).
+    silences = {p: lab.path_status(sender, p).get("ack_silences", 0) for p in ("wan1", "wan2")}
     report(f"{policy} {'download' if reverse else 'upload'}, one TCP flow over 60 Mbit/s 10 ms + "
            f"30 Mbit/s 40 ms RTT: {agg:.1f} Mbit/s; shares wan1 {share['wan1']:.1f}% wan2 "
            f"{share['wan2']:.1f}%; receiver's reorder counters {reorder}; retransmits "
-           f"{d['end']['sum_sent'].get('retransmits')}")
+           f"{d['end']['sum_sent'].get('retransmits')}; sender's ACK silences {silences}")
     if policy == "wlb":
         # One flow, more than the faster path can carry: it went over both.
         assert agg >= 1.05 * FASTEST, agg

@@ -57,7 +57,9 @@ impl AckWatch {
     /// Inner packets left on the path now. Returns true when the path starts waiting (the
     /// core's deadline moves earlier).
     pub fn on_sent(&mut self, now: Instant) -> bool {
-        if self.waiting_since.is_some() {
+        // Not waiting already, and a transport that counts ACKs (else every batch would wake
+        // the core's timers for nothing: stripe paths).
+        if self.waiting_since.is_some() || self.acks.is_none() {
             return false;
         }
         self.waiting_since = Some(now);
@@ -132,6 +134,8 @@ mod tests {
     fn a_path_that_acknowledges_never_goes_silent() {
         let t0 = Instant::now();
         let mut w = AckWatch::default();
+        // Before the first count nothing waits.
+        assert!(!w.on_sent(t0));
         w.on_acks(Some(0), t0);
         for i in 1..100u64 {
             let now = t0 + ms(10 * i);
