@@ -145,6 +145,8 @@ pub struct PathHealth {
     pub probes_sent: u64,
     pub probes_answered: u64,
     pub transitions: u64,
+    /// Down by its ACK watch: the silence it had then (`silence_at_down`).
+    silent_for: Option<Duration>,
 }
 
 impl PathHealth {
@@ -171,6 +173,7 @@ impl PathHealth {
             probes_sent: 0,
             probes_answered: 0,
             transitions: 0,
+            silent_for: None,
         }
     }
 
@@ -408,11 +411,18 @@ impl PathHealth {
 
     /// The path stopped acknowledging the data it carries (`ackwatch.rs`): down now, as a
     /// probe silence would take it, and back up the same way.
-    pub fn declare_down(&mut self, now: Instant) {
+    pub fn declare_down(&mut self, now: Instant, silent_for: Duration) {
         if self.state != PathState::Down {
             self.consecutive = 0;
             self.set_state(PathState::Down, now);
+            self.silent_for = Some(silent_for);
         }
+    }
+
+    /// How long the path had been silent when it went down: the data's silence when its ACK
+    /// watch took it down, else the probes' bound (what it sent since may not have arrived).
+    pub fn silence_at_down(&self) -> Duration {
+        self.silent_for.unwrap_or_else(|| self.down_after())
     }
 
     /// The deviation of the probes' round trips (RFC 6298's RTTVAR).
@@ -448,6 +458,7 @@ impl PathHealth {
 
     fn set_state(&mut self, s: PathState, now: Instant) {
         if self.state != s {
+            self.silent_for = None;
             self.state = s;
             self.since = now;
             self.transitions += 1;

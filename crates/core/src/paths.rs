@@ -418,8 +418,13 @@ impl PathSet {
     }
 
     /// `id` stopped acknowledging its data: down now (`PathHealth::declare_down`).
-    pub fn declare_down(&mut self, id: PathId, now: Instant) -> Option<Transition> {
-        self.health_event(id, |h| h.declare_down(now))
+    pub fn declare_down(
+        &mut self,
+        id: PathId,
+        now: Instant,
+        silent_for: Duration,
+    ) -> Option<Transition> {
+        self.health_event(id, |h| h.declare_down(now, silent_for))
     }
 
     /// Count a packet of `len` bytes sent on `id`.
@@ -472,7 +477,7 @@ impl PathSet {
     pub fn hand_over_since(&self, id: PathId, now: Instant) -> Option<Instant> {
         let other_up = self.iter().any(|(p, path)| p != id && path.is_up());
         let h = self.paths.get(id.index())?.health.as_ref()?;
-        other_up.then(|| crate::reliable::unconfirmed_since(now, h.down_after(), h.srtt()))
+        other_up.then(|| crate::reliable::unconfirmed_since(now, h.silence_at_down(), h.srtt()))
     }
 
     pub fn handed_over(&mut self, id: PathId, n: u64) {

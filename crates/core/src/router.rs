@@ -177,8 +177,13 @@ impl Router {
     }
 
     /// `id` stopped acknowledging its data (`ackwatch.rs`): down now.
-    pub fn declare_down(&mut self, id: PathId, now: Instant) -> Option<Transition> {
-        let t = self.paths.declare_down(id, now);
+    pub fn declare_down(
+        &mut self,
+        id: PathId,
+        now: Instant,
+        silent_for: std::time::Duration,
+    ) -> Option<Transition> {
+        let t = self.paths.declare_down(id, now, silent_for);
         self.tell_bond(t)
     }
 

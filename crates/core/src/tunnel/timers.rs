@@ -151,15 +151,19 @@ impl TunnelCore {
                 continue;
             };
             let bound = ackwatch::bound(rtt, h.rttvar(), h.loss()).min(h.down_after());
-            if w.silent_for(now) > bound && paths.iter().any(|(o, p)| o != id && p.is_up()) {
+            let quiet_for = w.silent_for(now);
+            if quiet_for > bound && paths.iter().any(|(o, p)| o != id && p.is_up()) {
                 w.silenced();
-                silent.push(id);
+                // The wait is known to a poll's step (a third of the bound): what was sent
+                // that much before it began may be lost too.
+                silent.push((id, quiet_for + bound / 3));
                 continue;
             }
             next = next.into_iter().chain(w.deadline(now, bound)).min();
         }
-        for id in silent {
-            out.transitions.extend(self.router.declare_down(id, now));
+        for (id, quiet_for) in silent {
+            out.transitions
+                .extend(self.router.declare_down(id, now, quiet_for));
         }
         next
     }
