@@ -1,7 +1,8 @@
 """Single-path tunnel throughput, side by side in one run (this machine is shared and noisy: compare
 ratios within a run, not absolute numbers across runs).
 
-Rows: direct (no tunnel, the same veth), mpquic datagram, mpquic reliable, wireguard-go built from
+Rows: direct (no tunnel, the same veth), mpquic with its defaults (`transport_mode: auto`),
+mpquic datagram, mpquic reliable, wireguard-go built from
 its newest source (`go install golang.zx2c4.com/wireguard@latest`, cached in
 ~/.cache/mpquic-bench; its GSO/GRO offloads make it the reference to beat) and Debian's
 wireguard-go (0.0.20220316, no offloads), userspace, same topology. For each: TCP with 1 and 4
@@ -392,7 +393,8 @@ def many_clients_direct_row(n, seconds):
 
 
 def table(report):
-    rows = [("direct (no tunnel)", "direct"), ("mpquic datagram", "mpquic_datagram"),
+    rows = [("direct (no tunnel)", "direct"), ("mpquic default (auto)", "mpquic_default"),
+            ("mpquic datagram", "mpquic_datagram"),
             ("mpquic reliable", "mpquic_reliable"), ("mpquic datagram, worker_threads: 2", "mpquic_datagram_2threads"),
             ("wireguard-go (newest source)", "wireguard_go_latest"), ("wireguard-go (Debian)", "wireguard_go")]
     cols = ["1flow_up", "1flow_down", "4flow_up", "4flow_down"]
@@ -448,7 +450,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=int, default=8)
     ap.add_argument("--out", default=os.path.join(labctl.REPO, "bench", "results", "throughput.json"))
-    ap.add_argument("--rows", default="direct,mpquic_datagram,mpquic_reliable,wireguard_go_latest,wireguard_go")
+    ap.add_argument("--rows", default="direct,mpquic_default,mpquic_datagram,mpquic_reliable,wireguard_go_latest,wireguard_go")
     ap.add_argument("--udp", action="store_true", help="also the most UDP delivered below 1%% loss, 1400 and 160 B")
     ap.add_argument("--clients", type=int, default=16, help="clients of the many_clients row")
     ap.add_argument("--server-threads", type=int, default=2, help="the server's worker_threads in the many_clients row")
@@ -464,6 +466,7 @@ def main():
     }
     wanted = args.rows.split(",")
     makers = {"direct": lambda: direct_row(args.seconds, udp=args.udp),
+              "mpquic_default": lambda: mpquic_row(None, args.seconds, udp=args.udp),
               "mpquic_datagram": lambda: mpquic_row("datagram", args.seconds, udp=args.udp),
               "mpquic_reliable": lambda: mpquic_row("reliable", args.seconds, udp=args.udp),
               "mpquic_datagram_2threads": lambda: mpquic_row("datagram", args.seconds, threads=2, udp=args.udp),

@@ -149,7 +149,7 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
         System::Vpn(def) => {
             let pids = start_vpn(def, &lab, dir, id, &mut procs)?;
             let tun = step(&format!("route the LAN through {system}"), || {
-                let vars = vpn_vars(&lab, dir, id);
+                let vars = vpn_vars(&lab, def, dir, id);
                 let tun = fill(&def.tunnel.client_if, &vars)?;
                 route_lan_through(&lab, 1, &tun, &fill(&def.tunnel.cidr, &vars)?, true)?;
                 wait_reachable(&lab)?;

@@ -199,6 +199,9 @@ pub struct VpnDef {
     /// The client's tunnel interface and the tunnel's subnet: the runner routes the LAN host's
     /// traffic for the internet host through it, as it does for mpquic.
     pub tunnel: TunnelDef,
+    /// The folder the definition was read from (`{{vpn_dir}}`: scripts beside it).
+    #[serde(skip)]
+    pub dir: std::path::PathBuf,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -224,7 +227,13 @@ pub struct TunnelDef {
 impl VpnDef {
     pub fn load(path: &Path) -> Result<VpnDef> {
         let text = std::fs::read_to_string(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
-        let d: VpnDef = serde_yaml_ng::from_str(&text).map_err(|e| located(path, &e))?;
+        let mut d: VpnDef = serde_yaml_ng::from_str(&text).map_err(|e| located(path, &e))?;
+        d.dir = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default()
+            .canonicalize()
+            .unwrap_or_default();
         for c in d.setup.iter().chain(&d.daemons).chain(&d.configure) {
             if !matches!(c.ns.as_str(), "lan" | "client" | "server" | "internet") {
                 bail!(

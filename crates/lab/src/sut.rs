@@ -134,10 +134,26 @@ pub(crate) fn wait_reachable(lab: &LabState) -> Result<()> {
     Ok(())
 }
 
+/// A daemon's name in the report: its namespace and program (`client: wireguard-go`), and the
+/// configuration file's name when it has one (`client: mpquic bulk.yaml`), which tells several
+/// instances of one program apart.
+fn daemon_name(c: &NsCmd, vars: &[(String, String)]) -> String {
+    let cmd = fill(&c.cmd, vars).unwrap_or_else(|_| c.cmd.clone());
+    let words: Vec<&str> = cmd.split_whitespace().collect();
+    let base = |w: &str| w.rsplit('/').next().unwrap_or(w).to_string();
+    let prog = words.first().map_or("daemon".into(), |w| base(w));
+    match words.iter().position(|w| *w == "--config" || *w == "-c") {
+        Some(i) if i + 1 < words.len() => format!("{}: {prog} {}", c.ns, base(words[i + 1])),
+        _ => format!("{}: {prog}", c.ns),
+    }
+}
+
 /// The values a VPN definition's `{{name}}` placeholders may use.
-pub(crate) fn vpn_vars(lab: &LabState, dir: &Path, id: u32) -> Vec<(String, String)> {
+pub(crate) fn vpn_vars(lab: &LabState, def: &VpnDef, dir: &Path, id: u32) -> Vec<(String, String)> {
     let mut v = vec![
-        ("id".to_string(), id.to_string()),
+        ("mpquic".to_string(), mpquic_bin().display().to_string()),
+        ("vpn_dir".into(), def.dir.display().to_string()),
+        ("id".into(), id.to_string()),
         ("dir".into(), dir.display().to_string()),
         ("server_addr".into(), lab.hosts.server_service_addr.clone()),
         ("lan_addr".into(), lab.hosts.lan_addr.clone()),
@@ -187,7 +203,7 @@ pub(crate) fn start_vpn(
     id: u32,
     procs: &mut Procs,
 ) -> Result<Named> {
-    let vars = vpn_vars(lab, dir, id);
+    let vars = vpn_vars(lab, def, dir, id);
     let ns_of = |c: &NsCmd| match c.ns.as_str() {
         "lan" => lab.namespaces.lan.clone(),
         "client" => lab.namespaces.client.clone(),
@@ -226,8 +242,7 @@ pub(crate) fn start_vpn(
                 .stderr(log)
                 .spawn()?)
         })?;
-        let prog = c.cmd.split_whitespace().next().unwrap_or("daemon");
-        pids.push((format!("{}: {prog}", c.ns), child.id()));
+        pids.push((daemon_name(c, &vars), child.id()));
         procs.0.push(child);
     }
     // Daemons that create their interfaces need a moment; one that exits at once is an error.
