@@ -1046,6 +1046,20 @@ async fn path_writer(w: Writer) {
             enqueue_by_flow(&mut queue, &mut refused, at, frame, STREAM_HEADER);
         }
         gone(&mut refused, DropReason::QueueFull);
+        // A closed connection takes nothing more: what waits is lost with it, and the writer
+        // ends (it would otherwise wait for room in a buffer that never drains, holding the
+        // connection, and the client's socket with it: 13 -> 32 fds after a flap storm).
+        if conn.close_reason().is_some() {
+            rx.close();
+            while let Ok((_, frame)) = rx.try_recv() {
+                refused.add(frame.len() - STREAM_HEADER);
+            }
+            for frame in queue.drain() {
+                refused.add(frame.len() - STREAM_HEADER);
+            }
+            gone(&mut refused, DropReason::SendFailed);
+            return;
+        }
         let stream = on_stream
             .as_ref()
             .is_some_and(|s| s.load(Ordering::Relaxed));
@@ -1055,7 +1069,10 @@ async fn path_writer(w: Writer) {
         let at = pacer.ready_at(now, PACED_PACKET);
         if at > now {
             // What arrives meanwhile is queued, and a sparse packet leaves first.
-            tokio::time::sleep_until(at.into()).await;
+            tokio::select! {
+                _ = tokio::time::sleep_until(at.into()) => {}
+                _ = conn.closed() => {}
+            }
             continue;
         }
         // Datagrams: only as many as keep QUIC's own buffer short (`engine_room`).
@@ -1064,7 +1081,10 @@ async fn path_writer(w: Writer) {
             false => engine_room(&conn),
         };
         if room == 0 {
-            tokio::time::sleep(ENGINE_WAIT).await;
+            tokio::select! {
+                _ = tokio::time::sleep(ENGINE_WAIT) => {}
+                _ = conn.closed() => {}
+            }
             continue;
         }
         let budget = pacer.budget(now).min(STREAM_BATCH).min(room);
