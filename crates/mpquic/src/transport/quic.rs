@@ -1050,13 +1050,7 @@ async fn path_writer(w: Writer) {
         // ends (it would otherwise wait for room in a buffer that never drains, holding the
         // connection, and the client's socket with it: 13 -> 32 fds after a flap storm).
         if conn.close_reason().is_some() {
-            rx.close();
-            while let Ok((_, frame)) = rx.try_recv() {
-                refused.add(frame.len() - STREAM_HEADER);
-            }
-            for frame in queue.drain() {
-                refused.add(frame.len() - STREAM_HEADER);
-            }
+            close_queue(&mut rx, &mut queue, &mut refused);
             gone(&mut refused, DropReason::SendFailed);
             return;
         }
@@ -1162,17 +1156,27 @@ async fn path_writer(w: Writer) {
         } else {
             // Everything in this batch and everything still queued is lost with the stream;
             // closing the queue makes later packets fail (and count) in `send_batch`.
-            rx.close();
-            while let Ok((_, frame)) = rx.try_recv() {
-                refused.add(frame.len() - STREAM_HEADER);
-            }
-            for frame in queue.drain() {
-                refused.add(frame.len() - STREAM_HEADER);
-            }
+            close_queue(&mut rx, &mut queue, &mut refused);
             gone(&mut refused, DropReason::SendFailed);
             written.report(&*sink, DropReason::SendFailed);
             return;
         }
+    }
+}
+
+/// Close the writer's channel (later packets fail, and count, in `send_batch`) and add
+/// everything still waiting in it and in the queue to `lost`.
+fn close_queue(
+    rx: &mut mpsc::Receiver<(Instant, Bytes)>,
+    queue: &mut SendQueue<Bytes>,
+    lost: &mut Dropped,
+) {
+    rx.close();
+    while let Ok((_, frame)) = rx.try_recv() {
+        lost.add(frame.len() - STREAM_HEADER);
+    }
+    for frame in queue.drain() {
+        lost.add(frame.len() - STREAM_HEADER);
     }
 }
 
