@@ -20,6 +20,7 @@ pub mod packet;
 pub mod paths;
 pub mod playout;
 pub mod pmtu;
+pub mod reassembly;
 pub mod reconnect;
 pub mod recovery;
 pub mod reliable;

@@ -1,49 +1,36 @@
 //! Reliable mode, receive side: frames off a path's stream (docs/PROTOCOL.md section 3), handed
 //! on at the steady delay `mpquic_core::playout` sets (none on a clean path).
 //!
-//! Two tasks, because reading a frame is not cancel-safe (a frame half read when a timer won
-//! would be lost, and the stream with it): one reads frames as they arrive and stamps them,
-//! the other holds them until their release. While nothing is held, a frame goes straight
-//! through.
+//! The stream is read in any order (`mpquic_core::reassembly` puts the frames back in order),
+//! so each frame's head-of-line wait is known: the playout acts on those waits only, not on
+//! queueing at a bottleneck.
+//!
+//! Two tasks, because a read is not worth cancelling for a timer: one reads chunks as they
+//! arrive and cuts them into frames, the other holds frames until their release. While nothing
+//! is held, a frame goes straight through.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use mpquic_core::playout::Playout;
+pub use mpquic_core::reassembly::{header, HEADER};
+use mpquic_core::reassembly::{Frame, Reassembly};
 use tokio::sync::mpsc;
+use tracing::warn;
 
-use super::Sink;
+use super::{close, Sink};
 
-/// A frame's header: the packet's length (u16, big-endian), then its send time (u32,
-/// big-endian, microseconds of the sender's clock, wrapping).
-pub const HEADER: usize = 6;
 /// Frames read and not yet handed to the playout (it takes them as fast as they come).
 const READ_AHEAD: usize = 1024;
 /// Packets held at most (about 6 MB of 1400-byte packets: 250 ms at 190 Mbit/s, 45 ms at 1
 /// Gbit/s); beyond this the oldest leaves early, so memory stays bounded at any rate and a held
 /// packet is never dropped.
 const MAX_HELD: usize = 4096;
-/// Read buffer: frames are split off it, so one allocation serves many packets.
-const READ_BUFFER: usize = 256 * 1024;
-
-/// A frame's header: `len` bytes of packet, sent at `sent_us`.
-pub fn header(len: u16, sent_us: u32) -> [u8; HEADER] {
-    let mut h = [0u8; HEADER];
-    h[..2].copy_from_slice(&len.to_be_bytes());
-    h[2..].copy_from_slice(&sent_us.to_be_bytes());
-    h
-}
-
-/// The packet length and send time a header gives.
-fn parse(h: &[u8; HEADER]) -> (usize, u32) {
-    (
-        usize::from(u16::from_be_bytes([h[0], h[1]])),
-        u32::from_be_bytes([h[2], h[3], h[4], h[5]]),
-    )
-}
+/// The most one read takes (QUIC hands over one STREAM frame's data at most anyway).
+const READ_CHUNK: usize = 64 * 1024;
 
 /// The sender's clock for frame headers: microseconds since the process's first frame,
 /// wrapping (the receiver only uses differences).
@@ -53,7 +40,7 @@ pub fn clock_us() -> u32 {
 }
 
 /// Read `recv` until it ends, handing packets to `sink`; `delay_us` shows the playout delay
-/// (status), `conn` gives the path's RTT.
+/// (status); `conn` is closed if the peer breaks the stream's rules.
 pub async fn run(
     sink: Arc<dyn Sink>,
     recv: quinn::RecvStream,
@@ -61,7 +48,7 @@ pub async fn run(
     delay_us: Arc<AtomicU64>,
 ) {
     let (tx, mut rx) = mpsc::channel(READ_AHEAD);
-    tokio::spawn(read_frames(recv, tx));
+    tokio::spawn(read_frames(recv, conn, tx));
     let mut playout = Playout::default();
     let mut held: VecDeque<(Instant, Bytes)> = VecDeque::new();
     loop {
@@ -83,7 +70,12 @@ pub async fn run(
                 continue;
             }
         };
-        let Some((sent_us, packet)) = frame else {
+        let Some(Frame {
+            sent_us,
+            packet,
+            waited,
+        }) = frame
+        else {
             // The stream ended: what is held is still delivered, at once.
             for (_, p) in held.drain(..) {
                 deliver(&*sink, &p);
@@ -92,7 +84,7 @@ pub async fn run(
             return;
         };
         let now = Instant::now();
-        let at = playout.on_packet(now, sent_us, conn.rtt());
+        let at = playout.on_packet(now, sent_us, waited);
         delay_us.store(playout.delay().as_micros() as u64, Ordering::Relaxed);
         if at <= now && held.is_empty() {
             deliver(&*sink, &packet);
@@ -114,43 +106,44 @@ fn deliver(sink: &dyn Sink, packet: &[u8]) {
     sink.on_stream_packet((!packet.is_empty()).then_some(packet));
 }
 
-async fn read_frames(mut recv: quinn::RecvStream, tx: mpsc::Sender<(u32, Bytes)>) {
-    let mut buf = BytesMut::with_capacity(READ_BUFFER);
+async fn read_frames(
+    mut recv: quinn::RecvStream,
+    conn: quinn::Connection,
+    tx: mpsc::Sender<Frame>,
+) {
+    // The stream carried the hello before the frames: one ordered read says where they start
+    // (reads in any order may follow ordered ones, not the other way round).
+    let (mut frames, mut chunk) = match recv.read_chunk(READ_CHUNK, true).await {
+        Ok(Some(c)) => (Reassembly::starting_at(c.offset), c),
+        Ok(None) | Err(_) => return,
+    };
     loop {
-        let mut header = [0u8; HEADER];
-        if recv.read_exact(&mut header).await.is_err() {
+        if frames
+            .insert(chunk.offset, chunk.bytes, Instant::now())
+            .is_err()
+        {
+            // Only a peer that ignores QUIC's flow control gets here; the path is dialled
+            // again like any other that failed.
+            warn!("a path's stream ran far beyond its flow control window; closing the connection");
+            conn.close(
+                close::PROTOCOL.into(),
+                b"stream beyond its flow control window",
+            );
             return;
         }
-        let (n, sent_us) = parse(&header);
-        if buf.capacity() < n {
-            buf = BytesMut::with_capacity(READ_BUFFER);
+        while let Some(f) = frames.pop() {
+            if tx.send(f).await.is_err() {
+                return;
+            }
         }
-        buf.resize(n, 0);
-        if recv.read_exact(&mut buf[..]).await.is_err() {
-            return;
-        }
-        if tx.send((sent_us, buf.split().freeze())).await.is_err() {
-            return;
-        }
+        chunk = match recv.read_chunk(READ_CHUNK, false).await {
+            Ok(Some(c)) => c,
+            Ok(None) | Err(_) => return,
+        };
     }
 }
 
 /// The playout delay a path's receiver holds packets to, for status.
 pub fn delay(delay_us: &AtomicU64) -> Duration {
     Duration::from_micros(delay_us.load(Ordering::Relaxed))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// docs/PROTOCOL.md section 3's test vector.
-    #[test]
-    fn vector() {
-        let frame = [0x00, 0x03, 0x00, 0x01, 0xe2, 0x40, 0x45, 0x00, 0x00];
-        let h: [u8; HEADER] = frame[..HEADER].try_into().unwrap();
-        assert_eq!(parse(&h), (3, 123_456));
-        assert_eq!(header(3, 123_456), h);
-        assert_eq!(&frame[HEADER..], [0x45, 0x00, 0x00]);
-    }
 }
