@@ -55,8 +55,8 @@ pub struct Playout {
     base_cur: Option<u32>,
     base_since: Option<Instant>,
     samples: Vec<u32>,
-    /// The same packets' head-of-line waits (µs).
-    waits: Vec<u32>,
+    /// How many of the same packets waited `MIN_WAIT` or more for retransmissions.
+    waited: usize,
     window_since: Option<Instant>,
     delay: Duration,
     last_release: Option<Instant>,
@@ -70,7 +70,7 @@ impl Default for Playout {
             base_cur: None,
             base_since: None,
             samples: Vec::with_capacity(MAX_SAMPLES),
-            waits: Vec::with_capacity(MAX_SAMPLES),
+            waited: 0,
             window_since: None,
             delay: Duration::ZERO,
             last_release: None,
@@ -118,9 +118,9 @@ impl Playout {
     }
 
     fn sample(&mut self, now: Instant, excess: Duration, waited: Duration) {
-        let us = |d: Duration| d.as_micros().min(u128::from(u32::MAX)) as u32;
-        self.samples.push(us(excess));
-        self.waits.push(us(waited));
+        self.samples
+            .push(excess.as_micros().min(u128::from(u32::MAX)) as u32);
+        self.waited += usize::from(waited >= MIN_WAIT);
         let since = *self.window_since.get_or_insert(now);
         let full = self.samples.len() >= MAX_SAMPLES;
         if !full
@@ -129,15 +129,16 @@ impl Playout {
             return;
         }
         let at = ((self.samples.len() - 1) as f64 * QUANTILE) as usize;
-        let waiting = Duration::from_micros(u64::from(*self.waits.select_nth_unstable(at).1));
+        // The `QUANTILE` of the waits is `MIN_WAIT` or more: at most `at` packets waited less.
+        let waiting = self.samples.len() - self.waited <= at;
         let q = Duration::from_micros(u64::from(*self.samples.select_nth_unstable(at).1));
-        self.delay = if waiting >= MIN_WAIT {
+        self.delay = if waiting {
             q.min(MAX_DELAY)
         } else {
             Duration::ZERO
         };
         self.samples.clear();
-        self.waits.clear();
+        self.waited = 0;
         self.window_since = Some(now);
     }
 }

@@ -952,8 +952,8 @@ impl Recent {
                 continue;
             }
             let mut rest = chunk;
-            while rest.len() >= STREAM_HEADER {
-                let n = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
+            while let Some(h) = rest.first_chunk::<STREAM_HEADER>() {
+                let (n, _) = mpquic_core::reassembly::parse_header(h);
                 if n == 0 || rest.len() < STREAM_HEADER + n {
                     break;
                 }
