@@ -1,3 +1,4 @@
+import functools
 import os
 import sys
 
@@ -25,9 +26,13 @@ def teardown_always(build):
         labs.append(lab)
         return lab
 
+    def down_all():
+        while labs:
+            labs.pop().down()
+
+    make.down_all = down_all
     yield make
-    for lab in labs:
-        lab.down()
+    down_all()
 
 
 @pytest.fixture
@@ -38,3 +43,22 @@ def make_lab():
 def report(msg):
     """Measured figures go to the terminal (pytest -s) and to the CI log."""
     print(f"[measure] {msg}", flush=True)
+
+
+def measured(test):
+    """For a test whose assertions are figures measured on this shared 2-core host (rates, losses,
+    RSS): when an assertion fails, the labs are torn down and the test runs once more on fresh ones;
+    it fails if the second run fails too. A regression fails both runs; a neighbour's CPU burst
+    during one 10 s measurement does not fail the suite. The first run's failure is printed, so the
+    log shows every miss. Only for figure tests: a functional check never gets a second run."""
+
+    @functools.wraps(test)
+    def run(*args, **kw):
+        try:
+            return test(*args, **kw)
+        except AssertionError as first:
+            report(f"MISSED on the first run, measuring once more on a fresh lab: {first!r}")
+            kw["make_lab"].down_all()
+            return test(*args, **kw)
+
+    return run

@@ -2,12 +2,13 @@
 
 import pytest
 
-from conftest import report
+from conftest import measured, report
 
 RATES = [100, 50]
 
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["upload", "download"])
+@measured
 def test_balanced_aggregate_and_shares(make_lab, reverse):
     lab = make_lab(paths=2, policy="balanced", rates_mbit=RATES, weights=[2, 1], priorities=[1, 1])
     lab.pki()

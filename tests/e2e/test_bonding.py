@@ -3,7 +3,7 @@ gets more than the faster path alone, its packets put back in order by the recei
 
 import pytest
 
-from conftest import report
+from conftest import measured, report
 
 LINKS = ["rate=60mbit,delay=5ms", "rate=30mbit,delay=20ms"]
 FASTEST = 60
@@ -11,6 +11,7 @@ FASTEST = 60
 
 @pytest.mark.parametrize("policy,reverse", [("wlb", False), ("wlb", True), ("minrtt", False)],
                          ids=["wlb-upload", "wlb-download", "minrtt-upload"])
+@measured
 def test_one_flow_uses_both_paths_in_order(make_lab, policy, reverse):
     lab = make_lab(paths=2, policy=policy, priorities=[1, 1], congestion="bbr")
     for p, spec in enumerate(LINKS):
@@ -56,6 +57,7 @@ def test_one_flow_uses_both_paths_in_order(make_lab, policy, reverse):
 
 
 @pytest.mark.parametrize("fec", ["off", "auto"])
+@measured
 def test_redundant_covers_loss_on_both_paths(make_lab, fec):
     """`redundant`: every packet on both paths, each with 10% random loss both ways; the first copy
     is handed on, the second dropped and counted. Pings lost only when both copies are (about 1%

@@ -3,7 +3,7 @@ what the link lost (the server sends with the FEC the client asked for)."""
 
 import time
 
-from conftest import report
+from conftest import measured, report
 
 
 def udp_iperf(lab, retries, **kw):
@@ -22,6 +22,7 @@ def udp_iperf(lab, retries, **kw):
             time.sleep(1)
 
 
+@measured
 def test_fec_auto_rebuilds_random_loss_both_ways(make_lab):
     # A loss-tolerant outer controller: with cubic the tunnel itself would collapse at 5% loss.
     lab = make_lab(paths=1, rates_mbit=[50], congestion="bbr")

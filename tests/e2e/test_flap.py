@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from conftest import report
+from conftest import measured, report
 import flapstorm
 
 
@@ -18,6 +18,7 @@ import flapstorm
     # The other transports' reconnect paths: datagram mode over two pipes per path, failover.
     ("failover-datagram-pipes2", 60, {"policy": "failover", "mode": "datagram", "pipes": [2, 2]}),
 ])
+@measured
 def test_a_flap_storm_leaves_no_trace(make_lab, label, seconds, keys):
     lab = make_lab(paths=2, specs=flapstorm.SPECS, mode=keys.get("mode"), congestion=None,
                    policy=keys["policy"], pipes=keys.get("pipes"))
@@ -30,6 +31,7 @@ def test_a_flap_storm_leaves_no_trace(make_lab, label, seconds, keys):
     assert not problems, "\n".join(problems) + "\n--- client log tail\n" + lab.log("client0")[-3000:]
 
 
+@measured
 def test_client_restarts_leave_no_trace_on_the_server(make_lab):
     """A client killed (SIGKILL) or stopped (SIGTERM) and started again, 20 times: its new session
     replaces the old one, and the server keeps nothing of the old ones."""

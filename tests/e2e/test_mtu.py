@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import report
+from conftest import measured, report
 import labctl
 
 ROUTE_MTU = 1400
@@ -20,6 +20,7 @@ ROUTE_PAYLOAD = ROUTE_MTU - 28
 
 
 @pytest.mark.parametrize("mode", ["datagram", "reliable"])
+@measured
 def test_a_route_mtu_fall_is_found_and_followed(make_lab, mode):
     lab = make_lab(paths=1, rates_mbit=[50], mode=mode, congestion="bbr")
     lab.set_link(0, "delay=10ms")

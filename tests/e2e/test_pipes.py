@@ -3,7 +3,7 @@ controller, to get round a carrier's per-session cap, here the emulator's `flow_
 
 import re
 
-from conftest import report
+from conftest import measured, report
 
 CAP = 20  # Mbit/s per UDP session
 LINK = f"rate=200mbit,delay=5ms,flow_rate={CAP}mbit"
@@ -14,6 +14,7 @@ def with_pipes(yaml, n):
     return re.sub(r"(\n- name: wan1\n(?:  .*\n)*)", lambda m: m.group(1) + f"  pipes: {n}\n", yaml, count=1)
 
 
+@measured
 def test_four_pipes_get_round_a_per_session_cap(make_lab):
     lab = make_lab(paths=1, mode="datagram", congestion="bbr")  # our bbr, mpquic's default
     lab.set_link(0, LINK)

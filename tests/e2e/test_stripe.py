@@ -13,7 +13,7 @@ import textwrap
 import time
 
 import labctl
-from conftest import report
+from conftest import measured, report
 
 SEED = os.path.join(labctl.REPO, "examples", "seed")
 STRIPE_PORT = 46017
@@ -56,6 +56,7 @@ def drops(st, reason):
     return sum(p["drops"].get(reason, 0) for p in st["tunnels"][0]["paths"])
 
 
+@measured
 def test_seed_stripe_configs_carry_tcp_and_fec_repairs_loss(make_lab):
     lab, _ = start_seed_lab(make_lab, 40)
     for who in ("client0", "server"):
