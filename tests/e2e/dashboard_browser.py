@@ -47,10 +47,17 @@ def main():
     url, down_path, shots = sys.argv[1], sys.argv[2], sys.argv[3]
     opts = webdriver.ChromeOptions()
     opts.binary_location = "/usr/bin/chromium"
-    # Root in CI: no sandbox; no GPU in a namespace; a profile of its own per run.
+    # Root in CI: no sandbox; no GPU in a namespace; a profile of its own per run, removed
+    # with the browser.
+    profile = tempfile.TemporaryDirectory(prefix="mpquic-chromium-")
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              "--window-size=1500,620", f"--user-data-dir={tempfile.mkdtemp(prefix='mpquic-chromium-')}"):
+              "--window-size=1500,620", f"--user-data-dir={profile.name}"):
         opts.add_argument(a)
+    with profile:
+        run(opts, url, down_path, shots)
+
+
+def run(opts, url, down_path, shots):
     driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
     try:
         t0 = time.monotonic()

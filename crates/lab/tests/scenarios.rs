@@ -21,18 +21,12 @@ fn catalogue_is_valid() {
 
 #[test]
 fn unknown_keys_are_located() {
-    let dir = tempfile_dir();
-    let p = dir.join("bad.yaml");
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("bad.yaml");
     std::fs::write(&p, "name: x\npaths: [\"delay=1ms\"]\ntrafic: []\n").unwrap();
     let e = Scenario::load(&p).unwrap_err().to_string();
     assert!(
         e.contains("bad.yaml:3:1") && e.contains("unknown field `trafic`"),
         "{e}"
     );
-}
-
-fn tempfile_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mpquic-lab-test-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
