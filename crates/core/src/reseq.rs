@@ -15,7 +15,8 @@
 //! the order it was given packets (one QUIC connection, a FIFO route), so once every path that
 //! is up has delivered a later packet of the flow, the missing one is not coming:
 //! the gap is skipped at once. Otherwise it is skipped after `max_wait` (the shell sets it from
-//! the paths' delay difference and jitter). A packet that arrives after its gap was skipped is
+//! the paths' delay difference and jitter, stretched while packets keep arriving after their
+//! gap was given up: `Stretch`). A packet that arrives after its gap was skipped is
 //! delivered anyway (counted `late`); one already delivered is dropped (`duplicates`: the
 //! `redundant` scheduler sends some packets twice). Memory is bounded: `MAX_HELD` packets in
 //! all, `MAX_HELD_PER_FLOW` per flow, `MAX_FLOWS` flows (idle ones forgotten first); beyond a
@@ -40,6 +41,53 @@ const TRACKED_PATHS: usize = 8;
 /// Bounds of the wait for a missing packet.
 pub const MIN_WAIT: Duration = Duration::from_millis(5);
 pub const MAX_WAIT: Duration = Duration::from_millis(250);
+
+/// How far the wait the shell sets (`set_max_wait`, from the paths' RTTs) is stretched for this
+/// bond, the way TCP's RACK widens its reordering window after a spurious retransmission: a
+/// quarter of it more for each give-up that turned out early (a packet of the gap arrived
+/// after it), up to `MAX_STRETCH` quarters; a quarter less after `RELAX_AFTER` give-ups in a
+/// row that no late packet followed. Why: a path's packets can trail by more than its RTTs
+/// show when they wait in the sender's own queue (paced at the controller's rate, its wait is
+/// invisible in the RTT), and a wait that is too short costs a flow a spurious loss per gap;
+/// one that is too long costs only a true loss (on a path that has not yet passed it) a
+/// little more time, bounded by `MAX_WAIT`.
+#[derive(Debug, Default, Clone, Copy)]
+struct Stretch {
+    /// Quarters of the base wait added.
+    quarters: u32,
+    /// Give-ups since the wait last grew or shrank that no late packet followed (so far).
+    clean: u32,
+    /// When the last give-up happened: one early give-up (however many of its packets arrive
+    /// late) stretches the wait once.
+    last_give_up: Option<Instant>,
+    /// The give-up that already stretched the wait.
+    stretched_for: Option<Instant>,
+}
+
+const MAX_STRETCH: u32 = 8;
+const RELAX_AFTER: u32 = 16;
+
+impl Stretch {
+    fn wait(&self, base: Duration) -> Duration {
+        (base + base * self.quarters / 4).min(MAX_WAIT)
+    }
+    fn on_give_up(&mut self, now: Instant) {
+        self.last_give_up = Some(now);
+        self.clean += 1;
+        if self.clean >= RELAX_AFTER {
+            self.quarters = self.quarters.saturating_sub(1);
+            self.clean = 0;
+        }
+    }
+    /// A packet arrived after its gap was given up.
+    fn on_late(&mut self) {
+        if self.last_give_up.is_some() && self.stretched_for != self.last_give_up {
+            self.stretched_for = self.last_give_up;
+            self.quarters = (self.quarters + 1).min(MAX_STRETCH);
+            self.clean = 0;
+        }
+    }
+}
 
 /// The sender's half: the next sequence number of each slot, and when the slot was last used.
 ///
@@ -195,7 +243,10 @@ impl Flow {
 pub struct Resequencer {
     flows: HashMap<u16, Flow>,
     held: usize,
+    /// The wait the shell set (`set_max_wait`), before `stretch`.
+    base_wait: Duration,
     max_wait: Duration,
+    stretch: Stretch,
     /// Released packets with the path they arrived on, in order.
     ready: VecDeque<(usize, Vec<u8>)>,
     /// The paths the peer may be sending on (up), by index (`set_active`).
@@ -208,7 +259,9 @@ impl Default for Resequencer {
         Resequencer {
             flows: HashMap::new(),
             held: 0,
+            base_wait: Duration::from_millis(50),
             max_wait: Duration::from_millis(50),
+            stretch: Stretch::default(),
             ready: VecDeque::new(),
             active: [true; TRACKED_PATHS],
             counters: ReseqCounters::default(),
@@ -226,10 +279,13 @@ impl Resequencer {
         }
     }
 
-    /// How long a missing packet is waited for (clamped to `MIN_WAIT..=MAX_WAIT`).
+    /// How long a missing packet is waited for (clamped to `MIN_WAIT..=MAX_WAIT`), before the
+    /// resequencer's own stretch (`Stretch`).
     pub fn set_max_wait(&mut self, d: Duration) {
-        self.max_wait = d.clamp(MIN_WAIT, MAX_WAIT);
+        self.base_wait = d.clamp(MIN_WAIT, MAX_WAIT);
+        self.max_wait = self.stretch.wait(self.base_wait);
     }
+    /// The wait in force: the base stretched.
     pub fn max_wait(&self) -> Duration {
         self.max_wait
     }
@@ -290,6 +346,8 @@ impl Resequencer {
                     flow.set_bit(ext, true);
                 }
                 self.counters.late += 1;
+                self.stretch.on_late();
+                self.max_wait = self.stretch.wait(self.base_wait);
                 Verdict::Deliver
             }
         } else if ext == flow.next && flow.anchored {
@@ -426,6 +484,8 @@ impl Resequencer {
                 .is_some_and(|d| d <= now)
             {
                 self.skip_gap(slot);
+                self.stretch.on_give_up(now);
+                self.max_wait = self.stretch.wait(self.base_wait);
             }
         }
         self.flows.retain(|_, f| {
@@ -554,6 +614,53 @@ mod tests {
         assert_eq!(r.ready(), Some((0, 3u32.to_be_bytes().to_vec())));
         assert_eq!((r.counters.skipped, r.counters.timeouts), (1, 1));
         assert_eq!(r.next_deadline(), None);
+    }
+
+    /// Path 1's packet trails path 0's next one by 30 ms while the RTTs say 20: the first two
+    /// gaps are given up and their packets arrive late, each stretching the wait a quarter,
+    /// and from 30 ms on none is; then 16 true losses (the packet never comes) take a quarter
+    /// back.
+    #[test]
+    fn the_wait_stretches_while_given_up_packets_arrive_late_and_relaxes_after() {
+        let t0 = Instant::now();
+        let mut r = both_paths_active(t0);
+        r.set_max_wait(20 * MS);
+        start(&mut r, t0, 0, 0);
+        let mut seq = 1;
+        let mut late = Vec::new();
+        let mut round = |r: &mut Resequencer, n: u32, arrives: bool| {
+            let t = t0 + n * 100 * MS;
+            let before = r.counters.late;
+            feed(r, t, 0, seq + 1);
+            for ms in 1..30 {
+                r.poll(t + ms * MS);
+                while r.ready().is_some() {}
+            }
+            if arrives {
+                feed(r, t + 30 * MS, 1, seq);
+            } else {
+                r.poll(t + 90 * MS);
+                while r.ready().is_some() {}
+            }
+            seq += 2;
+            r.counters.late - before
+        };
+        for n in 1..=5 {
+            late.push(round(&mut r, n, true));
+        }
+        assert_eq!(late, vec![1, 1, 0, 0, 0]);
+        assert_eq!(r.max_wait(), 30 * MS);
+        // The base follows the RTTs; the stretch stays on top of it.
+        r.set_max_wait(40 * MS);
+        assert_eq!(r.max_wait(), 60 * MS);
+        r.set_max_wait(20 * MS);
+        for n in 6..6 + RELAX_AFTER {
+            assert_eq!(round(&mut r, n, false), 0);
+        }
+        assert_eq!(r.max_wait(), 25 * MS);
+        // Never beyond MAX_WAIT, however late packets keep coming.
+        r.set_max_wait(MAX_WAIT);
+        assert_eq!(r.max_wait(), MAX_WAIT);
     }
 
     #[test]

@@ -817,7 +817,8 @@ impl Tunnel {
     }
 }
 
-/// The resequencer's counters for status (`TunnelStatus::reorder`).
+/// The resequencer's counters for status (`TunnelStatus::reorder`), with what it holds now
+/// and the wait in force for a missing packet (gauges).
 fn reorder_status(r: &mpquic_core::reseq::Resequencer) -> std::collections::BTreeMap<String, u64> {
     let c = r.counters;
     [
@@ -827,6 +828,7 @@ fn reorder_status(r: &mpquic_core::reseq::Resequencer) -> std::collections::BTre
         ("late", c.late),
         ("duplicates", c.duplicates),
         ("holding", r.holding() as u64),
+        ("wait_ms", r.max_wait().as_millis() as u64),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))

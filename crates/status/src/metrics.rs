@@ -356,10 +356,14 @@ impl StatusReport {
 
         let reorder = Family::<Labels, Counter>::default();
         let holding = Family::<Labels, Gauge>::default();
+        let wait = Family::<Labels, FloatGauge>::default();
         for t in &self.tunnels {
             for (event, n) in &t.reorder {
                 if event == "holding" {
                     holding.get_or_create(&labels(Some(t), &[])).set(*n as i64);
+                } else if event == "wait_ms" {
+                    wait.get_or_create(&labels(Some(t), &[]))
+                        .set(*n as f64 / 1000.0);
                 } else {
                     reorder
                         .get_or_create(&labels(Some(t), &[("event", event)]))
@@ -376,6 +380,11 @@ impl StatusReport {
             "mpquic_reorder_holding",
             "Packets the resequencer holds now",
             holding,
+        );
+        registry.register(
+            "mpquic_reorder_wait_seconds",
+            "How long the resequencer waits for a missing packet that not every path has passed (from the paths' RTTs, stretched while given-up packets arrive late)",
+            wait,
         );
 
         for (name, help, value) in PATH_METRICS {
@@ -503,6 +512,10 @@ mod tests {
                 peer: "site\"1".into(),
                 paths: vec![p],
                 lans: vec!["192.168.50.0/24".into()],
+                reorder: [("late", 5), ("holding", 2), ("wait_ms", 40)]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect(),
                 ..Default::default()
             }],
             ..Default::default()
@@ -518,6 +531,19 @@ mod tests {
             "{m}"
         );
         assert!(m.contains("# TYPE mpquic_path_cwnd_bytes gauge"), "{m}");
+        // The resequencer's counters, and its two gauges apart.
+        assert!(
+            m.contains("mpquic_reorder_total{tunnel=\"site\\\"1\",event=\"late\"} 5"),
+            "{m}"
+        );
+        assert!(
+            m.contains("mpquic_reorder_holding{tunnel=\"site\\\"1\"} 2"),
+            "{m}"
+        );
+        assert!(
+            m.contains("mpquic_reorder_wait_seconds{tunnel=\"site\\\"1\"} 0.04"),
+            "{m}"
+        );
         assert!(
             m.contains("mpquic_path_up{tunnel=\"site\\\"1\",path=\"wan1\"} 1"),
             "{m}"
