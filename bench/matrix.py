@@ -227,14 +227,23 @@ def table():
 
 
 def main(argv):
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     rounds = 3
     if "--rounds" in argv:
         i = argv.index("--rounds")
+        if i + 1 >= len(argv) or not argv[i + 1].isdigit() or int(argv[i + 1]) < 1:
+            sys.exit("matrix.py: --rounds needs a number of rounds >= 1 (see --help)")
         rounds = int(argv[i + 1])
         argv = argv[:i] + argv[i + 2:]
     if argv[:1] != ["--table"]:
-        cells = argv or sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(CELLS, "*.yaml")))
-        run(cells, rounds)
+        known = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(CELLS, "*.yaml")))
+        unknown = [c for c in argv if c not in known]
+        if unknown:
+            sys.exit(f"matrix.py: no such cell: {', '.join(unknown)} (cells: {', '.join(known)}; "
+                     "options: --rounds N, --table, --help)")
+        run(argv or known, rounds)
     table()
 
 
