@@ -47,7 +47,8 @@ def report(msg):
 
 def measured(test):
     """For a test whose assertions are figures measured on this shared 2-core host (rates, losses,
-    RSS): when an assertion fails, the labs are torn down and the test runs once more on fresh ones;
+    RSS): when an assertion fails, the labs (of every `teardown_always` fixture the test takes)
+    are torn down and the test runs once more on fresh ones;
     it fails if the second run fails too. A regression fails both runs; a neighbour's CPU burst
     during one 10 s measurement does not fail the suite. The first run's failure is printed, so the
     log shows every miss. Only for figure tests: a functional check never gets a second run."""
@@ -58,7 +59,9 @@ def measured(test):
             return test(*args, **kw)
         except AssertionError as first:
             report(f"MISSED on the first run, measuring once more on a fresh lab: {first!r}")
-            kw["make_lab"].down_all()
+            for fixture in kw.values():
+                if hasattr(fixture, "down_all"):
+                    fixture.down_all()
             return test(*args, **kw)
 
     return run

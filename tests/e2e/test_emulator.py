@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import report, teardown_always
+from conftest import measured, report, teardown_always
 import labctl
 
 LAB = labctl.LAB
@@ -143,6 +143,7 @@ def test_delay_idle_and_loaded(emulab):
         assert abs(p99(loaded) - 40.0) <= 2.0, loaded
 
 
+@measured
 def test_rate_udp_goodput_and_tcp(emulab):
     lab = emulab("rate=100mbit", "rate=300mbit,delay=10ms")
     lab.iperf_server()
@@ -191,6 +192,7 @@ def test_gilbert_elliott_mean_burst_length(emulab):
     assert 3.0 <= 100 * out["lost"] / count <= 4.7
 
 
+@measured
 def test_per_flow_cap(emulab):
     lab = emulab("rate=100mbit,flow_rate=20mbit")
     tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "udpflows.py")
