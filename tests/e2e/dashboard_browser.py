@@ -13,7 +13,6 @@ test_dashboard.py talks to it over stdin/stdout, one line per step:
 
 import json
 import sys
-import tempfile
 import time
 
 from selenium import webdriver
@@ -44,20 +43,14 @@ def wait_for(driver, cond, timeout):
 
 
 def main():
-    url, down_path, shots = sys.argv[1], sys.argv[2], sys.argv[3]
+    url, down_path, shots, profile = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
     opts = webdriver.ChromeOptions()
     opts.binary_location = "/usr/bin/chromium"
-    # Root in CI: no sandbox; no GPU in a namespace; a profile of its own per run, removed
-    # with the browser.
-    profile = tempfile.TemporaryDirectory(prefix="mpquic-chromium-")
+    # Root in CI: no sandbox; no GPU in a namespace; a profile of its own per run, in a
+    # directory the test removes (it kills this process and the browser when it is done).
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              "--window-size=1500,620", f"--user-data-dir={profile.name}"):
+              "--window-size=1500,620", f"--user-data-dir={profile}"):
         opts.add_argument(a)
-    with profile:
-        run(opts, url, down_path, shots)
-
-
-def run(opts, url, down_path, shots):
     driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
     try:
         t0 = time.monotonic()

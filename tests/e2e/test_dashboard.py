@@ -60,8 +60,10 @@ def test_dashboard_in_headless_chromium(make_lab):
     shots = os.path.join(lab.dir, "dashboard")
     pinger = None
     errors = open(os.path.join(lab.dir, "browser.log"), "w")
+    # The browser's profile goes with the lab's directory (removed at teardown).
+    profile = os.path.join(lab.dir, "chromium-profile")
     proc = subprocess.Popen(["ip", "netns", "exec", lab.client_ns(0), "python3", HELPER,
-                             f"http://127.0.0.1:9480/?token={token}", "wan1", shots],
+                             f"http://127.0.0.1:9480/?token={token}", "wan1", shots, profile],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True,
                             start_new_session=True)
     try:
