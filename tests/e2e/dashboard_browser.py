@@ -8,7 +8,7 @@ test_dashboard.py talks to it over stdin/stdout, one line per step:
     -> "EVENTS <json list>"             the page's event list; a second screenshot is saved
     -> "ERROR <text>"                   something did not show in time
 
-    python3 dashboard_browser.py URL PATH_THAT_GOES_DOWN SCREENSHOT_PREFIX
+    python3 dashboard_browser.py URL PATH_THAT_GOES_DOWN SCREENSHOT_PREFIX PROFILE_DIR
 """
 
 import json
