@@ -253,9 +253,8 @@ impl Flow {
 pub struct Resequencer {
     flows: HashMap<u16, Flow>,
     held: usize,
-    /// The wait the shell set (`set_max_wait`), before `stretch`.
+    /// The wait the shell set (`set_max_wait`), before `stretch` (`max_wait()`: both).
     base_wait: Duration,
-    max_wait: Duration,
     stretch: Stretch,
     /// Released packets with the path they arrived on, in order.
     ready: VecDeque<(usize, Vec<u8>)>,
@@ -270,7 +269,6 @@ impl Default for Resequencer {
             flows: HashMap::new(),
             held: 0,
             base_wait: Duration::from_millis(50),
-            max_wait: Duration::from_millis(50),
             stretch: Stretch::default(),
             ready: VecDeque::new(),
             active: [true; TRACKED_PATHS],
@@ -293,11 +291,10 @@ impl Resequencer {
     /// resequencer's own stretch (`Stretch`).
     pub fn set_max_wait(&mut self, d: Duration) {
         self.base_wait = d.clamp(MIN_WAIT, MAX_WAIT);
-        self.max_wait = self.stretch.wait(self.base_wait);
     }
     /// The wait in force: the base stretched.
     pub fn max_wait(&self) -> Duration {
-        self.max_wait
+        self.stretch.wait(self.base_wait)
     }
     /// Packets held now.
     pub fn holding(&self) -> usize {
@@ -357,7 +354,6 @@ impl Resequencer {
                 }
                 self.counters.late += 1;
                 self.stretch.on_late();
-                self.max_wait = self.stretch.wait(self.base_wait);
                 Verdict::Deliver
             }
         } else if ext == flow.next && flow.anchored {
@@ -483,20 +479,20 @@ impl Resequencer {
 
     /// Give up gaps that waited `max_wait`, and forget idle flows; then take `ready`.
     pub fn poll(&mut self, now: Instant) {
+        let wait = self.max_wait();
         let due: Vec<u16> = self
             .flows
             .iter()
-            .filter(|(_, f)| f.deadline(self.max_wait).is_some_and(|d| d <= now))
+            .filter(|(_, f)| f.deadline(wait).is_some_and(|d| d <= now))
             .map(|(s, _)| *s)
             .collect();
         for slot in due {
             while self.flows[&slot]
-                .deadline(self.max_wait)
+                .deadline(self.max_wait())
                 .is_some_and(|d| d <= now)
             {
                 self.skip_gap(slot);
                 self.stretch.on_give_up(now);
-                self.max_wait = self.stretch.wait(self.base_wait);
             }
         }
         self.flows.retain(|_, f| {
@@ -508,7 +504,7 @@ impl Resequencer {
     pub fn next_deadline(&self) -> Option<Instant> {
         self.flows
             .values()
-            .filter_map(|f| f.deadline(self.max_wait))
+            .filter_map(|f| f.deadline(self.max_wait()))
             .min()
     }
 }
