@@ -444,3 +444,26 @@ fn bbr3_tolerates_light_random_loss_not_heavy() {
         "{heavy}: bbr3 {b3:?} bbr {b1:?}"
     );
 }
+
+/// Paced at the model's own rate (the tunnel's path writer paces every packet at
+/// `pacing_rate`), the queue at a clean bottleneck stays a fraction of a BDP: the window (two
+/// BDPs) no longer sets it. Median RTT within 1.25x the path's (the queueing gate of the lab's
+/// scenario 10), the link still filled.
+#[test]
+fn paced_at_its_rate_bbr_keeps_the_bottleneck_queue_short() {
+    for path in [
+        "rate=50mbit,delay=10ms,queue=200ms",
+        "rate=10mbit,delay=40ms,queue=300ms",
+        "rate=300mbit,delay=5ms,queue=100ms",
+        "rate=100mbit,delay=25ms,queue=200ms",
+    ] {
+        let rate: f64 = LinkSpec::parse(path).unwrap().rate_bps.unwrap() as f64 / 1e6;
+        let r = run_shared(vec![&mut bbr()], path, 30, 3, None, true).remove(0);
+        println!(
+            "{path}: paced bbr {:.1} Mbit/s, RTT min/median {:.1}/{:.1} ms",
+            r.goodput_mbit, r.rtt_min_ms, r.rtt_median_ms
+        );
+        assert!(r.goodput_mbit >= 0.9 * rate, "{path}: {r:?}");
+        assert!(r.rtt_median_ms <= 1.25 * r.rtt_min_ms, "{path}: {r:?}");
+    }
+}

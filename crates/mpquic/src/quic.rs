@@ -130,12 +130,14 @@ impl quinn::congestion::ControllerFactory for Tracked {
     }
 }
 
-/// A connection's congestion window and bytes in flight, as its controller last saw them, and
-/// the pipe group it has joined, if any.
+/// A connection's congestion window, bytes in flight and pacing rate, as its controller last
+/// saw them, and the pipe group it has joined, if any.
 #[derive(Default)]
 pub struct WindowMeter {
     window: AtomicU64,
     in_flight: AtomicU64,
+    /// Bits/s; 0: the controller gives none (quinn's own).
+    pacing: AtomicU64,
     group: OnceLock<(Arc<PipeGroup>, usize)>,
 }
 
@@ -149,9 +151,15 @@ impl WindowMeter {
         )
     }
 
-    fn publish(&self, window: u64, in_flight: u64) {
+    /// The rate (bits/s) the controller paces at, when it gives one (ours do).
+    pub fn pacing_rate(&self) -> Option<u64> {
+        Some(self.pacing.load(Ordering::Relaxed)).filter(|r| *r > 0)
+    }
+
+    fn publish(&self, window: u64, in_flight: u64, pacing: Option<u64>) {
         self.window.store(window, Ordering::Relaxed);
         self.in_flight.store(in_flight, Ordering::Relaxed);
+        self.pacing.store(pacing.unwrap_or(0), Ordering::Relaxed);
     }
 }
 
@@ -212,6 +220,15 @@ impl GroupState {
         let share = window / self.in_flight.len() as u64;
         window.saturating_sub(others).max(share).max(MEMBER_FLOOR)
     }
+
+    /// Member `m`'s part of the group's pacing rate: in proportion to its part of the window.
+    fn pacing_for(&self, m: usize) -> Option<u64> {
+        let (all, mine) = (self.inner.window().max(1), self.window_for(m));
+        self.inner
+            .metrics()
+            .pacing_rate
+            .map(|r| (u128::from(r) * u128::from(mine) / u128::from(all)) as u64)
+    }
 }
 
 impl PipeGroup {
@@ -219,7 +236,7 @@ impl PipeGroup {
     pub fn new(cc: Congestion, mtu: u16) -> Arc<PipeGroup> {
         let inner = factory(cc).build(std::time::Instant::now(), mtu);
         let total = WindowMeter::default();
-        total.publish(inner.window(), 0);
+        total.publish(inner.window(), 0, inner.metrics().pacing_rate);
         Arc::new(PipeGroup {
             state: Mutex::new(GroupState {
                 inner,
@@ -238,9 +255,9 @@ impl PipeGroup {
             return false;
         }
         st.in_flight.push(0);
-        let window = st.window_for(m);
+        let (window, pacing) = (st.window_for(m), st.pacing_for(m));
         drop(st);
-        meter.publish(window, 0);
+        meter.publish(window, 0, pacing);
         true
     }
 
@@ -258,10 +275,11 @@ impl PipeGroup {
         let mut st = self.lock();
         let r = f(&mut st);
         let (window, total, mine) = (st.window_for(m), st.total(), st.in_flight[m]);
-        let group_window = st.inner.window();
+        let (group_window, group_pacing) = (st.inner.window(), st.inner.metrics().pacing_rate);
+        let pacing = st.pacing_for(m);
         drop(st);
-        self.total.publish(group_window, total);
-        meter.publish(window, mine);
+        self.total.publish(group_window, total, group_pacing);
+        meter.publish(window, mine, pacing);
         r
     }
 }
@@ -276,7 +294,9 @@ struct TrackedController {
 
 impl TrackedController {
     fn publish(&self) {
-        self.meter.publish(self.inner.window(), self.in_flight);
+        let pacing = self.inner.metrics().pacing_rate;
+        self.meter
+            .publish(self.inner.window(), self.in_flight, pacing);
     }
 
     /// The group this connection has joined, and its member number.
@@ -377,11 +397,8 @@ impl quinn::congestion::Controller for TrackedController {
         };
         let st = g.lock();
         let mut metrics = st.inner.metrics();
-        let (all, mine) = (st.inner.window().max(1), st.window_for(m));
-        metrics.congestion_window = mine;
-        metrics.pacing_rate = metrics
-            .pacing_rate
-            .map(|r| (u128::from(r) * u128::from(mine) / u128::from(all)) as u64);
+        metrics.congestion_window = st.window_for(m);
+        metrics.pacing_rate = st.pacing_for(m);
         metrics
     }
     fn clone_box(&self) -> Box<dyn quinn::congestion::Controller> {

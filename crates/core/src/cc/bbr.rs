@@ -12,8 +12,9 @@
 //! controller, so the phases are expressed as windows too: Startup doubles the window each
 //! round up to 2.885 BDPs, Drain lowers it to one BDP, and ProbeBw's probing and draining phases
 //! raise and lower it around the cruising window. In ProbeBw the tunnel also paces by
-//! `pacing_rate` in its own send path (reliable mode's stream writer, `pacing.rs`), which is what
-//! keeps the bottleneck's queue short: the window alone leaves up to a BDP queued.
+//! `pacing_rate` in its own send path (the path writer, stream and datagrams alike,
+//! `pacing.rs`), which is what keeps the bottleneck's queue short: the window alone leaves up
+//! to a BDP queued.
 
 use std::time::{Duration, Instant};
 
@@ -42,15 +43,14 @@ const YIELDING_PROBE_GAIN: f64 = 1.1;
 const FULL_BW_GROWTH: f64 = 1.25;
 const FULL_BW_ROUNDS: u32 = 3;
 /// While every RTT sample of the last round was above the minimum by more than
-/// `STANDING_QUEUE` of it (`STANDING_QUEUE_MIN` at least), ProbeBw's cruising and draining
-/// phases pace at `DRAIN_GAIN`: the bandwidth estimate is a maximum of delivery-rate samples,
-/// which ACK compression inflates by a few percent, so a pacer at 1.0x it keeps whatever queue
-/// formed (scenario 10: RTT 20 -> 31 ms within 5 s under one upload). A yielding controller
-/// drains at `DRAIN_GAIN` of the last round's delivery rate instead (while a queue stands the
-/// link is saturated, so that is the link's rate), and does not probe: at 0.95x an estimate
-/// inflated by more than 5% the queue still grew, and probes above it grew it further, for
-/// seconds until the next ProbeRtt (scenario 17: 10 ms queues lasting 1-2 s behind which a
-/// critical class waited).
+/// `STANDING_QUEUE` of it (`STANDING_QUEUE_MIN` at least), a yielding controller
+/// (`Bbr::yielding`) drains at `DRAIN_GAIN` of the last round's delivery rate (while a queue
+/// stands the link is saturated, so that is the link's rate), and does not probe: at 1.0x an
+/// estimate inflated by ACK compression the queue grew, and probes above it grew it further,
+/// for seconds until the next ProbeRtt (scenario 17: 10 ms queues lasting 1-2 s behind which a
+/// critical class waited). The default controller does not: paced at 0.95x its estimate while
+/// a queue stood, a bulk instance sharing a link with others fell to 67-75% of it (scenario
+/// 19); ProbeBw's draining phase drains its queue.
 const DRAIN_GAIN: f64 = 0.95;
 /// ...but never below this share of the estimate: a "standing queue" can also be a minimum RTT
 /// that no longer holds (a route that got longer keeps every sample above it until ProbeRtt
@@ -500,7 +500,8 @@ impl Controller for Bbr {
     }
 
     /// The rate the tunnel paces at (`pacing.rs`): the bandwidth estimate times ProbeBw's
-    /// phase gain, `DRAIN_GAIN` while a standing queue persists. None in Startup and Drain:
+    /// phase gain (a yielding controller: `DRAIN_GAIN` of the last round's rate while a standing
+    /// queue persists). None in Startup and Drain:
     /// the window (doubling each round, then one BDP) paces them, since paced at 2.885x an
     /// estimate that trails the inner flow's slow start by a round, the inner flow's packets
     /// waited in the tunnel's queue until they were dropped (scenario 10: 15 drops in the
@@ -516,9 +517,6 @@ impl Controller for Bbr {
                     r => r.clamp(floor, bw),
                 };
                 (DRAIN_GAIN, measured)
-            }
-            State::ProbeBw if self.standing_queue() && self.cycle_gain(self.cycle) <= 1.0 => {
-                (DRAIN_GAIN, bw)
             }
             State::ProbeBw => (self.cycle_gain(self.cycle), bw),
             State::ProbeRtt => (1.0, bw),
