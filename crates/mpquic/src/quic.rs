@@ -438,12 +438,17 @@ impl quinn::congestion::ControllerFactory for CoreController {
     ) -> Box<dyn quinn::congestion::Controller> {
         Box::new(Adapter {
             inner: (self.0)(current_mtu),
+            heard_at: None,
         })
     }
 }
 
 struct Adapter {
     inner: Box<dyn cc::Controller>,
+    /// When the ACK frame being processed was heard (`heard`): one clock read per frame, not
+    /// per packet it acknowledges. quinn ends every frame's acknowledgements with `on_end_acks`,
+    /// which clears it.
+    heard_at: Option<std::time::Instant>,
 }
 
 /// When an acknowledgement (or a loss it shows) reaches the controller: the engine's `now`, or
@@ -473,7 +478,8 @@ impl quinn::congestion::Controller for Adapter {
         app_limited: bool,
         _rtt: &quinn_proto::RttEstimator,
     ) {
-        self.inner.on_ack(heard(now), sent, bytes, app_limited);
+        let at = *self.heard_at.get_or_insert_with(|| heard(now));
+        self.inner.on_ack(at, sent, bytes, app_limited);
     }
 
     fn on_end_acks(
@@ -483,7 +489,8 @@ impl quinn::congestion::Controller for Adapter {
         _app_limited: bool,
         _largest_packet_num_acked: Option<u64>,
     ) {
-        self.inner.on_end_acks(heard(now), in_flight);
+        let at = self.heard_at.take().unwrap_or_else(|| heard(now));
+        self.inner.on_end_acks(at, in_flight);
     }
 
     fn on_congestion_event(
@@ -517,6 +524,7 @@ impl quinn::congestion::Controller for Adapter {
         // migrated path: the state as it is.
         Box::new(Adapter {
             inner: self.inner.clone_box(),
+            heard_at: None,
         })
     }
 
@@ -680,6 +688,7 @@ mod tests {
         let times = Arc::new(Mutex::new(Vec::new()));
         let mut a = Adapter {
             inner: Box::new(Recorder(times.clone())),
+            heard_at: None,
         };
         let sent = Instant::now();
         a.on_sent(sent, 1200, 1);
