@@ -1,7 +1,11 @@
-//! One tunnel's decisions in one place: the `PathSet` and the bond that schedules over it, kept
-//! in step (every path event reaches the bond). An inner packet goes classify (later: traffic
-//! classes pick a bond) -> bond (scheduler picks a path) -> path (the shell's transport sends).
-//! The client and each server session drive one `Router` each, through the same shell code.
+//! One tunnel's decisions in one place: the `PathSet` and the lanes that schedule over it, kept
+//! in step (every path event reaches every lane's bond). A lane is one traffic class of the
+//! tunnel: its bond (scheduler, numbering, drops that belong to no path) and the resequencer for
+//! the peer's numbered packets of that class; a tunnel without classes has one. The paths (one
+//! connection, prober and health each) are shared by all lanes. An inner packet goes classify
+//! (the shell picks the lane) -> the lane's bond (scheduler picks a path) -> path (the shell's
+//! transport sends). The client and each server session drive one `Router` each, through the
+//! same shell code.
 
 use std::time::{Duration, Instant};
 
@@ -12,31 +16,29 @@ use crate::packet::PacketInfo;
 use crate::paths::{PathId, PathLoad, PathSet, PathSpec, ProbeDue, Transition};
 use crate::reseq::{self, Resequencer, Verdict};
 use crate::scheduler::Policy;
+use crate::wire;
 
 /// How many slots a tunnel keeps per path it may use, counting retired ones (`path_within`).
 const RETIRED_SLOTS: usize = 4;
 
+/// One traffic class of a tunnel: lane 0 is the first class (or the only lane of a tunnel
+/// without classes), and the order of the lanes is the classes' priority.
 #[derive(Debug)]
-pub struct Router {
-    paths: PathSet,
+pub struct Lane {
     bond: Bond,
-    /// Puts the peer's per-packet bonded flows back in order (whatever our own policy is:
-    /// the peer's client chose the policy for both directions, but a mixed state during a
-    /// change must not lose packets).
+    /// Puts the peer's per-packet bonded flows of this class back in order (whatever our own
+    /// policy is: the peer's client chose the policy for both directions, but a mixed state
+    /// during a change must not lose packets). Per lane, because each lane's bond numbers its
+    /// own flows.
     reseq: Resequencer,
 }
 
-impl Router {
-    pub fn new(policy: Policy, health: HealthConfig) -> Self {
-        Router {
-            paths: PathSet::new(health),
+impl Lane {
+    fn new(policy: Policy) -> Lane {
+        Lane {
             bond: Bond::new(policy),
             reseq: Resequencer::default(),
         }
-    }
-
-    pub fn paths(&self) -> &PathSet {
-        &self.paths
     }
     pub fn bond(&self) -> &Bond {
         &self.bond
@@ -44,16 +46,57 @@ impl Router {
     pub fn reseq(&self) -> &Resequencer {
         &self.reseq
     }
+}
+
+#[derive(Debug)]
+pub struct Router {
+    paths: PathSet,
+    /// Never empty; at most `wire::MAX_LANES`.
+    lanes: Vec<Lane>,
+}
+
+impl Router {
+    /// A router with one lane scheduling by `policy`.
+    pub fn new(policy: Policy, health: HealthConfig) -> Self {
+        Router {
+            paths: PathSet::new(health),
+            lanes: vec![Lane::new(policy)],
+        }
+    }
+
+    /// One more lane (the next class, below the others in priority), scheduling by `policy`
+    /// over the same paths. Returns its index; `None` when the router has `wire::MAX_LANES`.
+    pub fn add_lane(&mut self, policy: Policy) -> Option<usize> {
+        if self.lanes.len() >= wire::MAX_LANES {
+            return None;
+        }
+        self.lanes.push(Lane::new(policy));
+        Some(self.lanes.len() - 1)
+    }
+
+    pub fn paths(&self) -> &PathSet {
+        &self.paths
+    }
+    /// The lanes, in priority order (never empty).
+    pub fn lanes(&self) -> &[Lane] {
+        &self.lanes
+    }
+    /// The first lane's bond (a tunnel without classes has only that one).
+    pub fn bond(&self) -> &Bond {
+        &self.lanes[0].bond
+    }
 
     /// The transport's view of `id`'s capacity (before routing a batch).
     pub fn set_load(&mut self, id: PathId, load: PathLoad) {
         self.paths.set_load(id, load);
     }
 
-    /// A bonded packet (`wire::BOND_DATA`) arrived on `id`: deliver it now, hold it, or drop
-    /// it as a duplicate; then take `released`.
+    /// A bonded packet (`wire::BOND_DATA`) of `lane` arrived on `id`: deliver it now, hold
+    /// it, or drop it as a duplicate; then take `released`. A lane the router does not have
+    /// (the shell checks `lanes()` first) drops it as a duplicate would be.
     pub fn on_bonded(
         &mut self,
+        lane: usize,
         id: PathId,
         slot: u16,
         seq: u32,
@@ -65,16 +108,23 @@ impl Router {
             .iter()
             .filter(|(_, p)| p.is_up())
             .map(|(i, _)| i.index());
-        self.reseq.set_active(up);
-        self.reseq.on_packet(now, id.index(), slot, seq, pkt)
+        let Some(l) = self.lanes.get_mut(lane) else {
+            return Verdict::Duplicate;
+        };
+        l.reseq.set_active(up);
+        l.reseq.on_packet(now, id.index(), slot, seq, pkt)
     }
 
-    /// Packets the resequencer released (after `on_bonded` or `poll`), in order, with the path
-    /// each arrived on.
-    pub fn released(&mut self) -> Option<(PathId, Vec<u8>)> {
-        let (i, pkt) = self.reseq.ready()?;
-        let id = self.paths.ids().nth(i)?;
-        Some((id, pkt))
+    /// Packets the resequencers released (after `on_bonded` or `poll`), in order within each
+    /// lane, with the lane and the path each arrived on.
+    pub fn released(&mut self) -> Option<(usize, PathId, Vec<u8>)> {
+        for (lane, l) in self.lanes.iter_mut().enumerate() {
+            if let Some((i, pkt)) = l.reseq.ready() {
+                let id = self.paths.ids().nth(i)?;
+                return Some((lane, id, pkt));
+            }
+        }
+        None
     }
 
     /// The id of the path called `spec.name`, added if new; its spec is refreshed (the server
@@ -102,26 +152,29 @@ impl Router {
     /// A new connection carries `id`.
     pub fn connected(&mut self, id: PathId, now: Instant) -> Transition {
         let t = self.paths.connected(id, now);
-        self.bond.on_transition(&t);
+        self.lanes.iter_mut().for_each(|l| l.bond.on_transition(&t));
         t
     }
 
     /// The connection of `id` is gone.
     pub fn disconnected(&mut self, id: PathId) -> Transition {
         let t = self.paths.disconnected(id);
-        self.bond.on_transition(&t);
+        self.lanes.iter_mut().for_each(|l| l.bond.on_transition(&t));
         t
     }
 
-    /// Schedule by `policy` from now on (`Bond::set_policy`).
-    pub fn set_policy(&mut self, policy: Policy) -> Result<(), String> {
-        self.bond.set_policy(policy)
+    /// `lane` schedules by `policy` from now on (`Bond::set_policy`).
+    pub fn set_policy(&mut self, lane: usize, policy: Policy) -> Result<(), String> {
+        match self.lanes.get_mut(lane) {
+            Some(l) => l.bond.set_policy(policy),
+            None => Err(format!("no lane {lane}")),
+        }
     }
 
     /// `id` was taken out of the configuration (`PathSet::retire`).
     pub fn retire(&mut self, id: PathId) -> Transition {
         let t = self.paths.retire(id);
-        self.bond.on_transition(&t);
+        self.lanes.iter_mut().for_each(|l| l.bond.on_transition(&t));
         t
     }
 
@@ -135,28 +188,30 @@ impl Router {
         let first = changes.len();
         self.paths.poll(now, probes, changes);
         for t in &changes[first..] {
-            self.bond.on_transition(t);
+            self.lanes.iter_mut().for_each(|l| l.bond.on_transition(t));
         }
-        self.bond.poll(now);
         let up = self.paths.iter().filter(|(_, p)| p.is_up());
         let rtts = up.filter_map(|(_, p)| {
             let h = p.health.as_ref()?;
             Some((h.srtt()?, h.view().rttvar))
         });
-        self.reseq.set_max_wait(reseq::wait_for(rtts));
-        self.reseq.poll(now);
+        let wait = reseq::wait_for(rtts);
+        for l in &mut self.lanes {
+            l.bond.poll(now);
+            l.reseq.set_max_wait(wait);
+            l.reseq.poll(now);
+        }
     }
 
     /// The earliest time `poll` has work to do; the shell sleeps until then (or until an event).
     pub fn next_deadline(&self) -> Option<Instant> {
-        [
-            self.paths.next_deadline(),
-            self.bond.next_deadline(),
-            self.reseq.next_deadline(),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        let lanes = self.lanes.iter();
+        let lanes = lanes.flat_map(|l| [l.bond.next_deadline(), l.reseq.next_deadline()]);
+        [self.paths.next_deadline()]
+            .into_iter()
+            .chain(lanes)
+            .flatten()
+            .min()
     }
 
     pub fn on_probe_reply(&mut self, id: PathId, seq: u32, now: Instant) -> Option<Transition> {
@@ -187,18 +242,30 @@ impl Router {
         self.tell_bond(t)
     }
 
-    /// A path event's transition reaches the bond (the one rule that keeps them in step).
+    /// A path event's transition reaches every lane's bond (the one rule that keeps them in
+    /// step).
     fn tell_bond(&mut self, t: Option<Transition>) -> Option<Transition> {
         if let Some(t) = &t {
-            self.bond.on_transition(t);
+            self.lanes.iter_mut().for_each(|l| l.bond.on_transition(t));
         }
         t
     }
 
-    /// The path for an inner packet of `len` bytes, counted as sent there; `None` (counted as
-    /// `no_path`) when no path is connected.
-    pub fn route(&mut self, info: Option<&PacketInfo>, len: usize, now: Instant) -> Option<Route> {
-        self.bond.route(&mut self.paths, info, len, now)
+    /// The path for an inner packet of `lane` (of `len` bytes), counted as sent there; `None`
+    /// (counted as `no_path` in the lane) when no path is connected, or the lane does not
+    /// exist (counted as `malformed` in the first).
+    pub fn route(
+        &mut self,
+        lane: usize,
+        info: Option<&PacketInfo>,
+        len: usize,
+        now: Instant,
+    ) -> Option<Route> {
+        let Some(l) = self.lanes.get_mut(lane) else {
+            self.lanes[0].bond.drops.add(DropReason::Malformed);
+            return None;
+        };
+        l.bond.route(&mut self.paths, info, len, now)
     }
 
     pub fn on_received(&mut self, id: PathId, len: usize, now: Instant) {
@@ -216,9 +283,15 @@ impl Router {
     pub fn drop_tx_batch(&mut self, id: PathId, packets: u64, bytes: u64, reason: DropReason) {
         self.paths.drop_tx_batch(id, packets, bytes, reason);
     }
-    /// `n` packets dropped before a path was chosen (e.g. oversized at the TUN read).
-    pub fn drop_unrouted(&mut self, reason: DropReason, n: u64) {
-        self.bond.drops.add_n(reason, n);
+    /// `n` packets of `lane` dropped before a path was chosen (e.g. oversized at the TUN
+    /// read), or after the path (refused by the TUN device); the first lane's when there is
+    /// no such lane.
+    pub fn drop_unrouted(&mut self, lane: usize, reason: DropReason, n: u64) {
+        let l = match self.lanes.get_mut(lane) {
+            Some(l) => l,
+            None => &mut self.lanes[0],
+        };
+        l.bond.drops.add_n(reason, n);
     }
     pub fn drop_on(&mut self, id: PathId, reason: DropReason, n: u64) {
         self.paths.drop_on(id, reason, n);
@@ -307,16 +380,16 @@ mod tests {
         let mut r = Router::new(Policy::Failover, HealthConfig::default());
         let p1 = r.path(spec("wan1", 2, 1)).unwrap();
         let p0 = r.path(spec("wan0", 1, 1)).unwrap();
-        assert_eq!(r.route(None, 100, t0).map(|r| r.path), None);
+        assert_eq!(r.route(0, None, 100, t0).map(|r| r.path), None);
         assert_eq!(r.bond().drops.get(DropReason::NoPath), 1);
         r.connected(p1, t0);
         // Only a probing path: best effort.
-        assert_eq!(r.route(None, 100, t0).map(|r| r.path), Some(p1));
+        assert_eq!(r.route(0, None, 100, t0).map(|r| r.path), Some(p1));
         r.connected(p0, t0);
         up_all(&mut r, t0);
-        assert_eq!(r.route(None, 100, t0).map(|r| r.path), Some(p0));
+        assert_eq!(r.route(0, None, 100, t0).map(|r| r.path), Some(p0));
         r.disconnected(p0);
-        assert_eq!(r.route(None, 100, t0).map(|r| r.path), Some(p1));
+        assert_eq!(r.route(0, None, 100, t0).map(|r| r.path), Some(p1));
         assert_eq!(r.paths().get(p1).counters.tx_packets, 2);
     }
 
@@ -328,10 +401,13 @@ mod tests {
         for port in 0..9u16 {
             let pkt = tcp4([10, 0, 0, 1], [10, 0, 0, 2], 1000 + port, 80, None);
             let info = PacketInfo::parse(&pkt).unwrap();
-            let first = r.route(Some(&info), pkt.len(), t0).map(|r| r.path).unwrap();
+            let first = r
+                .route(0, Some(&info), pkt.len(), t0)
+                .map(|r| r.path)
+                .unwrap();
             for _ in 0..5 {
                 assert_eq!(
-                    r.route(Some(&info), pkt.len(), t0).map(|r| r.path),
+                    r.route(0, Some(&info), pkt.len(), t0).map(|r| r.path),
                     Some(first),
                     "flow pinned"
                 );
@@ -356,7 +432,7 @@ mod tests {
             PacketInfo::parse(&pkt).unwrap()
         };
         let route = |r: &mut Router, port: u16, now: Instant| {
-            r.route(Some(&flow(port)), 100, now)
+            r.route(0, Some(&flow(port)), 100, now)
                 .map(|x| x.path)
                 .unwrap()
         };
@@ -404,7 +480,7 @@ mod tests {
         let (mut r, a, _) = two_up(Policy::Balanced, spec("a", 1, 1), spec("b", 1, 1), t0);
         for port in 0..4u16 {
             let pkt = tcp4([10, 0, 0, 1], [10, 0, 0, 2], port, 80, None);
-            r.route(Some(&PacketInfo::parse(&pkt).unwrap()), 100, t0);
+            r.route(0, Some(&PacketInfo::parse(&pkt).unwrap()), 100, t0);
         }
         assert_eq!(r.bond().flows_on(a), 2);
         let t = r.connected(a, t0 + Duration::from_secs(1));
@@ -426,12 +502,15 @@ mod tests {
         for port in 0..4u16 {
             let pkt = tcp4([10, 0, 0, 1], [10, 0, 0, 2], port, 80, None);
             let info = PacketInfo::parse(&pkt).unwrap();
-            assert_eq!(r.route(Some(&info), 60, t0).map(|r| r.path), Some(a));
+            assert_eq!(r.route(0, Some(&info), 60, t0).map(|r| r.path), Some(a));
         }
         r.disconnected(a);
         let pkt = tcp4([10, 0, 0, 1], [10, 0, 0, 2], 0, 80, None);
         let info = PacketInfo::parse(&pkt).unwrap();
-        assert_eq!(r.route(Some(&info), 60, t0).map(|r| r.path), Some(backup));
+        assert_eq!(
+            r.route(0, Some(&info), 60, t0).map(|r| r.path),
+            Some(backup)
+        );
     }
 
     #[test]
@@ -471,7 +550,7 @@ mod tests {
         assert_eq!(t.to, None);
         assert!(r.paths().get(a).retired);
         // Out of use: everything goes to b.
-        assert_eq!(r.route(None, 100, now).map(|r| r.path), Some(b));
+        assert_eq!(r.route(0, None, 100, now).map(|r| r.path), Some(b));
         // A retired path leaves room under the limit; configured again, it is the same id.
         assert!(r.path_within(spec("c", 3, 1), 2).is_some());
         assert_eq!(r.path_within(spec("a", 1, 5), 3), Some(a));

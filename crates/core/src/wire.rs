@@ -22,6 +22,14 @@ pub const MTU_PROBE_REPLY: u8 = 0x06;
 /// frame too: it is the bond's header, in front of the packet whatever carries it.
 pub const BOND_DATA: u8 = 0x07;
 pub const BOND_HEADER: usize = 7;
+/// An inner packet of a traffic class other than the tunnel's first (`router::Lane`): type,
+/// lane (u8, 1 to `MAX_LANES` - 1), then the packet as that lane's bond sent it (bare or
+/// `BOND_DATA`). Inside an FEC data packet or a stream frame too, like the bond's header; the
+/// first lane's packets carry no such header (a tunnel without classes never sends one).
+pub const CLASSED: u8 = 0x08;
+pub const CLASSED_HEADER: usize = 2;
+/// The most lanes (traffic classes) a tunnel has.
+pub const MAX_LANES: usize = 8;
 pub const FEC_DATA_HEADER: usize = 4;
 pub const FEC_REPAIR_HEADER: usize = 6;
 /// Type and sequence number: a probe reply, or a probe without the sender's view.
@@ -58,6 +66,11 @@ pub enum Datagram<'a> {
         seq: u32,
         packet: &'a [u8],
     },
+    /// An inner packet of lane `lane` (`CLASSED`): `inner` decodes as `Packet` or `Bonded`.
+    Classed {
+        lane: u8,
+        inner: &'a [u8],
+    },
 }
 
 /// A repair packet of an FEC group (`FEC_REPAIR`).
@@ -84,6 +97,7 @@ pub fn decode(buf: &[u8]) -> Option<Datagram<'_>> {
         FEC_DATA => return decode_fec_data(buf),
         FEC_REPAIR => return decode_fec_repair(buf),
         BOND_DATA => return decode_bonded(buf),
+        CLASSED => return decode_classed(buf),
         _ => {}
     }
     if buf.len() < PROBE_LEN {
@@ -149,6 +163,27 @@ fn decode_bonded(buf: &[u8]) -> Option<Datagram<'_>> {
         seq: u32::from_be_bytes([buf[3], buf[4], buf[5], buf[6]]),
         packet,
     })
+}
+
+fn decode_classed(buf: &[u8]) -> Option<Datagram<'_>> {
+    let lane = *buf.get(1)?;
+    if lane == 0 || usize::from(lane) >= MAX_LANES {
+        return None;
+    }
+    let inner = &buf[CLASSED_HEADER..];
+    // One lane header at most (decoding a chain of them would recurse once per header).
+    if inner.first() == Some(&CLASSED) {
+        return None;
+    }
+    match decode(inner)? {
+        Datagram::Packet(_) | Datagram::Bonded { .. } => Some(Datagram::Classed { lane, inner }),
+        _ => None,
+    }
+}
+
+/// The header in front of an inner packet of `lane` (`CLASSED`); the first lane (0) has none.
+pub fn encode_classed(lane: u8) -> Option<[u8; CLASSED_HEADER]> {
+    (lane > 0 && usize::from(lane) < MAX_LANES).then_some([CLASSED, lane])
 }
 
 /// The bond's header in front of an inner packet (`BOND_DATA`).
@@ -384,6 +419,37 @@ mod bond_tests {
         );
         // No packet behind the header.
         assert_eq!(decode(&[0x07, 0, 1, 0, 0, 0, 1]), None);
+    }
+
+    #[test]
+    fn classed_vectors() {
+        assert_eq!(encode_classed(0), None);
+        assert_eq!(encode_classed(2), Some([0x08, 0x02]));
+        assert_eq!(encode_classed(8), None);
+        let bare = [0x08, 0x02, 0x45, 0x00];
+        assert_eq!(
+            decode(&bare),
+            Some(Datagram::Classed {
+                lane: 2,
+                inner: &[0x45, 0x00]
+            })
+        );
+        let bonded = [0x08, 0x07, 0x07, 0, 1, 0, 0, 0, 9, 0x60];
+        assert_eq!(
+            decode(&bonded),
+            Some(Datagram::Classed {
+                lane: 7,
+                inner: &bonded[2..]
+            })
+        );
+        // Lane 0 has no header; lanes from MAX_LANES on do not exist; only inner packets
+        // (bare or numbered) may be in a lane, never a probe, FEC or another lane's header.
+        assert_eq!(decode(&[0x08, 0x00, 0x45]), None);
+        assert_eq!(decode(&[0x08, 0x08, 0x45]), None);
+        assert_eq!(decode(&[0x08, 0x01]), None);
+        assert_eq!(decode(&[0x08, 0x01, 0x01, 0, 0, 0, 1]), None);
+        assert_eq!(decode(&[0x08, 0x01, 0x08, 0x02, 0x45]), None);
+        assert_eq!(decode(&[0x08, 0x01, 0x03, 0, 0, 0, 0x45]), None);
     }
 }
 

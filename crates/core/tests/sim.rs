@@ -71,6 +71,8 @@ struct Sim {
     dup_dropped: u64,
     /// (side that received, flow port, sequence) of every delivered data packet.
     delivered: Vec<(Side, u16, u32)>,
+    /// The lane (traffic class) of each packet in `delivered`.
+    delivered_lanes: Vec<usize>,
     /// Per-packet bonding: when each bonded packet (side, port, sequence) arrived, and the
     /// longest it was held before delivery.
     bonded_arrival: HashMap<(Side, u16, u32), Duration>,
@@ -190,6 +192,7 @@ impl Sim {
             seen: HashSet::new(),
             dup_dropped: 0,
             delivered: Vec::new(),
+            delivered_lanes: Vec::new(),
             bonded_arrival: HashMap::new(),
             longest_hold: Duration::ZERO,
             arrived: Vec::new(),
@@ -276,6 +279,11 @@ impl Sim {
     /// Send one data packet of flow `port` from `side`, routed, numbered and protected by the
     /// side's core as the shell's batches are; returns the index of the path the policy chose.
     fn send_data(&mut self, side: Side, port: u16, seq: u32) -> Option<usize> {
+        self.send_in(side, 0, port, seq)
+    }
+
+    /// `send_data` in lane `lane` (a traffic class) of the side's core.
+    fn send_in(&mut self, side: Side, lane: usize, port: u16, seq: u32) -> Option<usize> {
         let pkt = ip_packet(port, seq);
         let infos = [PacketInfo::parse(&pkt)];
         let now = self.at();
@@ -287,7 +295,7 @@ impl Sim {
         let mut routing = Routing::default();
         // Every path is connected (the links model its outages).
         self.core(side)
-            .route_batch(&[0], &infos, &mut batch, |_| true, now, &mut routing);
+            .route_batch(lane, &[0], &infos, &mut batch, |_| true, now, &mut routing);
         for c in routing.copies.drain(..) {
             self.send(side, c.path, c.bytes);
         }
@@ -322,14 +330,15 @@ impl Sim {
         }
     }
 
-    /// Record a data packet handed to the receiving side's TUN.
-    fn deliver(&mut self, to: Side, p: &[u8]) {
+    /// Record a data packet of `lane` handed to the receiving side's TUN.
+    fn deliver(&mut self, to: Side, lane: usize, p: &[u8]) {
         let port = u16::from_be_bytes([p[20], p[21]]);
         let seq = u32::from_be_bytes([p[28], p[29], p[30], p[31]]);
         if let Some(at) = self.bonded_arrival.remove(&(to, port, seq)) {
             self.longest_hold = self.longest_hold.max(self.now - at);
         }
         self.delivered.push((to, port, seq));
+        self.delivered_lanes.push(lane);
     }
 
     /// `n` packets of flow `port` (sequence 0..n) from `side`, one every `gap`, then a second
@@ -356,8 +365,8 @@ impl Sim {
 
     /// What a core handed over: packets to record, replies to send back on `path`.
     fn take(&mut self, side: Side, path: Option<PathId>, taken: Recorded) {
-        for p in taken.delivered {
-            self.deliver(side, &p);
+        for (p, lane) in taken.delivered.iter().zip(taken.lanes) {
+            self.deliver(side, lane, p);
         }
         for a in taken.answers {
             self.send(side, path.expect("replies come from receiving"), a);
@@ -494,6 +503,10 @@ impl Sim {
         // Per-packet bonding: when each numbered packet arrived, for the longest hold.
         let inner = match wire::decode(&m.bytes) {
             Some(Datagram::FecData { packet, .. }) => wire::decode(packet),
+            d => d,
+        };
+        let inner = match inner {
+            Some(Datagram::Classed { inner, .. }) => wire::decode(inner),
             d => d,
         };
         if let Some(Datagram::Bonded { packet, .. }) = inner {
@@ -758,12 +771,12 @@ proptest! {
                 _ => { last.insert(*port, *seq); }
             }
         }
-        let c = sim.server.router().reseq().counters;
+        let c = sim.server.router().lanes()[0].reseq().counters;
         prop_assert_eq!(out_of_order, c.late, "every out-of-order delivery is a counted late one");
         if loss == 0.0 {
             prop_assert_eq!(c.late, 0);
         }
-        prop_assert_eq!(sim.server.router().reseq().holding(), 0);
+        prop_assert_eq!(sim.server.router().lanes()[0].reseq().holding(), 0);
         prop_assert!(sim.longest_hold <= MAX_WAIT + Duration::from_millis(1),
             "held {:?}", sim.longest_hold);
     }
@@ -795,7 +808,7 @@ proptest! {
                 _ => last = Some(*seq),
             }
         }
-        let c = sim.server.router().reseq().counters;
+        let c = sim.server.router().lanes()[0].reseq().counters;
         prop_assert_eq!(out_of_order, c.late);
         // Both copies of most packets arrived; the second was dropped, not delivered.
         prop_assert!(c.duplicates as f64 >= 0.5 * f64::from(n), "duplicates {}", c.duplicates);
@@ -1038,4 +1051,100 @@ fn seed_failover_scenario_gaps() {
         );
         assert!(last[0].unwrap_or_default() < Duration::from_millis(600));
     }
+}
+
+/// A tunnel with traffic classes: lane `k` of both cores schedules by `lanes[k]`, every lane
+/// over the same two paths (one prober and health each).
+fn lanes_sim(lanes: &[Policy], links: &[String], seed: u64) -> Sim {
+    let specs = [spec("a", 1, 1), spec("b", 2, 1)];
+    let mut sim = Sim::new(lanes[0], &specs, links, seed);
+    for &p in &lanes[1..] {
+        for core in [&mut sim.client, &mut sim.server] {
+            core.add_lane(p).expect("within MAX_LANES");
+        }
+    }
+    sim
+}
+
+/// Lane `k`'s packets carry `k` in the top byte of their sequence number.
+const LANE_SHIFT: u32 = 24;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Classes over one path layer: each lane's packets arrive in that lane, once, each lane's
+    /// flows in order (numbered flows of different lanes share slot numbers, so a resequencer
+    /// shared between lanes would mix them up), and over lossless paths nothing is lost.
+    #[test]
+    fn classes_share_the_paths_and_keep_their_packets_apart(
+        lanes in proptest::collection::vec(
+            prop_oneof![Just(Policy::Failover), Just(Policy::Balanced), Just(Policy::Wlb),
+                Just(Policy::MinRtt), Just(Policy::Redundant)], 2..4),
+        delays in (1u64..30, 1u64..30),
+        loss in prop_oneof![Just(0.0f64), 0.0f64..0.03],
+        seed in any::<u64>(),
+    ) {
+        let links = [
+            format!("rate=4mbit,delay={}ms,loss={:.3}%", delays.0, loss * 100.0),
+            format!("rate=4mbit,delay={}ms,loss={:.3}%", delays.1, loss * 100.0),
+        ];
+        let mut sim = lanes_sim(&lanes, &links, seed);
+        sim.run_until(Duration::from_millis(500));
+        // The same two flow ports in every lane, one packet every 2 ms in turn.
+        let n = 600u32;
+        for i in 0..n {
+            let lane = (i as usize) % lanes.len();
+            let seq = (u32::try_from(lane).unwrap() << LANE_SHIFT) | (i / lanes.len() as u32);
+            sim.send_in(Side::Client, lane, 1000 + (i % 2) as u16, seq);
+            let next = sim.now + Duration::from_millis(2);
+            sim.run_until(next);
+        }
+        sim.run_until(sim.now + Duration::from_secs(2));
+        let mut seen = HashSet::new();
+        let mut last: HashMap<(usize, u16), u32> = HashMap::new();
+        let mut out_of_order = 0u64;
+        for (d, lane) in sim.delivered.iter().zip(&sim.delivered_lanes) {
+            let (_, port, seq) = *d;
+            prop_assert_eq!((seq >> LANE_SHIFT) as usize, *lane, "delivered in its own lane");
+            prop_assert!(seen.insert((port, seq)), "delivered twice: {:?}", d);
+            match last.get(&(*lane, port)) {
+                Some(prev) if seq < *prev => out_of_order += 1,
+                _ => { last.insert((*lane, port), seq); }
+            }
+        }
+        let late: u64 = sim.server.router().lanes().iter().map(|l| l.reseq().counters.late).sum();
+        prop_assert_eq!(out_of_order, late, "every out-of-order delivery is a counted late one");
+        if loss == 0.0 {
+            prop_assert_eq!(seen.len(), n as usize, "lossless: everything arrives");
+            prop_assert_eq!(late, 0);
+        }
+    }
+}
+
+/// A peer that sends in a lane this side does not have (its classes are not ours): every such
+/// packet is counted as malformed on its path, none is delivered, and the first lane still works.
+#[test]
+fn a_lane_this_side_does_not_have_is_counted_not_delivered() {
+    let links = [delay(5), delay(5)];
+    let mut sim = lanes_sim(&[Policy::Failover, Policy::Wlb], &links, 7);
+    // The server knows one lane only.
+    sim.server = TunnelCore::new(Policy::Failover, HealthMode::Follow, FecMode::Off, None);
+    for s in [spec("a", 1, 1), spec("b", 2, 1)] {
+        let id = sim.server.path(s, usize::MAX).unwrap();
+        sim.server.connected(id, LinkStats::default(), sim.at());
+    }
+    sim.run_until(Duration::from_millis(500));
+    for seq in 0..20 {
+        sim.send_in(Side::Client, 1, 1000, seq);
+        sim.send_in(Side::Client, 0, 1001, seq);
+        let next = sim.now + Duration::from_millis(5);
+        sim.run_until(next);
+    }
+    sim.run_until(sim.now + Duration::from_secs(1));
+    let ports: Vec<u16> = sim.delivered.iter().map(|d| d.1).collect();
+    assert_eq!(ports, vec![1001; 20]);
+    let malformed: u64 = (sim.server.router().paths().iter())
+        .map(|(_, p)| p.drops.get(mpquic_core::DropReason::Malformed))
+        .sum();
+    assert_eq!(malformed, 20);
 }

@@ -28,6 +28,9 @@ use crate::tun::Tun;
 pub use crate::transport::close;
 pub use mpquic_core::tunnel::Sources;
 
+/// The core's lane this shell sends in: each traffic class is a tunnel of its own here (its
+/// own connections), so each tunnel's core has one lane.
+const LANE: usize = 0;
 /// How long a replaced connection stays open to drain what is already in flight on it.
 const REPLACE_GRACE: Duration = Duration::from_millis(250);
 /// A live transport carrying one path.
@@ -165,7 +168,7 @@ impl Tunnel {
     pub fn set_policy(&self, policy: Policy) -> Result<(), String> {
         let mut s = self.lock();
         let before = s.core.router().bond().policy();
-        s.core.router_mut().set_policy(policy)?;
+        s.core.router_mut().set_policy(LANE, policy)?;
         drop(s);
         if before != policy {
             info!(tunnel = %self.peer, from = before.as_str(), to = policy.as_str(), "bonding policy changed");
@@ -337,7 +340,8 @@ impl Tunnel {
             }
             let link = |id: PathId| links.get(id.index()).and_then(Option::as_ref);
             let routing = &mut scratch.routing;
-            core.route_batch(which, infos, batch, |id| link(id).is_some(), now, routing);
+            let connected = |id: PathId| link(id).is_some();
+            core.route_batch(LANE, which, infos, batch, connected, now, routing);
             // The transports of the paths used, while their links are at hand.
             let used = routing.paths().map(|(id, _)| id);
             for id in used.chain(routing.copies.iter().map(|c| c.path)) {
@@ -458,7 +462,7 @@ impl Tunnel {
     /// `n` packets dropped before routing (counted on the tunnel, not on a path).
     pub fn drop_unsent(&self, reason: DropReason, n: u64) {
         if n > 0 {
-            self.lock().core.router_mut().drop_unrouted(reason, n);
+            self.lock().core.router_mut().drop_unrouted(LANE, reason, n);
         }
     }
 
@@ -472,7 +476,7 @@ impl Tunnel {
     /// packets of several paths (and, on a server, of several clients' tunnels).
     fn count_refused(&self, refused: Option<crate::tun::Refused>) {
         if let Some((reason, n)) = self.refusal(refused) {
-            self.lock().core.router_mut().drop_unrouted(reason, n);
+            self.lock().core.router_mut().drop_unrouted(LANE, reason, n);
         }
     }
 
@@ -812,7 +816,7 @@ impl Tunnel {
                 .iter()
                 .map(|(r, n)| (r.as_str().to_string(), n))
                 .collect(),
-            reorder: reorder_status(router.reseq()),
+            reorder: reorder_status(router.lanes()[LANE].reseq()),
         }
     }
 }
@@ -1002,6 +1006,7 @@ struct Rx<'a> {
 impl Deliver for Rx<'_> {
     fn deliver(
         &mut self,
+        _lane: usize,
         _path: PathId,
         packet: &[u8],
         info: Option<&PacketInfo>,

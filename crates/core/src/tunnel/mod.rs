@@ -128,6 +128,13 @@ impl TunnelCore {
         self
     }
 
+    /// One more lane (the tunnel's next traffic class, below the others), scheduling by
+    /// `policy` over the same paths: its packets carry the lane's header (`wire::CLASSED`).
+    /// Returns the lane; `None` past `wire::MAX_LANES`.
+    pub fn add_lane(&mut self, policy: Policy) -> Option<usize> {
+        self.router.add_lane(policy)
+    }
+
     /// How `path` carries inner packets now: `None` in a fixed mode.
     pub fn carry(&self, path: PathId) -> Option<Carry> {
         self.recovery(path).map(Recovery::carry)

@@ -13,10 +13,12 @@ use super::TunnelCore;
 /// Where the core's receive side puts its results (the shell's TUN device and connection, or
 /// the simulator's records).
 pub trait Deliver {
-    /// An inner packet from `path` for the TUN device; `info`: its headers, when the core
-    /// parsed them. Returns packets the device refused and why (counted on the tunnel).
+    /// An inner packet of `lane` (its traffic class) from `path` for the TUN device; `info`:
+    /// its headers, when the core parsed them. Returns packets the device refused and why
+    /// (counted on the lane).
     fn deliver(
         &mut self,
+        lane: usize,
         path: PathId,
         packet: &[u8],
         info: Option<&PacketInfo>,
@@ -30,17 +32,21 @@ pub trait Deliver {
 #[derive(Debug, Default)]
 pub struct Recorded {
     pub delivered: Vec<Vec<u8>>,
+    /// The lane of each packet in `delivered`.
+    pub lanes: Vec<usize>,
     pub answers: Vec<Vec<u8>>,
 }
 
 impl Deliver for Recorded {
     fn deliver(
         &mut self,
+        lane: usize,
         _: PathId,
         p: &[u8],
         _: Option<&PacketInfo>,
     ) -> Option<(DropReason, u64)> {
         self.delivered.push(p.to_vec());
+        self.lanes.push(lane);
         None
     }
     fn answer(&mut self, msg: &[u8]) {
@@ -69,9 +75,9 @@ impl TunnelCore {
     ) -> Received {
         let mut got = Received::default();
         match wire::decode(bytes) {
-            Some(d @ (Datagram::Packet(_) | Datagram::Bonded { .. })) => {
-                self.deliver_inner(path, d, now, out, &mut got)
-            }
+            Some(
+                d @ (Datagram::Packet(_) | Datagram::Bonded { .. } | Datagram::Classed { .. }),
+            ) => self.deliver_inner(path, d, now, out, &mut got),
             Some(Datagram::Probe { seq, view }) => {
                 out.answer(&wire::encode_probe(wire::PROBE_REPLY, seq));
                 got.transition = self.router.on_peer_probe(path, seq, view.as_ref(), now);
@@ -138,7 +144,8 @@ impl TunnelCore {
     }
 
     /// An inner packet as the peer's bond sent it (inside an FEC data packet or a stream
-    /// frame): bare, or numbered for the resequencer.
+    /// frame): bare, or numbered for the resequencer, in the first lane or with a lane's
+    /// header.
     fn receive_inner(
         &mut self,
         path: PathId,
@@ -148,13 +155,14 @@ impl TunnelCore {
         got: &mut Received,
     ) {
         match wire::decode(bytes) {
-            Some(d @ (Datagram::Packet(_) | Datagram::Bonded { .. })) => {
-                self.deliver_inner(path, d, now, out, got)
-            }
+            Some(
+                d @ (Datagram::Packet(_) | Datagram::Bonded { .. } | Datagram::Classed { .. }),
+            ) => self.deliver_inner(path, d, now, out, got),
             _ => self.router.drop_on(path, DropReason::Malformed, 1),
         }
     }
 
+    /// An inner packet: its lane from its header (none: the first), then bare or numbered.
     fn deliver_inner(
         &mut self,
         path: PathId,
@@ -163,17 +171,26 @@ impl TunnelCore {
         out: &mut impl Deliver,
         got: &mut Received,
     ) {
+        let (lane, d) = match d {
+            Datagram::Classed { lane, inner } => (usize::from(lane), wire::decode(inner)),
+            d => (0, Some(d)),
+        };
+        // A lane this tunnel does not have: the peer's classes are not ours.
+        if lane >= self.router.lanes().len() {
+            self.router.drop_on(path, DropReason::Malformed, 1);
+            return;
+        }
         match d {
-            Datagram::Packet(p) => self.deliver(path, p, now, out, got),
-            Datagram::Bonded { slot, seq, packet } => {
+            Some(Datagram::Packet(p)) => self.deliver(lane, path, p, now, out, got),
+            Some(Datagram::Bonded { slot, seq, packet }) => {
                 // Delivered now, held for the ones before it, or dropped as a duplicate
                 // (counted by the resequencer); what it releases goes on behind it.
-                let v = self.router.on_bonded(path, slot, seq, packet, now);
+                let v = self.router.on_bonded(lane, path, slot, seq, packet, now);
                 // The first packet held sets a deadline the timers do not know yet (later
                 // ones' deadlines come after it).
-                got.wake |= v == Verdict::Held && self.router.reseq().holding() == 1;
+                got.wake |= v == Verdict::Held && self.router.lanes()[lane].reseq().holding() == 1;
                 if v == Verdict::Deliver {
-                    self.deliver(path, packet, now, out, got);
+                    self.deliver(lane, path, packet, now, out, got);
                 }
                 let _ = self.deliver_released(now, out, got);
             }
@@ -191,16 +208,17 @@ impl TunnelCore {
         got: &mut Received,
     ) -> bool {
         let mut any = false;
-        while let Some((p, pkt)) = self.router.released() {
-            self.deliver(p, &pkt, now, out, got);
+        while let Some((lane, p, pkt)) = self.router.released() {
+            self.deliver(lane, p, &pkt, now, out, got);
             any = true;
         }
         any
     }
 
-    /// An inner packet for the TUN device, once its source passes (server side).
+    /// An inner packet of `lane` for the TUN device, once its source passes (server side).
     fn deliver(
         &mut self,
+        lane: usize,
         path: PathId,
         packet: &[u8],
         now: Instant,
@@ -211,11 +229,11 @@ impl TunnelCore {
         if !self.check_source(path, info.as_ref().and_then(Option::as_ref)) {
             return;
         }
-        let refused = out.deliver(path, packet, info.as_ref().and_then(Option::as_ref));
+        let refused = out.deliver(lane, path, packet, info.as_ref().and_then(Option::as_ref));
         self.router.on_received(path, packet.len(), now);
         got.wake |= self.router.take_woken();
         if let Some((reason, n)) = refused {
-            self.router.drop_unrouted(reason, n);
+            self.router.drop_unrouted(lane, reason, n);
         }
     }
 }

@@ -83,12 +83,14 @@ impl Routing {
 
 impl TunnelCore {
     /// Route packets `which` of `batch` (`infos`: their parsed headers, indexed like the
-    /// batch) and write their headers. `connected`: whether the shell has a connection for a
+    /// batch), all of `lane` (their traffic class), and write their headers. `connected`: whether the shell has a connection for a
     /// path (a packet routed to a path without one is dropped and counted as `no_path`).
     /// Nothing is sent: the shell sends `out` once every tunnel sharing the batch has routed
     /// (no header can be written once a transport holds packets of it).
+    #[allow(clippy::too_many_arguments)]
     pub fn route_batch(
         &mut self,
+        lane: usize,
         which: &[usize],
         infos: &[Option<PacketInfo>],
         batch: &mut impl Outgoing,
@@ -98,14 +100,19 @@ impl TunnelCore {
     ) {
         out.clear();
         let mut opened = false;
+        let lane_header = u8::try_from(lane).ok().and_then(wire::encode_classed);
         for &i in which {
             let len = batch.packet(i).len();
-            let Some(route) = self.router.route(infos[i].as_ref(), len, now) else {
-                continue; // counted as no_path by the bond
+            let Some(route) = self.router.route(lane, infos[i].as_ref(), len, now) else {
+                continue; // counted as no_path by the lane's bond
             };
-            // The bond's numbering goes first, next to the packet.
+            // The bond's numbering goes first, next to the packet; the lane's header (not the
+            // first lane's) in front of it, so FEC protects both.
             if let Some((slot, seq)) = route.seq {
                 batch.push_header(i, &wire::encode_bonded(slot, seq));
+            }
+            if let Some(h) = &lane_header {
+                batch.push_header(i, h);
             }
             // `redundant`: a copy for the second path, numbered the same (the receiver keeps
             // the first to arrive), in that path's own FEC groups.
