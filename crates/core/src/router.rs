@@ -31,6 +31,16 @@ pub struct Lane {
     /// during a change must not lose packets). Per lane, because each lane's bond numbers its
     /// own flows.
     reseq: Resequencer,
+    /// Inner packets of this lane sent (routed to a path, copies not counted) and delivered.
+    pub counters: LaneCounters,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LaneCounters {
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
 }
 
 impl Lane {
@@ -38,6 +48,7 @@ impl Lane {
         Lane {
             bond: Bond::new(policy),
             reseq: Resequencer::default(),
+            counters: LaneCounters::default(),
         }
     }
     pub fn bond(&self) -> &Bond {
@@ -265,11 +276,19 @@ impl Router {
             self.lanes[0].bond.drops.add(DropReason::Malformed);
             return None;
         };
-        l.bond.route(&mut self.paths, info, len, now)
+        let route = l.bond.route(&mut self.paths, info, len, now)?;
+        l.counters.tx_packets += 1;
+        l.counters.tx_bytes += len as u64;
+        Some(route)
     }
 
-    pub fn on_received(&mut self, id: PathId, len: usize, now: Instant) {
+    /// An inner packet of `lane` was delivered from `id`.
+    pub fn on_received(&mut self, lane: usize, id: PathId, len: usize, now: Instant) {
         self.paths.on_received(id, len, now);
+        if let Some(l) = self.lanes.get_mut(lane) {
+            l.counters.rx_packets += 1;
+            l.counters.rx_bytes += len as u64;
+        }
     }
 
     /// True once after a packet woke a quiet tunnel: probes are due now, so the shell must not

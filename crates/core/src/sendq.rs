@@ -134,9 +134,93 @@ impl<T> SendQueue<T> {
     }
 }
 
+/// One `SendQueue` per rank (a tunnel's lanes, its traffic classes), served in rank order:
+/// strict priority, so a packet of a higher class never waits behind a lower class's backlog
+/// in the sender's own queue (it may still share the path's bottleneck with it). Each rank's
+/// queue has the same bounds; ranks are made as they are used.
+pub struct RankedQueues<T> {
+    queues: Vec<SendQueue<T>>,
+    limit: usize,
+    max_wait: Duration,
+}
+
+impl<T> RankedQueues<T> {
+    pub fn new(limit: usize, max_wait: Duration) -> RankedQueues<T> {
+        RankedQueues {
+            queues: Vec::new(),
+            limit,
+            max_wait,
+        }
+    }
+
+    /// `SendQueue::push` into `rank`'s queue (at most `wire::MAX_LANES` ranks: a higher rank
+    /// joins the last).
+    pub fn push(&mut self, rank: u8, now: Instant, flow: Option<u64>, item: T) -> Result<(), T> {
+        let r = usize::from(rank).min(crate::wire::MAX_LANES - 1);
+        while self.queues.len() <= r {
+            self.queues.push(SendQueue::new(self.limit, self.max_wait));
+        }
+        self.queues[r].push(now, flow, item)
+    }
+
+    /// The next packet: from the highest rank (lowest number) that has one.
+    pub fn pop(&mut self, now: Instant, stale: &mut impl FnMut(T)) -> Option<T> {
+        self.queues.iter_mut().find_map(|q| q.pop(now, stale))
+    }
+
+    pub fn set_max_wait(&mut self, max_wait: Duration) {
+        self.max_wait = max_wait;
+        self.queues
+            .iter_mut()
+            .for_each(|q| q.set_max_wait(max_wait));
+    }
+
+    pub fn len(&self) -> usize {
+        self.queues.iter().map(SendQueue::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queues.iter().all(SendQueue::is_empty)
+    }
+
+    /// Everything still queued (the transport failed).
+    pub fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
+        self.queues.iter_mut().flat_map(SendQueue::drain)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranks_are_served_in_order_each_with_its_own_bound() {
+        let t0 = Instant::now();
+        let mut q = RankedQueues::new(2, Duration::from_millis(100));
+        // Bulk (rank 2) first, then a critical packet (rank 0).
+        assert!(q.push(2, t0, Some(1), "bulk-1").is_ok());
+        assert!(q.push(2, t0, Some(1), "bulk-2").is_ok());
+        assert_eq!(q.push(2, t0, Some(1), "bulk-3"), Err("bulk-3"));
+        assert!(q.push(0, t0, Some(2), "crit").is_ok());
+        assert!(q.push(1, t0, Some(3), "default").is_ok());
+        assert_eq!(q.len(), 4);
+        let mut stale = Vec::new();
+        let mut out = Vec::new();
+        while let Some(p) = q.pop(t0, &mut |p| stale.push(p)) {
+            out.push(p);
+        }
+        assert_eq!(out, ["crit", "default", "bulk-1", "bulk-2"]);
+        assert!(q.is_empty() && stale.is_empty());
+        // A rank beyond the lanes joins the last; the wait bound holds in every rank.
+        assert!(q.push(200, t0, None, "far").is_ok());
+        assert!(q
+            .push(0, t0 + Duration::from_millis(150), None, "late")
+            .is_ok());
+        let later = t0 + Duration::from_millis(160);
+        assert_eq!(q.pop(later, &mut |p| stale.push(p)), Some("late"));
+        assert_eq!(q.pop(later, &mut |p| stale.push(p)), None);
+        assert_eq!(stale, ["far"]);
+    }
 
     const WAIT: Duration = Duration::from_millis(20);
 

@@ -1060,7 +1060,7 @@ fn lanes_sim(lanes: &[Policy], links: &[String], seed: u64) -> Sim {
     let mut sim = Sim::new(lanes[0], &specs, links, seed);
     for &p in &lanes[1..] {
         for core in [&mut sim.client, &mut sim.server] {
-            core.add_lane(p).expect("within MAX_LANES");
+            core.add_lane(p, false).expect("within MAX_LANES");
         }
     }
     sim

@@ -155,16 +155,19 @@ fn mpquic_drops(o: &mut String, status: &Value) {
             lines.push(format!("{who} status unreadable"));
             continue;
         };
-        for (t, path, reason, n) in st.all_drops() {
+        for (_, path, reason, n) in st.all_drops() {
             if n > 0 {
-                let class = t.and_then(|t| t.class.as_deref());
-                let scope = match (class, path.is_empty()) {
-                    (None, true) => String::new(),
-                    (None, false) => format!("{path}: "),
-                    (Some(c), true) => format!("class {c}: "),
-                    (Some(c), false) => format!("class {c} {path}: "),
+                let scope = match path.is_empty() {
+                    true => String::new(),
+                    false => format!("{path}: "),
                 };
                 lines.push(format!("{who} {scope}{reason} {n}"));
+            }
+        }
+        // The tunnels' path-less drops again by class, where there are classes.
+        for c in st.tunnels.iter().flat_map(|t| &t.classes) {
+            for (reason, n) in c.drops.iter().filter(|(_, n)| **n > 0) {
+                lines.push(format!("{who} (class {}: {reason} {n})", c.name));
             }
         }
     }
@@ -183,15 +186,15 @@ fn mpquic_drops(o: &mut String, status: &Value) {
 /// carried in it, and its drops.
 fn mpquic_classes(o: &mut String, status: &Value) {
     let statuses = final_statuses(status);
-    let tunnels = |who: &str| -> Vec<mpquic_status::TunnelStatus> {
+    let classes = |who: &str| -> Vec<mpquic_status::ClassStatus> {
         statuses
             .iter()
             .filter(|(w, _)| *w == who)
             .flat_map(|(_, s)| s.iter().flat_map(|s| s.tunnels.clone()))
-            .filter(|t| t.class.is_some())
+            .flat_map(|t| t.classes)
             .collect()
     };
-    let (client, server) = (tunnels("client"), tunnels("server"));
+    let (client, server) = (classes("client"), classes("server"));
     if client.is_empty() {
         return;
     }
@@ -200,32 +203,26 @@ fn mpquic_classes(o: &mut String, status: &Value) {
         "
 Traffic classes at the end (packets put in the class: by a rule / unmatched; MB sent):
 
-         | class | policy / mode | client packets | MB up | server packets | MB down | drops |
+| class | policy / mode | client packets | MB up | server packets | MB down | drops |
 |---|---|---|---|---|---|---|"
     );
+    let drops = |c: &mpquic_status::ClassStatus| c.drops.values().sum::<u64>();
     for c in &client {
-        let s = server.iter().find(|s| s.class == c.class);
-        let sent = |t: &mpquic_status::TunnelStatus| {
-            t.paths.iter().map(|p| p.tx_bytes).sum::<u64>() as f64 / 1e6
-        };
-        let drops = |t: &mpquic_status::TunnelStatus| {
-            t.drops.values().sum::<u64>()
-                + t.paths.iter().flat_map(|p| p.drops.values()).sum::<u64>()
-        };
+        let s = server.iter().find(|s| s.name == c.name);
         let _ = writeln!(
             o,
             "| {} | {} / {} | {} / {} | {:.1} | {} | {} | {} |",
-            c.class.as_deref().unwrap_or(""),
+            c.name,
             c.policy,
             c.mode,
             c.classified_packets,
             c.unmatched_packets,
-            sent(c),
+            c.tx_bytes as f64 / 1e6,
             s.map_or("-".into(), |s| format!(
                 "{} / {}",
                 s.classified_packets, s.unmatched_packets
             )),
-            s.map_or("-".into(), |s| format!("{:.1}", sent(s))),
+            s.map_or("-".into(), |s| format!("{:.1}", s.tx_bytes as f64 / 1e6)),
             drops(c) + s.map_or(0, drops),
         );
     }

@@ -3,13 +3,13 @@
 //! connection dies, or that stays unusable (black-holed, server restarted), is reconnected in the
 //! background while the others carry on.
 //!
-//! With traffic classes (`classes:`), each class is such a tunnel of its own (its bond, and on
-//! every path its own connection, so its own congestion controller and queues), and the TUN
-//! reader puts each packet in its class (`classify::Classifier`); the classes share the TUN
-//! device and the tunnel address.
+//! With traffic classes (`classes:`), each class is a lane of that tunnel (its bond and
+//! resequencer, its rank in every path's send queue, its carriage), and the TUN reader puts each
+//! packet in its class (`classify::Classifier`); the classes share the paths (one connection,
+//! prober and congestion controller each), the TUN device and the tunnel address.
 //!
-//! The paths can change while it runs (`reload.rs`): each path's tasks (one per class) watch
-//! its configuration, so a changed path reconnects (the new connection made before the old one
+//! The paths can change while it runs (`reload.rs`): each path's task watches its
+//! configuration, so a changed path reconnects (the new connection made before the old one
 //! closes), a removed one is retired, a new one starts; the others are not touched.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::config::{
-    parse_cidr, parse_cidr6, ClassConfig, ClientConfig, Config, Congestion, PathConfig, RoleConfig,
+    parse_cidr, parse_cidr6, ClassConfig, ClientConfig, Config, PathConfig, RoleConfig,
 };
 use crate::hello::{ClassOf, Hello};
 use crate::platform::Platform;
@@ -34,7 +34,7 @@ use crate::status::StatusReport;
 use crate::transport::quic::QuicDialer;
 use crate::transport::{Dialer, Known, PathTransport, Unfinished};
 use crate::tun::Tun;
-use crate::tunnel::{close, Carriage, ClassTag, Routed, Shares, Tunnel};
+use crate::tunnel::{close, Carriage, LaneSpec, Routed, Shares, Tunnel};
 use crate::{quic, runtime};
 
 /// Bound on socket setup + handshake + hello for one attempt.
@@ -58,8 +58,15 @@ struct Client {
     platform: Platform,
     session: u64,
     tun: Arc<Tun>,
-    /// The traffic classes in priority order (one, implicit, without `classes:`).
+    /// The tunnel over every path: a lane per traffic class.
+    tunnel: Arc<Tunnel>,
+    /// The traffic classes in priority order (one, implicit, without `classes:`): class `k` is
+    /// lane `k` of `tunnel`.
     classes: Vec<Class>,
+    /// Dials every path's connection (with the instance's congestion controller).
+    dialer: Box<dyn Dialer>,
+    /// Per path, by `PathId::index()`.
+    slots: Mutex<Vec<PathSlot>>,
     /// The address the server gave us (set on the TUN device).
     addr: Mutex<Option<Assigned>>,
     /// A refusal from the server that retrying cannot fix (e.g. address not allowed).
@@ -85,22 +92,19 @@ struct Assigned {
     v6: Option<(Ipv6Addr, u8)>,
 }
 
-/// A configured path: its configuration, watched by its tasks (one per class), which end with
-/// it.
+/// A configured path: its configuration, watched by its task, which ends with it.
 struct LivePath {
     cfg: watch::Sender<Arc<PathConfig>>,
-    tasks: Vec<tokio::task::AbortHandle>,
+    task: tokio::task::AbortHandle,
 }
 
 impl Drop for LivePath {
     fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
+        self.task.abort();
     }
 }
 
-/// What a class keeps per path between its connections.
+/// What the client keeps per path between its connections.
 #[derive(Debug, Clone, Copy, Default)]
 struct PathSlot {
     /// The UDP payload its connections use when its route carries less than its link (`None`:
@@ -110,16 +114,11 @@ struct PathSlot {
     connect_failures: u32,
 }
 
-/// One traffic class: its tunnel over the paths, and per path its connections.
+/// One traffic class (a lane of the client's tunnel).
 struct Class {
     cfg: ClassConfig,
-    tunnel: Arc<Tunnel>,
     /// The class's own TUN device (`tun_name` of the class), read by its own reader.
     own_tun: Option<Arc<Tun>>,
-    /// Dials with the class's congestion controller.
-    dialer: Box<dyn Dialer>,
-    /// Per path, by `PathId::index()` of the class's tunnel.
-    slots: Mutex<Vec<PathSlot>>,
     /// Packets the classifier put in this class by a rule / because no rule matched.
     classified: AtomicU64,
     unmatched: AtomicU64,
@@ -132,26 +131,57 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
         .map(|p| platform.link_mtu(&p.bind))
         .min()
         .unwrap_or(quic::DEFAULT_LINK_MTU);
-    // A per-packet policy numbers every packet (`wire::BOND_HEADER` more bytes in front).
+    // A per-packet policy numbers every packet (`wire::BOND_HEADER` more bytes in front), and
+    // the classes after the first carry their lane (`wire::CLASSED_HEADER`).
     let bond_header = if ccfg.classes.iter().any(|k| k.policy.per_packet()) {
         mpquic_core::wire::BOND_HEADER as u32
     } else {
         0
     };
-    let mtu = runtime::tun_mtu(&cfg, link_mtu.saturating_sub(bond_header));
+    let lane_header = match ccfg.classes.len() {
+        1 => 0,
+        _ => mpquic_core::wire::CLASSED_HEADER as u32,
+    };
+    let mtu = runtime::tun_mtu(&cfg, link_mtu.saturating_sub(bond_header + lane_header));
     let tun = Arc::new(runtime::open_tun(&platform, &cfg, &cfg.tun_name, mtu)?);
     let classes = ccfg
         .classes
         .iter()
-        .enumerate()
-        .map(|(rank, k)| {
+        .map(|k| {
             let own = match &k.tun_name {
                 Some(name) => Some(Arc::new(runtime::open_tun(&platform, &cfg, name, mtu)?)),
                 None => None,
             };
-            Class::new(&cfg, &ccfg, k, rank, own, &tun, link_mtu, &platform)
+            Ok(Class {
+                cfg: k.clone(),
+                own_tun: own,
+                classified: AtomicU64::new(0),
+                unmatched: AtomicU64::new(0),
+            })
         })
         .collect::<Result<Vec<_>>>()?;
+    let tunnel = Tunnel::new(
+        cfg.tun_name.clone(),
+        tun.clone(),
+        None,
+        // The client probes every path; the server follows its view (core health.rs).
+        HealthMode::Probe,
+        Carriage {
+            fec: tunnel_fec(&ccfg.classes),
+            lanes: classes
+                .iter()
+                .map(|k| LaneSpec {
+                    name: k.cfg.explicit.then(|| k.cfg.name.clone()),
+                    policy: k.cfg.policy,
+                    mode: k.cfg.mode,
+                    fec: k.cfg.fec != FecMode::Off,
+                    tun: k.own_tun.clone(),
+                })
+                .collect(),
+            marks: false,
+        },
+    );
+    let dialer = Box::new(QuicDialer::new(&cfg, &ccfg, link_mtu, platform.clone())?);
     // From here on the paths are `Client::paths` (a reload changes them, not `ccfg`).
     let initial_paths = std::mem::take(&mut ccfg.paths);
     // The first refusal ends the process; later ones (other paths) are dropped.
@@ -159,7 +189,10 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
     let client = Arc::new(Client {
         session: runtime::random_u64(),
         tun: tun.clone(),
+        tunnel,
         classes,
+        dialer,
+        slots: Mutex::new(Vec::new()),
         addr: Mutex::new(None),
         fatal: fatal_tx,
         mtu,
@@ -174,7 +207,7 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
     });
     info!(tun = %client.cfg.tun_name, mtu, paths = initial_paths.len(), policy = client.ccfg.policy.as_str(), "client starting");
     for (rank, k) in client.classes.iter().filter(|k| k.cfg.explicit).enumerate() {
-        info!(class = %k.cfg.name, rank, policy = k.cfg.policy.as_str(), mode = k.cfg.mode.as_str(), congestion = k.cfg.congestion.as_str(), fec = %k.cfg.fec, "traffic class");
+        info!(class = %k.cfg.name, rank, policy = k.cfg.policy.as_str(), mode = k.cfg.mode.as_str(), fec = %k.cfg.fec, "traffic class");
     }
 
     let started = Instant::now();
@@ -195,10 +228,8 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
         let live = client.start_path(p)?;
         client.lock_paths().push(live);
     }
-    for k in &client.classes {
-        let t = k.tunnel.clone();
-        tokio::spawn(async move { t.run_timers().await });
-    }
+    let t = client.tunnel.clone();
+    tokio::spawn(async move { t.run_timers().await });
     let c = client.clone();
     tokio::spawn(async move { c.tun_reader().await });
     for k in 0..client.classes.len() {
@@ -218,9 +249,9 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
     let result = reload::serve_until(reloads, &client.cfg, &client.reloads, apply, until).await;
     // Stop reconnecting first, or the closed paths would be dialled again at once.
     client.lock_paths().clear();
-    for k in &client.classes {
-        k.tunnel.close_all(close::SHUTDOWN, "client shutting down");
-    }
+    client
+        .tunnel
+        .close_all(close::SHUTDOWN, "client shutting down");
     // Give the close frames a moment to leave; the TUN device goes with the process.
     tokio::time::sleep(Duration::from_millis(50)).await;
     info!("client stopped");
@@ -238,21 +269,16 @@ impl Client {
             tun_mtu: self.mtu,
             version: env!("CARGO_PKG_VERSION").into(),
             uptime_s: started.elapsed().as_secs_f64(),
-            tunnels: self
-                .classes
-                .iter()
-                .map(|k| {
-                    let mut st = k
-                        .tunnel
-                        .status(addr.map(|a| format!("{}/{}", a.v4.0, a.v4.1)));
-                    st.address6 = address6.clone();
-                    if k.cfg.explicit {
-                        st.classified_packets = k.classified.load(Ordering::Relaxed);
-                        st.unmatched_packets = k.unmatched.load(Ordering::Relaxed);
-                    }
-                    st
-                })
-                .collect(),
+            tunnels: {
+                let mut st = (self.tunnel).status(addr.map(|a| format!("{}/{}", a.v4.0, a.v4.1)));
+                st.address6 = address6;
+                // With classes, `st.classes` lists them all, in lane order.
+                for (c, k) in st.classes.iter_mut().zip(&self.classes) {
+                    c.classified_packets = k.classified.load(Ordering::Relaxed);
+                    c.unmatched_packets = k.unmatched.load(Ordering::Relaxed);
+                }
+                vec![st]
+            },
             drops: Default::default(),
             refused: Default::default(),
             tun_queue_packets: Vec::new(),
@@ -264,16 +290,13 @@ impl Client {
         self.paths.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Path `p` in every class, with its tasks.
+    /// Path `p` in the tunnel, with its task.
     fn start_path(self: &Arc<Self>, p: PathConfig) -> Result<LivePath> {
         let (tx, rx) = watch::channel(Arc::new(p.clone()));
-        let mut tasks = Vec::new();
-        for (k, class) in self.classes.iter().enumerate() {
-            let id = class.add_path(&p)?;
-            let (c, rx) = (self.clone(), rx.clone());
-            tasks.push(tokio::spawn(async move { c.path_task(k, id, rx).await }).abort_handle());
-        }
-        Ok(LivePath { cfg: tx, tasks })
+        let id = self.add_path(&p)?;
+        let c = self.clone();
+        let task = tokio::spawn(async move { c.path_task(id, rx).await }).abort_handle();
+        Ok(LivePath { cfg: tx, task })
     }
 
     /// Apply a reloaded configuration (`reload::read` has checked that only what applies live
@@ -286,14 +309,12 @@ impl Client {
         let mut paths = self.lock_paths();
         let old: Vec<PathConfig> = paths.iter().map(|l| (**l.cfg.borrow()).clone()).collect();
         let changes = PathChanges::between(&old, &nc.paths);
-        // Without `classes:` the top-level policy is the one class's (with them, a class's
+        // Without `classes:` the top-level policy is the one lane's (with them, a class's
         // policy is fixed at start: `reload::read`).
-        let implicit = self.classes.iter().find(|k| !k.cfg.explicit);
-        let policy = implicit
-            .map(|k| (k, k.tunnel.policy()))
-            .filter(|(_, now)| *now != nc.policy);
-        if let Some((k, _)) = policy {
-            k.tunnel.set_policy(nc.policy)?;
+        let implicit = self.classes.iter().any(|k| !k.cfg.explicit);
+        let policy = Some(self.tunnel.policy()).filter(|now| implicit && *now != nc.policy);
+        if policy.is_some() {
+            self.tunnel.set_policy(nc.policy)?;
         }
         let rules = *self.classifier() != nc.classifier;
         for p in changes.added.iter().chain(&changes.changed) {
@@ -317,10 +338,8 @@ impl Client {
         }
         for name in &changes.removed {
             paths.retain(|l| l.cfg.borrow().name != *name);
-            for k in &self.classes {
-                if let Some(id) = k.tunnel.path_id(name) {
-                    k.tunnel.retire(id, None);
-                }
+            if let Some(id) = self.tunnel.path_id(name) {
+                self.tunnel.retire(id, None);
             }
         }
         for p in &changes.changed {
@@ -341,7 +360,7 @@ impl Client {
         let order = |l: &LivePath| nc.paths.iter().position(|p| p.name == l.cfg.borrow().name);
         paths.sort_by_key(order);
         let mut what = Vec::new();
-        if let Some((_, before)) = policy {
+        if let Some(before) = policy {
             what.push(format!(
                 "multipath_policy {} -> {}",
                 before.as_str(),
@@ -366,7 +385,7 @@ impl Client {
     }
 
     async fn tun_reader(&self) {
-        let default = &self.classes[self.ccfg.classifier.default_class()];
+        let default = self.ccfg.classifier.default_class();
         let mut shares = Shares::default();
         // Per class: packets put in it by a rule, and without one (added to the counters once
         // per batch).
@@ -376,16 +395,13 @@ impl Client {
                 self.mtu,
                 mpquic_core::mtu::tcp_mss(self.mtu),
                 |batch, infos, drops| {
-                    default
-                        .tunnel
-                        .drop_unsent(DropReason::Oversized, drops.oversized);
-                    default
-                        .tunnel
-                        .drop_unsent(DropReason::Malformed, drops.unsplit);
+                    let t = &self.tunnel;
+                    t.drop_unsent(default, DropReason::Oversized, drops.oversized);
+                    t.drop_unsent(default, DropReason::Malformed, drops.unsplit);
                     let classifier = self.classifier();
                     for (i, info) in infos.iter().enumerate() {
                         let (k, matched) = classifier.classify(info.as_ref());
-                        shares.add(&self.classes[k].tunnel, i);
+                        shares.add(t, k, i);
                         match matched {
                             true => counts[k].0 += 1,
                             false => counts[k].1 += 1,
@@ -412,12 +428,12 @@ impl Client {
             self.mtu,
             mpquic_core::mtu::tcp_mss(self.mtu),
             |batch, infos, drops| {
-                let t = &class.tunnel;
-                t.drop_unsent(DropReason::Oversized, drops.oversized);
-                t.drop_unsent(DropReason::Malformed, drops.unsplit);
+                let t = &self.tunnel;
+                t.drop_unsent(k, DropReason::Oversized, drops.oversized);
+                t.drop_unsent(k, DropReason::Malformed, drops.unsplit);
                 all.clear();
                 all.extend(0..batch.len());
-                t.send_batch(batch, &all, infos, &mut routed);
+                t.send_batch(k, batch, &all, infos, &mut routed);
                 class
                     .classified
                     .fetch_add(batch.len() as u64, Ordering::Relaxed);
@@ -426,22 +442,17 @@ impl Client {
         .await
     }
 
-    /// Keep path `id` of class `k` connected for as long as it is configured (`cfg`: its
-    /// configuration, which a reload may change).
-    async fn path_task(
-        self: Arc<Self>,
-        k: usize,
-        id: PathId,
-        mut cfg: watch::Receiver<Arc<PathConfig>>,
-    ) {
+    /// Keep path `id` connected for as long as it is configured (`cfg`: its configuration,
+    /// which a reload may change).
+    async fn path_task(self: Arc<Self>, id: PathId, mut cfg: watch::Receiver<Arc<PathConfig>>) {
         let mut backoff = reconnect::Backoff::default();
         // The path's sender goes when it is removed (its tasks are aborted then, too).
         while cfg.has_changed().is_ok() {
             let p = cfg.borrow_and_update().clone();
-            match self.connect(k, id, &p).await {
+            match self.connect(id, &p).await {
                 Ok(transport) => {
                     backoff.succeeded();
-                    self.supervise(k, id, &mut cfg, transport).await;
+                    self.supervise(id, &mut cfg, transport).await;
                 }
                 Err(e) => {
                     let wait = backoff.failed();
@@ -460,19 +471,18 @@ impl Client {
     /// when the path's configuration changed.
     async fn supervise(
         &self,
-        k: usize,
         id: PathId,
         cfg: &mut watch::Receiver<Arc<PathConfig>>,
         transport: Arc<dyn PathTransport>,
     ) {
-        let class = &self.classes[k];
+        let tunnel = &self.tunnel;
         let mut p = cfg.borrow().clone();
         let mut closed = transport.closed();
-        let mut generation = class.tunnel.install(id, transport);
+        let mut generation = tunnel.install(id, transport);
         loop {
             tokio::select! {
                 reason = &mut closed => {
-                    class.tunnel.remove(id, generation);
+                    tunnel.remove(id, generation);
                     info!(path = %p.name, reason = %reason, "path connection closed");
                     return;
                 }
@@ -483,32 +493,32 @@ impl Client {
                     p = cfg.borrow_and_update().clone();
                     // Priority and weight count here at once; the server learns them from
                     // the new connection's hello, made before the old one is closed.
-                    class.tunnel.path(spec_of(&p), sessions::MAX_PATHS_PER_SESSION);
-                    match self.dial(k, id, &p).await {
+                    tunnel.path(spec_of(&p), sessions::MAX_PATHS_PER_SESSION);
+                    match self.dial(id, &p).await {
                         Ok(new) => {
                             info!(path = %p.name, "path reconfigured; new connection in place");
                             closed = new.closed();
-                            generation = class.tunnel.install(id, new);
+                            generation = tunnel.install(id, new);
                         }
                         Err(e) => warn!(path = %p.name, error = %format!("{e:#}"), "path reconfigured, but its new connection failed; the old one carries on (the new settings apply at its next reconnect)"),
                     }
                 }
                 _ = tokio::time::sleep(Duration::from_millis(250)) => {
-                    if let Some(r) = class.tunnel.take_resize(id) {
+                    if let Some(r) = tunnel.take_resize(id) {
                         // The route's MTU changed, or a larger size is tried: a new connection
                         // at that size (the QUIC engine's packet size is fixed per connection);
                         // the old one drains and closes, or carries on if this one fails.
-                        let before = class.set_payload(id, Some(r.payload));
-                        match self.dial(k, id, &p).await {
+                        let before = self.set_payload(id, Some(r.payload));
+                        match self.dial(id, &p).await {
                             Ok(new) => {
                                 info!(path = %p.name, payload = r.payload, "path reconnected at a new packet size");
                                 closed = new.closed();
-                                generation = class.tunnel.install(id, new);
+                                generation = tunnel.install(id, new);
                             }
                             Err(e) => {
-                                class.set_payload(id, before);
+                                self.set_payload(id, before);
                                 let error = format!("{e:#}");
-                                if !class.tunnel.resize_failed(id, r.payload) {
+                                if !tunnel.resize_failed(id, r.payload) {
                                     info!(path = %p.name, payload = r.payload, %error, "reconnect at a new packet size failed while the path was down; tried again once it is up");
                                 } else if before == Some(mpquic_core::pmtu::FLOOR) {
                                     // Connected at the floor only, and larger packets fail
@@ -522,12 +532,12 @@ impl Client {
                         }
                         continue;
                     }
-                    if reconnect::should_replace(class.tunnel.unusable_for(id)) {
-                        match self.connect(k, id, &p).await {
+                    if reconnect::should_replace(tunnel.unusable_for(id)) {
+                        match self.connect(id, &p).await {
                             Ok(new) => {
                                 info!(path = %p.name, "path unusable; replaced its connection");
                                 closed = new.closed();
-                                generation = class.tunnel.install(id, new);
+                                generation = tunnel.install(id, new);
                             }
                             Err(e) => info!(path = %p.name, error = %format!("{e:#}"), "path still unusable; reconnect failed"),
                         }
@@ -541,55 +551,44 @@ impl Client {
     /// route whose MTU fell drops the server's full-size handshake packets, so after a failure
     /// every other attempt is made with QUIC's minimum packet size; once connected,
     /// the MTU watch finds the size that passes (`pmtu.rs`).
-    async fn connect(
-        &self,
-        k: usize,
-        id: PathId,
-        p: &PathConfig,
-    ) -> Result<Arc<dyn PathTransport>> {
-        let class = &self.classes[k];
-        let failures = class.slot(id).connect_failures;
+    async fn connect(&self, id: PathId, p: &PathConfig) -> Result<Arc<dyn PathTransport>> {
+        let tunnel = &self.tunnel;
+        let failures = self.slot(id).connect_failures;
         let floor = mpquic_core::pmtu::FLOOR;
-        let current = class.slot(id).payload;
+        let current = self.slot(id).payload;
         let fall_back = failures % 2 == 1 && current != Some(floor);
         if fall_back {
-            class.set_payload(id, Some(floor));
+            self.set_payload(id, Some(floor));
         }
-        match self.dial(k, id, p).await {
+        match self.dial(id, p).await {
             Ok(t) => {
-                class.with_slot(id, |s| s.connect_failures = 0);
+                self.with_slot(id, |s| s.connect_failures = 0);
                 if fall_back {
                     let tried = current.unwrap_or(self.link_payload);
-                    class.tunnel.fell_back(id);
+                    tunnel.fell_back(id);
                     info!(path = %p.name, tried, payload = floor,
                           "path connected with the smallest packets after an unanswered attempt (an outage or an MTU fall); its size tried again as soon as it is up");
                 }
                 Ok(t)
             }
             Err(e) => {
-                class.with_slot(id, |s| s.connect_failures += 1);
+                self.with_slot(id, |s| s.connect_failures += 1);
                 if fall_back {
-                    class.set_payload(id, current);
+                    self.set_payload(id, current);
                 }
                 Err(e)
             }
         }
     }
 
-    async fn dial(&self, k: usize, id: PathId, p: &PathConfig) -> Result<Arc<dyn PathTransport>> {
-        let limit = connect_timeout(self.classes[k].tunnel.rtt(id));
-        tokio::time::timeout(limit, self.connect_inner(k, id, p))
+    async fn dial(&self, id: PathId, p: &PathConfig) -> Result<Arc<dyn PathTransport>> {
+        let limit = connect_timeout(self.tunnel.rtt(id));
+        tokio::time::timeout(limit, self.connect_inner(id, p))
             .await
             .map_err(|_| anyhow!("no answer from the server within {limit:?}"))?
     }
 
-    async fn connect_inner(
-        &self,
-        k: usize,
-        id: PathId,
-        p: &PathConfig,
-    ) -> Result<Arc<dyn PathTransport>> {
-        let class = &self.classes[k];
+    async fn connect_inner(&self, id: PathId, p: &PathConfig) -> Result<Arc<dyn PathTransport>> {
         let previous = self
             .addr
             .lock()
@@ -600,22 +599,30 @@ impl Client {
             path: p.name.clone(),
             priority: p.priority,
             weight: p.weight,
-            // The tunnel's, which a reload may have changed.
-            policy: class.tunnel.policy().as_str().into(),
-            mode: class.cfg.mode,
+            // The first lane's, which a reload may have changed.
+            policy: self.tunnel.policy().as_str().into(),
+            mode: self.tunnel.mode(),
             addr: self.ccfg.requested.map(|(a, l)| format!("{a}/{l}")),
             previous: previous.map(|(a, l)| format!("{a}/{l}")),
-            fec: (class.cfg.fec != FecMode::Off).then(|| class.cfg.fec.to_string()),
+            fec: Some(tunnel_fec(&self.ccfg.classes))
+                .filter(|f| *f != FecMode::Off)
+                .map(|f| f.to_string()),
             // The dialer numbers the pipes of a path that has several, and says which are
             // stripe paths.
             pipe: None,
             stripe: None,
             instance: Some(self.cfg.tun_name.clone()),
-            class: class.cfg.explicit.then(|| ClassOf {
-                name: class.cfg.name.clone(),
-                rank: k as u8,
-                default: k == self.ccfg.classifier.default_class(),
-            }),
+            classes: (self.classes.iter().enumerate())
+                .filter(|(_, k)| k.cfg.explicit)
+                .map(|(rank, k)| ClassOf {
+                    name: k.cfg.name.clone(),
+                    rank: rank as u8,
+                    default: rank == self.ccfg.classifier.default_class(),
+                    policy: k.cfg.policy.as_str().into(),
+                    mode: k.cfg.mode,
+                    fec: k.cfg.fec != FecMode::Off,
+                })
+                .collect(),
             routes: self
                 .ccfg
                 .lan_prefixes
@@ -624,10 +631,10 @@ impl Client {
                 .collect(),
         };
         let known = Known {
-            payload: class.slot(id).payload,
-            rtt: class.tunnel.rtt(id),
+            payload: self.slot(id).payload,
+            rtt: self.tunnel.rtt(id),
         };
-        let (transport, ack) = class.dialer.dial(p, &h, known).await?;
+        let (transport, ack) = self.dialer.dial(p, &h, known).await?;
         // Closed if the answer is unusable (or this attempt is given up by its timeout).
         let transport = Unfinished::new(transport);
         if !ack.ok {
@@ -677,67 +684,8 @@ impl Client {
     }
 }
 
-impl Class {
-    /// Class `k` (`rank`) of the client: its tunnel with the client's paths, writing to its own
-    /// TUN device (`own`) or the instance's (`tun`), and a dialer with its congestion
-    /// controller.
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        cfg: &Config,
-        ccfg: &ClientConfig,
-        k: &ClassConfig,
-        rank: usize,
-        own: Option<Arc<Tun>>,
-        tun: &Arc<Tun>,
-        link_mtu: u32,
-        platform: &Platform,
-    ) -> Result<Class> {
-        let tunnel = Tunnel::new(
-            cfg.tun_name.clone(),
-            own.clone().unwrap_or_else(|| tun.clone()),
-            None,
-            // The client probes every path; the server follows its view (core health.rs).
-            HealthMode::Probe,
-            Carriage {
-                mode: k.mode,
-                policy: k.policy,
-                fec: k.fec,
-                class: k.explicit.then(|| ClassTag {
-                    name: k.name.clone(),
-                    rank: rank as u8,
-                    marks: None,
-                }),
-            },
-        );
-        // A class below another keeps out of its way at a shared bottleneck: its bbr probes
-        // gently (scenario 17: critical ping p99 +7 ms beside 8 bulk uploads with bulk's
-        // probes at 1.25x, ... at 1.1x).
-        let congestion = match k.congestion {
-            Congestion::Bbr if k.explicit && rank > 0 => Congestion::BbrYielding,
-            c => c,
-        };
-        let class_cfg = Config {
-            congestion,
-            ..cfg.clone()
-        };
-        let dialer = Box::new(QuicDialer::new(
-            &class_cfg,
-            ccfg,
-            link_mtu,
-            platform.clone(),
-        )?);
-        Ok(Class {
-            cfg: k.clone(),
-            tunnel,
-            own_tun: own,
-            dialer,
-            slots: Mutex::new(Vec::new()),
-            classified: AtomicU64::new(0),
-            unmatched: AtomicU64::new(0),
-        })
-    }
-
-    /// Path `p` in this class's tunnel (its id; the same one if it was there before).
+impl Client {
+    /// Path `p` in the tunnel (its id; the same one if it was there before).
     fn add_path(&self, p: &PathConfig) -> Result<PathId> {
         // The config allows no more than a server session takes.
         let id = (self.tunnel)
@@ -763,6 +711,14 @@ impl Class {
     fn set_payload(&self, id: PathId, payload: Option<u16>) -> Option<u16> {
         self.with_slot(id, |s| std::mem::replace(&mut s.payload, payload))
     }
+}
+
+/// The FEC mode of the tunnel's paths: the classes that use FEC share one (the config checks
+/// that they agree); off when none does.
+fn tunnel_fec(classes: &[ClassConfig]) -> FecMode {
+    (classes.iter().map(|k| k.fec))
+        .find(|f| *f != FecMode::Off)
+        .unwrap_or(FecMode::Off)
 }
 
 fn spec_of(p: &PathConfig) -> PathSpec {

@@ -160,8 +160,8 @@ async fn events(st: Arc<State>, uri: Uri, headers: HeaderMap) -> Response {
         .into_response()
 }
 
-/// Every path's state, by tunnel and class: a change is worth a report at once.
-type States = Vec<(String, Option<String>, String, String)>;
+/// Every path's state, by tunnel: a change is worth a report at once.
+type States = Vec<(String, String, String)>;
 /// When the last report went out and the states it had.
 type Sent = (std::time::Instant, States);
 
@@ -169,14 +169,9 @@ fn path_states(r: &crate::status::StatusReport) -> States {
     r.tunnels
         .iter()
         .flat_map(|t| {
-            t.paths.iter().map(|p| {
-                (
-                    t.peer.clone(),
-                    t.class.clone(),
-                    p.name.clone(),
-                    p.state.clone(),
-                )
-            })
+            t.paths
+                .iter()
+                .map(|p| (t.peer.clone(), p.name.clone(), p.state.clone()))
         })
         .collect()
 }

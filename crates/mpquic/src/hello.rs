@@ -11,7 +11,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::config::TransportMode;
 
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 const MAX_BODY: usize = 4096;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -45,34 +45,31 @@ pub struct Hello {
     /// with its own address. Absent: the identity's only instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<String>,
-    /// This connection carries one traffic class of the instance (`classes:`); absent: the
-    /// instance has no classes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub class: Option<ClassOf>,
+    /// The instance's traffic classes (`classes:`) in priority order, the same on every
+    /// connection: each is a lane of the tunnel over every path (`wire::CLASSED`). Empty: the
+    /// instance has no classes (one lane, with `policy`, `mode` and `fec` above).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<ClassOf>,
     /// The site LAN prefixes the client announces (`lan_prefixes`, "a.b.c.d/len"), routed to
     /// its session when its `clients:` entry on the server allows them; absent: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<String>,
 }
 
-impl Hello {
-    /// What names this connection's path among the session's: the path, in its class (each
-    /// class has its own connections on every path).
-    pub fn pipe_key(&self) -> String {
-        match &self.class {
-            Some(c) => format!("{}/{}", c.name, self.path),
-            None => self.path.clone(),
-        }
-    }
-}
-
-/// A traffic class: its name, its rank (0 = highest priority) and whether it is the class that
-/// takes what no rule matches (the server sends flows it has not seen in it).
+/// A traffic class: its name, its rank (its lane: 0 = highest priority), whether it is the
+/// class that takes what no rule matches (the server sends flows it has not seen in it), and
+/// how its packets travel, both ways: its policy, its carriage (`datagram`: never on a path's
+/// stream; `reliable`: always; `auto`: as the path's loss says) and whether FEC protects them
+/// (in the connection's `fec` mode).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ClassOf {
     pub name: String,
     pub rank: u8,
     pub default: bool,
+    pub policy: String,
+    pub mode: TransportMode,
+    #[serde(default)]
+    pub fec: bool,
 }
 
 /// A stripe path: how many pipes (UDP sockets) the client registers.
@@ -152,7 +149,7 @@ mod tests {
             ..Default::default()
         };
         let b = encode(&ack).unwrap();
-        assert_eq!(b[0], 3);
+        assert_eq!(b[0], 4);
         let body = br#"{"ok":false,"error":"x","addr":null,"server_addr":null,"mtu":null}"#;
         assert_eq!(&b[1..3], &(body.len() as u16).to_be_bytes());
         assert_eq!(&b[3..], body);

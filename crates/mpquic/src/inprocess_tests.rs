@@ -373,7 +373,7 @@ async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
         stripe: None,
         routes: Vec::new(),
         instance: None,
-        class: None,
+        classes: Vec::new(),
     };
     let (t, ack) = dialer
         .dial(&c.paths[1], &stray, Known::default())
@@ -565,7 +565,7 @@ async fn stripe_path_to_a_server_without_stripe_is_refused() {
         stripe: None,
         routes: Vec::new(),
         instance: None,
-        class: None,
+        classes: Vec::new(),
     };
     use crate::transport::{Dialer, Known};
     let (t, ack) = dialer
@@ -590,8 +590,8 @@ fn udp_ports(src: Ipv4Addr, dst: Ipv4Addr, sport: u16, dport: u16, seq: u32) -> 
 
 /// Traffic classes in one client: a flow its rule puts in `critical` goes up in that class, and
 /// the server sends the flow's answers back in it (learnt from the flow); a flow no rule
-/// matches goes in `default` both ways; each class has its own connection on each path; status
-/// counts both.
+/// matches goes in `default` both ways; the classes share one connection per path (each a lane
+/// of one tunnel, with its own policy); status counts both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn classes_carry_their_flows_both_ways() {
     let dir = pki_dir(1);
@@ -606,10 +606,10 @@ async fn classes_carry_their_flows_both_ways() {
     let client = spawn_client(&net, cfg);
     warm_up(&mut cli_host, &mut srv_host).await;
     let before = |who: &str| {
-        status_of(d, who)
-            .tunnels
+        status_of(d, who).tunnels[0]
+            .classes
             .iter()
-            .map(|t| (t.class.clone(), t.classified_packets + t.unmatched_packets))
+            .map(|c| (c.name.clone(), c.classified_packets + c.unmatched_packets))
             .collect::<Vec<_>>()
     };
     let (cli0, srv0) = (before("client"), before("server"));
@@ -642,18 +642,20 @@ async fn classes_carry_their_flows_both_ways() {
 
     for who in ["client", "server"] {
         let st = status_of(d, who);
-        let classes: Vec<_> = st.tunnels.iter().map(|t| t.class.clone()).collect();
         assert_eq!(
-            classes,
-            [Some("critical".to_string()), Some("default".to_string())],
-            "{who}"
+            st.tunnels.len(),
+            1,
+            "{who}: one tunnel, the classes its lanes"
         );
-        let (crit, dflt) = (&st.tunnels[0], &st.tunnels[1]);
+        let t = &st.tunnels[0];
+        let classes: Vec<_> = t.classes.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(classes, ["critical", "default"], "{who}");
+        let (crit, dflt) = (&t.classes[0], &t.classes[1]);
         assert_eq!(crit.policy, "redundant", "{who}: the class's own bond");
         assert_eq!(dflt.policy, "failover", "{who}");
         let base = if who == "client" { &cli0 } else { &srv0 };
-        let counted = |t: &mpquic_status::TunnelStatus, i: usize| {
-            t.classified_packets + t.unmatched_packets - base[i].1
+        let counted = |c: &mpquic_status::ClassStatus, i: usize| {
+            c.classified_packets + c.unmatched_packets - base[i].1
         };
         // The client classifies by its rules; the server by the class each flow arrived in.
         assert_eq!(
@@ -668,23 +670,34 @@ async fn classes_carry_their_flows_both_ways() {
                 "the default class takes no rule's packets"
             );
         }
-        // Each class's packets went on its own connections: both classes sent on path 1.
-        for t in [crit, dflt] {
-            let wan1 = t.paths.iter().find(|p| p.name == "wan1").unwrap();
-            assert!(
-                wan1.tx_packets >= 200,
-                "{who} {:?}: {}",
-                t.class,
-                wan1.tx_packets
+        // Each class sent its 200 packets (critical's `redundant` on both paths, which its
+        // lane counts once), over the paths' one connection each.
+        assert!(
+            crit.tx_packets >= 200 && dflt.tx_packets >= 200,
+            "{who}: {t:?}"
+        );
+        for p in &t.paths {
+            assert_eq!(
+                p.connects, 1,
+                "{who} {}: one connection for both classes",
+                p.name
             );
         }
+        let wan1 = t.paths.iter().find(|p| p.name == "wan1").unwrap();
+        assert!(wan1.tx_packets >= 400, "{who}: {}", wan1.tx_packets);
         if who == "server" {
-            assert_eq!(crit.peer, "site1/cli0", "a session per instance");
+            assert_eq!(t.peer, "site1/cli0", "a session per instance");
         }
     }
     let m = crate::control::get_over_socket(&d.join("server.sock"), "/metrics").unwrap();
     assert!(
-        m.contains("mpquic_path_up{tunnel=\"site1/cli0\",class=\"critical\",path=\"wan1\"} 1"),
+        m.contains("mpquic_path_up{tunnel=\"site1/cli0\",path=\"wan1\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains(
+            "mpquic_class_packets_total{tunnel=\"site1/cli0\",class=\"critical\",how=\"matched\"} "
+        ),
         "{m}"
     );
 
@@ -697,10 +710,8 @@ async fn classes_carry_their_flows_both_ways() {
     assert_eq!(what.await.unwrap().unwrap(), "classes: match rules changed");
     let (crit0, dflt0) = {
         let st = status_of(d, "client");
-        (
-            st.tunnels[0].classified_packets,
-            st.tunnels[1].unmatched_packets,
-        )
+        let c = &st.tunnels[0].classes;
+        (c[0].classified_packets, c[1].unmatched_packets)
     };
     for seq in 1000..1050u32 {
         for dport in [5060, 5070] {
@@ -714,17 +725,16 @@ async fn classes_carry_their_flows_both_ways() {
     drain(&mut srv_host, &mut after);
     assert_eq!(after.iter().filter(|(s, _)| *s >= 1000).count(), 100);
     let st = status_of(d, "client");
-    let (crit, dflt) = (&st.tunnels[0], &st.tunnels[1]);
+    let t = &st.tunnels[0];
+    let (crit, dflt) = (&t.classes[0], &t.classes[1]);
     assert_eq!(
         crit.classified_packets - crit0,
         50,
         "port 5070 is critical now"
     );
     assert!(dflt.unmatched_packets - dflt0 >= 50, "port 5060 is not");
-    for t in [crit, dflt] {
-        let wan1 = t.paths.iter().find(|p| p.name == "wan1").unwrap();
-        assert_eq!(wan1.connects, 1, "{:?}: wan1 was reconnected", t.class);
-    }
+    let wan1 = t.paths.iter().find(|p| p.name == "wan1").unwrap();
+    assert_eq!(wan1.connects, 1, "wan1 was reconnected");
     stop_all(&net, vec![("server", server), ("client", client)]).await;
 }
 

@@ -99,7 +99,6 @@ fn factory(cc: Congestion) -> Factory {
         Congestion::Newreno => Arc::new(NewRenoConfig::default()),
         Congestion::QuinnBbr => Arc::new(BbrConfig::default()),
         Congestion::Bbr => core(|mtu| Box::new(cc::Bbr::new(mtu))),
-        Congestion::BbrYielding => core(|mtu| Box::new(cc::Bbr::yielding(mtu))),
         Congestion::Bbr3 => core(|mtu| Box::new(cc::Bbr3::new(mtu))),
     }
 }

@@ -18,113 +18,101 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use mpquic_core::classify::{FlowClasses, Prefix};
+use mpquic_core::classify::Prefix;
 use mpquic_core::fec::FecMode;
 use mpquic_core::sessions::{self, Registry};
 use mpquic_core::{DropReason, Drops, HealthMode, PacketInfo, PathId, PathSpec, Policy};
 use tracing::{info, warn};
 
 use crate::config::{Config, Ipv6Plan, RoleConfig, ServerConfig};
-use crate::hello::{Hello, HelloAck};
+use crate::hello::{ClassOf, Hello, HelloAck};
 use crate::platform::Platform;
 use crate::reload;
 use crate::status::StatusReport;
 use crate::transport::quic::QuicListener;
 use crate::transport::{Listener, Offer};
 use crate::tun::Tun;
-use crate::tunnel::{close, Carriage, ClassTag, Shares, Sources, Tunnel};
+use crate::tunnel::{close, Carriage, LaneSpec, Shares, Sources, Tunnel};
 use crate::{quic, runtime};
 
-/// Traffic classes one session may have (each a tunnel with its connections).
+/// Traffic classes one session may have (each a lane of its tunnel).
 const MAX_CLASSES: usize = crate::config::MAX_CLASSES;
 /// How often sessions are checked for expiry (path health runs on each session's own timers).
 const HOUSEKEEPING: Duration = Duration::from_secs(1);
 
 /// What the shell keeps per session; the rules (which session a path joins, replacement,
-/// expiry, addresses, the path bound) are the core's `sessions::Registry`. A client instance
-/// without traffic classes has one tunnel; with classes, one per class, each made by the first
-/// connection of its class.
+/// expiry, addresses, the path bound) are the core's `sessions::Registry`. A session has one
+/// tunnel, made by its first connection, with a lane per traffic class of the client instance
+/// (one without classes).
 struct Session {
     /// The client's identity (its certificate's name): which `clients:` entries apply.
     identity: String,
-    /// The TUN queue the session's tunnels write to (`Server::queues`).
+    /// The TUN queue the session's tunnel writes to (`Server::queues`).
     tun: Arc<Tun>,
     /// The site LAN prefixes routed to this session (announced, allowed by `clients:`).
     lans: Vec<Prefix>,
-    classes: RwLock<Vec<SessionClass>>,
-    /// Which class each flow's answers go back in (learnt from the packets the client sends).
-    flows: Arc<Mutex<FlowClasses>>,
+    tunnel: RwLock<Option<SessionTunnel>>,
 }
 
-/// One class of a session (or the session's only tunnel).
-struct SessionClass {
+/// A session's tunnel and its classes.
+struct SessionTunnel {
     tunnel: Arc<Tunnel>,
-    /// The class that takes flows the client has not sent on (`ClassOf::default`).
-    default: bool,
-    /// Packets sent in this class because their flow arrived in it / (default class) because
+    /// The classes as the session's first hello listed them (every later one must agree).
+    classes: Vec<ClassOf>,
+    /// The lane of flows the client has not sent on (its default class; 0 without classes).
+    default: usize,
+    /// Per lane: packets sent in it because their flow arrived in it / (default class) because
     /// their flow was not seen.
-    classified: AtomicU64,
-    unmatched: AtomicU64,
+    classified: Vec<AtomicU64>,
+    unmatched: Vec<AtomicU64>,
     /// The task serving the tunnel's timers; it ends with the session.
     timers: tokio::task::AbortHandle,
 }
 
-impl Drop for SessionClass {
+impl Drop for SessionTunnel {
     fn drop(&mut self) {
         self.timers.abort();
     }
 }
 
 impl Session {
-    fn classes(&self) -> std::sync::RwLockReadGuard<'_, Vec<SessionClass>> {
-        self.classes.read().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn tunnels(&self) -> Vec<Arc<Tunnel>> {
-        self.classes().iter().map(|c| c.tunnel.clone()).collect()
+    fn tunnel(&self) -> Option<Arc<Tunnel>> {
+        let t = self.tunnel.read().unwrap_or_else(|e| e.into_inner());
+        t.as_ref().map(|t| t.tunnel.clone())
     }
 
     fn connected(&self) -> bool {
-        self.classes()
-            .iter()
-            .any(|c| c.tunnel.connected_paths() > 0)
+        self.tunnel().is_some_and(|t| t.connected_paths() > 0)
     }
 
     fn close_all(&self, code: u32, reason: &str) {
-        for t in self.tunnels() {
+        if let Some(t) = self.tunnel() {
             t.close_all(code, reason);
         }
     }
 
-    /// The tunnel an inner packet for this client goes through: with classes, the class its
-    /// flow arrived in, else the default class (both counted). `false`: the session has no
-    /// tunnel yet (its first connection is still being set up).
-    fn pick(&self, info: &PacketInfo, now: Instant, to: impl FnOnce(&Arc<Tunnel>)) -> bool {
-        let classes = self.classes();
-        let c = match classes.len() {
-            0 => return false,
-            1 => &classes[0],
-            _ => {
-                let marked = self
-                    .flows
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .class_of(info.flow_hash(), now);
-                let c = marked.and_then(|r| classes.iter().find(|c| c.tunnel.rank() == r));
-                match c {
-                    Some(c) => {
-                        c.classified.fetch_add(1, Ordering::Relaxed);
-                        c
-                    }
-                    None => {
-                        let c = classes.iter().find(|c| c.default).unwrap_or(&classes[0]);
-                        c.unmatched.fetch_add(1, Ordering::Relaxed);
-                        c
-                    }
-                }
-            }
+    /// The tunnel and lane an inner packet for this client goes through: with classes, the
+    /// class its flow arrived in, else the default class (both counted). `false`: the session
+    /// has no tunnel yet (its first connection is still being set up).
+    fn pick(&self, info: &PacketInfo, now: Instant, to: impl FnOnce(&Arc<Tunnel>, usize)) -> bool {
+        let t = self.tunnel.read().unwrap_or_else(|e| e.into_inner());
+        let Some(st) = t.as_ref() else {
+            return false;
         };
-        to(&c.tunnel);
+        let lane = match st.classes.is_empty() {
+            true => 0,
+            false => match st.tunnel.lane_of(info.flow_hash(), now) {
+                Some(lane) => {
+                    st.classified[lane].fetch_add(1, Ordering::Relaxed);
+                    lane
+                }
+                None => {
+                    st.unmatched[st.default].fetch_add(1, Ordering::Relaxed);
+                    st.default
+                }
+            },
+        };
+        to(&st.tunnel, lane);
         true
     }
 }
@@ -386,18 +374,17 @@ impl Server {
             uptime_s: started.elapsed().as_secs_f64(),
             tunnels: sessions
                 .iter()
-                .flat_map(|(addr, s)| {
-                    let address = format!("{addr}/{}", prefix);
-                    s.classes()
-                        .iter()
-                        .map(|c| {
-                            let mut st = c.tunnel.status(Some(address.clone()));
-                            st.address6 = self.address6(*addr);
-                            st.classified_packets = c.classified.load(Ordering::Relaxed);
-                            st.unmatched_packets = c.unmatched.load(Ordering::Relaxed);
-                            st
-                        })
-                        .collect::<Vec<_>>()
+                .filter_map(|(addr, s)| {
+                    let t = s.tunnel.read().unwrap_or_else(|e| e.into_inner());
+                    let t = t.as_ref()?;
+                    let mut st = t.tunnel.status(Some(format!("{addr}/{prefix}")));
+                    st.address6 = self.address6(*addr);
+                    let counts = t.classified.iter().zip(&t.unmatched);
+                    for (c, (m, u)) in st.classes.iter_mut().zip(counts) {
+                        c.classified_packets = m.load(Ordering::Relaxed);
+                        c.unmatched_packets = u.load(Ordering::Relaxed);
+                    }
+                    Some(st)
                 })
                 .collect(),
             drops: self
@@ -478,7 +465,7 @@ impl Server {
                                 self.drop_packet(DropReason::NoRoute);
                                 continue;
                             };
-                            if !s.pick(info, now, |t| shares.add(t, i)) {
+                            if !s.pick(info, now, |t, lane| shares.add(t, lane, i)) {
                                 self.drop_packet(DropReason::NoPath);
                             }
                         }
@@ -566,8 +553,7 @@ impl Server {
                     identity: identity.to_string(),
                     tun: self.queues[made % self.queues.len()].clone(),
                     lans: lans.clone(),
-                    classes: RwLock::new(Vec::new()),
-                    flows: Arc::default(),
+                    tunnel: RwLock::new(None),
                 })
             },
         )?;
@@ -583,7 +569,7 @@ impl Server {
         if joined.created {
             info!(client = %name, address = %joined.addr, policy = policy.as_str(), mode = h.mode.as_str(), "client session started");
         }
-        let tunnel = self.class_tunnel(&joined.value, &name, joined.addr, h, policy, fec)?;
+        let tunnel = self.session_tunnel(&joined.value, &name, joined.addr, h, policy, fec)?;
         let spec = PathSpec {
             name: h.path.clone(),
             priority: h.priority,
@@ -629,9 +615,9 @@ impl Server {
             .collect()
     }
 
-    /// The session's tunnel for the hello's class (the session's only one without classes),
-    /// made by the class's first connection.
-    fn class_tunnel(
+    /// The session's tunnel, made by its first connection with a lane per class the hello
+    /// lists (one without classes); a later connection must list the same classes.
+    fn session_tunnel(
         &self,
         session: &Session,
         name: &str,
@@ -640,34 +626,22 @@ impl Server {
         policy: Policy,
         fec: FecMode,
     ) -> Result<Arc<Tunnel>, String> {
-        let mut classes = session.classes.write().unwrap_or_else(|e| e.into_inner());
-        let class = h.class.as_ref();
-        let same =
-            |c: &SessionClass| c.tunnel.class.as_ref().map(|t| &t.name) == class.map(|c| &c.name);
-        if let Some(c) = classes.iter().find(|c| same(c)) {
-            // The client reloaded with another policy: its paths reconnect with it.
-            c.tunnel.set_policy(policy)?;
-            return Ok(c.tunnel.clone());
-        }
-        // A session is either classless (one tunnel) or all classes, as its client is.
-        if classes
-            .first()
-            .is_some_and(|c| c.tunnel.class.is_some() != class.is_some())
-        {
-            return Err("this session's connections disagree on traffic classes".into());
-        }
-        if classes.len() >= MAX_CLASSES {
-            return Err(format!("too many traffic classes (at most {MAX_CLASSES})"));
-        }
-        if let Some(c) = class {
-            if classes.iter().any(|x| x.tunnel.rank() == c.rank) {
-                return Err(format!(
-                    "class `{}`: rank {} is another class's",
-                    c.name, c.rank
-                ));
+        let mut slot = session.tunnel.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(st) = slot.as_ref() {
+            if st.classes != h.classes {
+                return Err("this session's connections disagree on traffic classes".into());
             }
-            info!(client = %name, class = %c.name, rank = c.rank, policy = policy.as_str(), mode = h.mode.as_str(), "traffic class started");
+            // The client reloaded with another policy (no classes): its paths reconnect with it.
+            if h.classes.is_empty() {
+                st.tunnel.set_policy(policy)?;
+            }
+            return Ok(st.tunnel.clone());
         }
+        let lanes = lanes_of(h, policy, fec)?;
+        for c in &h.classes {
+            info!(client = %name, class = %c.name, rank = c.rank, policy = %c.policy, mode = c.mode.as_str(), fec = c.fec, "traffic class started");
+        }
+        let n = lanes.len();
         let tunnel = Tunnel::new(
             name.to_string(),
             session.tun.clone(),
@@ -678,26 +652,70 @@ impl Server {
             }),
             HealthMode::Follow,
             Carriage {
-                mode: h.mode,
-                policy,
                 fec,
-                class: class.map(|c| ClassTag {
-                    name: c.name.clone(),
-                    rank: c.rank,
-                    marks: Some(session.flows.clone()),
-                }),
+                lanes,
+                marks: !h.classes.is_empty(),
             },
         );
         let t = tunnel.clone();
         let timers = tokio::spawn(async move { t.run_timers().await }).abort_handle();
-        classes.push(SessionClass {
+        *slot = Some(SessionTunnel {
             tunnel: tunnel.clone(),
-            default: class.is_none_or(|c| c.default),
-            classified: AtomicU64::new(0),
-            unmatched: AtomicU64::new(0),
+            classes: h.classes.clone(),
+            default: h.classes.iter().position(|c| c.default).unwrap_or(0),
+            classified: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            unmatched: (0..n).map(|_| AtomicU64::new(0)).collect(),
             timers,
         });
-        classes.sort_by_key(|c| c.tunnel.rank());
         Ok(tunnel)
     }
+}
+
+/// The lanes of a session's tunnel from its first hello: one per class it lists, in rank
+/// order, each with its policy, carriage and FEC; one lane of the hello's own settings without
+/// classes. A list that is not one (ranks out of order, a name twice, not exactly one default,
+/// too many, carriages that the connection's mode does not carry) is refused.
+fn lanes_of(h: &Hello, policy: Policy, fec: FecMode) -> Result<Vec<LaneSpec>, String> {
+    if h.classes.is_empty() {
+        return Ok(vec![LaneSpec {
+            name: None,
+            policy,
+            mode: h.mode,
+            fec: fec != FecMode::Off,
+            tun: None,
+        }]);
+    }
+    if h.classes.len() > MAX_CLASSES {
+        return Err(format!("too many traffic classes (at most {MAX_CLASSES})"));
+    }
+    for (i, c) in h.classes.iter().enumerate() {
+        if usize::from(c.rank) != i {
+            return Err(format!("class `{}`: rank {} out of order", c.name, c.rank));
+        }
+        if h.classes[..i].iter().any(|o| o.name == c.name) {
+            return Err(format!("class `{}` listed twice", c.name));
+        }
+    }
+    if h.classes.iter().filter(|c| c.default).count() != 1 {
+        return Err("traffic classes: exactly one must be the default".into());
+    }
+    if Carriage::connection_mode(h.classes.iter().map(|c| c.mode)) != h.mode {
+        return Err(format!(
+            "traffic classes: their modes are not carried by a connection in mode {}",
+            h.mode.as_str()
+        ));
+    }
+    h.classes
+        .iter()
+        .map(|c| {
+            Ok(LaneSpec {
+                name: Some(c.name.clone()),
+                policy: Policy::parse(&c.policy)
+                    .ok_or_else(|| format!("class `{}`: unknown policy `{}`", c.name, c.policy))?,
+                mode: c.mode,
+                fec: c.fec,
+                tun: None,
+            })
+        })
+        .collect()
 }

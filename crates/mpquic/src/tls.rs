@@ -13,7 +13,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 /// ALPN of this protocol version; a peer speaking anything else fails the handshake.
-pub const ALPN: &[u8] = b"mpquic/3";
+pub const ALPN: &[u8] = b"mpquic/4";
 
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())

@@ -1,9 +1,14 @@
 //! One tunnel's I/O shell, shared by the client and by each client session on the server: the
-//! sans-IO `TunnelCore` (mpquic-core `tunnel`: router, health, bond, resequencer, per-path FEC
+//! sans-IO `TunnelCore` (mpquic-core `tunnel`: router, health, bonds, resequencers, per-path FEC
 //! and packet-size watch, receive dispatch) plus the transport of each path (`transport.rs`;
 //! the tunnel never sees QUIC). The shell holds the connections and the lock, hands the core
 //! what arrives and the time, and carries out what it says: sends, TUN writes, wake-ups.
+//!
+//! A tunnel with traffic classes has one lane per class (`Lane`): the classes share the paths
+//! (one connection, prober, health and congestion controller each), each lane has its own bond
+//! and resequencer in the core, its rank in every path's send queue and its carriage.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -21,16 +26,13 @@ use tracing::{debug, info, warn};
 
 use crate::batch::PacketBatch;
 use crate::config::TransportMode;
-use crate::status::{PathStatus, TunnelStatus};
-use crate::transport::{PathTransport, Sink};
+use crate::status::{ClassStatus, PathStatus, TunnelStatus};
+use crate::transport::{LaneCarry, LaneSend, PathTransport, Sink};
 use crate::tun::Tun;
 
 pub use crate::transport::close;
 pub use mpquic_core::tunnel::Sources;
 
-/// The core's lane this shell sends in: each traffic class is a tunnel of its own here (its
-/// own connections), so each tunnel's core has one lane.
-const LANE: usize = 0;
 /// How long a replaced connection stays open to drain what is already in flight on it.
 const REPLACE_GRACE: Duration = Duration::from_millis(250);
 /// A live transport carrying one path.
@@ -66,27 +68,44 @@ fn link_stats(t: &dyn PathTransport) -> LinkStats {
     }
 }
 
-/// The traffic class a tunnel carries: one of a client's `classes:` (each has its own tunnel:
-/// bond, connections, controllers), or on the server that class of a client's session.
-pub struct ClassTag {
-    pub name: String,
-    /// Priority: 0 is the highest (the order of `classes:`).
-    pub rank: u8,
-    /// Server: each packet delivered from the client marks its flow's answers as this class
-    /// (`classify::FlowClasses`, shared by the session's classes).
-    pub marks: Option<Arc<Mutex<FlowClasses>>>,
+/// One traffic class of a tunnel as its shell sees it: the lane of the same index in the core
+/// (its bond and resequencer), its place in the paths' send queues and how its packets travel,
+/// and where its peer's packets are written.
+pub struct Lane {
+    /// The class's name; `None`: the only lane of a tunnel without classes.
+    pub name: Option<String>,
+    pub mode: TransportMode,
+    /// Rank (the lane's index: 0 is the highest priority) and carriage, for the transports.
+    pub send: LaneSend,
+    /// The class's own TUN device (`tun_name` of a client's class), else the tunnel's.
+    tun: Arc<Tun>,
+    /// The policy spreads a flow's packets (numbered for the peer's resequencer): routing
+    /// needs each path's load first.
+    per_packet: bool,
+}
+
+/// A traffic class of a new tunnel (`Carriage::lanes`).
+pub struct LaneSpec {
+    pub name: Option<String>,
+    pub policy: Policy,
+    pub mode: TransportMode,
+    /// FEC protects its packets (in the tunnel's FEC mode).
+    pub fec: bool,
+    /// Its own TUN device (`None`: the tunnel's).
+    pub tun: Option<Arc<Tun>>,
 }
 
 pub struct Tunnel {
     /// Client name on the server, instance name on the client.
     pub peer: String,
-    /// The traffic class this tunnel carries; `None` when the instance has no classes.
-    pub class: Option<ClassTag>,
+    /// The lanes, in priority order (one without classes).
+    lanes: Vec<Lane>,
+    /// Server: each packet delivered from the client marks its flow's answers with its lane
+    /// (`classify::FlowClasses`); `None` on the client and for a session without classes.
+    marks: Option<Mutex<FlowClasses>>,
     tun: Arc<Tun>,
+    /// The connections' mode (`Carriage::connection_mode`).
     mode: TransportMode,
-    /// The policy spreads a flow's packets (numbered for the peer's resequencer): routing
-    /// needs each path's load first.
-    per_packet: bool,
     state: Mutex<State>,
     /// Wakes the timer task when the core's next deadline may have moved earlier (a path was
     /// connected, a state changed, a packet woke a quiet tunnel), so it can sleep until that
@@ -94,13 +113,38 @@ pub struct Tunnel {
     timers_changed: Notify,
 }
 
-/// How a tunnel carries its packets: the client's choices (for a class, the class's), which the
-/// server learns from the hello.
+/// How a tunnel carries its packets: the client's choices, which the server learns from the
+/// hello.
 pub struct Carriage {
-    pub mode: TransportMode,
-    pub policy: Policy,
+    /// The FEC mode of the paths' groups (for the lanes that use FEC).
     pub fec: FecMode,
-    pub class: Option<ClassTag>,
+    /// The lanes in priority order: one without classes, one per class with them.
+    pub lanes: Vec<LaneSpec>,
+    /// Server: remember each flow's class from what the client sends (a session with classes).
+    pub marks: bool,
+}
+
+impl Carriage {
+    /// The mode of the connections that carry every lane: `auto` when a class adapts to its
+    /// paths' loss, else `reliable` when one uses the paths' streams, else `datagram`.
+    pub fn connection_mode(modes: impl IntoIterator<Item = TransportMode>) -> TransportMode {
+        let modes: Vec<TransportMode> = modes.into_iter().collect();
+        [TransportMode::Auto, TransportMode::Reliable]
+            .into_iter()
+            .find(|m| modes.contains(m))
+            .unwrap_or(TransportMode::Datagram)
+    }
+}
+
+/// How a lane in `mode` travels on connections in `connection` mode (`LaneCarry`).
+fn lane_carry(mode: TransportMode, connection: TransportMode) -> LaneCarry {
+    match mode {
+        m if m == connection => LaneCarry::Path,
+        TransportMode::Datagram => LaneCarry::Datagram,
+        TransportMode::Reliable => LaneCarry::Stream,
+        // Only on `auto` connections (`connection_mode`), where it is the path's carriage.
+        TransportMode::Auto => LaneCarry::Path,
+    }
 }
 
 impl Tunnel {
@@ -114,21 +158,42 @@ impl Tunnel {
         carriage: Carriage,
     ) -> Arc<Tunnel> {
         let Carriage {
-            mode,
-            policy,
             fec,
-            class,
+            lanes: specs,
+            marks,
         } = carriage;
-        let mut core = TunnelCore::new(policy, health, fec, expect_src);
+        assert!(!specs.is_empty(), "a tunnel has a lane at least");
+        let mode = Carriage::connection_mode(specs.iter().map(|l| l.mode));
+        let mut core = TunnelCore::new(specs[0].policy, health, fec, expect_src);
+        core.set_lane_fec(0, specs[0].fec);
+        for l in &specs[1..] {
+            // The config allows no more classes than lanes (`MAX_CLASSES`), the server checks
+            // a hello's list against the same bound.
+            let _ = core.add_lane(l.policy, l.fec);
+        }
         if mode == TransportMode::Auto {
             core = core.adaptive();
         }
+        let lanes = specs
+            .into_iter()
+            .enumerate()
+            .map(|(rank, l)| Lane {
+                name: l.name,
+                mode: l.mode,
+                send: LaneSend {
+                    rank: rank as u8,
+                    carry: lane_carry(l.mode, mode),
+                },
+                tun: l.tun.unwrap_or_else(|| tun.clone()),
+                per_packet: l.policy.per_packet(),
+            })
+            .collect();
         Arc::new(Tunnel {
             peer,
-            class,
+            lanes,
+            marks: marks.then(|| Mutex::new(FlowClasses::default())),
             tun,
             mode,
-            per_packet: policy.per_packet(),
             state: Mutex::new(State {
                 core,
                 links: Vec::new(),
@@ -138,9 +203,20 @@ impl Tunnel {
         })
     }
 
-    /// Send order among tunnels sharing a batch (`Shares`): the class's rank; no class last.
-    pub fn rank(&self) -> u8 {
-        self.class.as_ref().map_or(u8::MAX, |c| c.rank)
+    /// The mode of the tunnel's connections (`Carriage::connection_mode`).
+    pub fn mode(&self) -> TransportMode {
+        self.mode
+    }
+
+    /// Server: the lane a flow's answers go in, from what the client sent on it (`None`: not
+    /// seen, or a session without classes).
+    pub fn lane_of(&self, flow_reply_hash: u64, now: Instant) -> Option<usize> {
+        let marks = self.marks.as_ref()?;
+        let rank = marks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .class_of(flow_reply_hash, now)?;
+        Some(usize::from(rank)).filter(|&l| l < self.lanes.len())
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -159,16 +235,17 @@ impl Tunnel {
         Some(id)
     }
 
+    /// The first lane's policy (a tunnel without classes has only that one).
     pub fn policy(&self) -> Policy {
         self.lock().core.router().bond().policy()
     }
 
-    /// Schedule by `policy` from now on (a reload; `Bond::set_policy` says which changes
-    /// are possible).
+    /// The first lane schedules by `policy` from now on (a reload of a tunnel without classes;
+    /// `Bond::set_policy` says which changes are possible).
     pub fn set_policy(&self, policy: Policy) -> Result<(), String> {
         let mut s = self.lock();
         let before = s.core.router().bond().policy();
-        s.core.router_mut().set_policy(LANE, policy)?;
+        s.core.router_mut().set_policy(0, policy)?;
         drop(s);
         if before != policy {
             info!(tunnel = %self.peer, from = before.as_str(), to = policy.as_str(), "bonding policy changed");
@@ -300,17 +377,18 @@ impl Tunnel {
     }
 
     /// Send the packets `which` of `batch` (already MSS-clamped, `infos` their parsed headers,
-    /// indexed like the batch), each on the path the policy picks: `route_batch`, then
-    /// `send_routed`. `scratch` is the caller's, kept from batch to batch so routing allocates
-    /// nothing in the steady state.
+    /// indexed like the batch), all of `lane`, each on the path its lane's policy picks:
+    /// `route_batch`, then `send_routed`. `scratch` is the caller's, kept from batch to batch
+    /// so routing allocates nothing in the steady state.
     pub fn send_batch(
         &self,
+        lane: usize,
         batch: &mut PacketBatch,
         which: &[usize],
         infos: &[Option<PacketInfo>],
         scratch: &mut Routed,
     ) {
-        self.route_batch(batch, which, infos, scratch);
+        self.route_batch(lane, batch, which, infos, scratch);
         self.send_routed(batch, scratch);
     }
 
@@ -322,6 +400,7 @@ impl Tunnel {
     /// be written after that; later sessions' packets went unnumbered and without FEC).
     pub fn route_batch(
         &self,
+        lane: usize,
         batch: &mut PacketBatch,
         which: &[usize],
         infos: &[Option<PacketInfo>],
@@ -329,7 +408,12 @@ impl Tunnel {
     ) {
         let now = Instant::now();
         scratch.clear();
-        if self.per_packet {
+        let Some(l) = self.lanes.get(lane) else {
+            self.drop_unsent(0, DropReason::Malformed, which.len() as u64);
+            return;
+        };
+        scratch.lane = lane;
+        if l.per_packet {
             self.refresh_loads(scratch);
         }
         {
@@ -341,7 +425,7 @@ impl Tunnel {
             let link = |id: PathId| links.get(id.index()).and_then(Option::as_ref);
             let routing = &mut scratch.routing;
             let connected = |id: PathId| link(id).is_some();
-            core.route_batch(LANE, which, infos, batch, connected, now, routing);
+            core.route_batch(lane, which, infos, batch, connected, now, routing);
             // The transports of the paths used, while their links are at hand.
             let used = routing.paths().map(|(id, _)| id);
             for id in used.chain(routing.copies.iter().map(|c| c.path)) {
@@ -375,9 +459,10 @@ impl Tunnel {
         }
         let mut refused = std::mem::take(&mut scratch.refused);
         let mut repairs_refused: Vec<(PathId, u64)> = Vec::new();
+        let lane = &self.lanes[scratch.lane];
         for (path, share) in scratch.routing.paths() {
             if let Some(t) = scratch.transport(path) {
-                t.send_batch(batch, &share.picks, &mut |i, reason| {
+                t.send_batch(batch, &share.picks, lane.send, &mut |i, reason| {
                     refused.push((path, i, reason))
                 });
                 let n = send_repairs(&**t, &share.repairs);
@@ -413,7 +498,7 @@ impl Tunnel {
             drop(s);
             // The TUN write forwards the message to the sender; outside the lock.
             for reply in too_big {
-                let refused = self.tun.send(&reply);
+                let refused = lane.tun.send(&reply);
                 self.count_refused(refused);
             }
         }
@@ -459,24 +544,35 @@ impl Tunnel {
         self.lock().core.take_resize(path)
     }
 
-    /// `n` packets dropped before routing (counted on the tunnel, not on a path).
-    pub fn drop_unsent(&self, reason: DropReason, n: u64) {
+    /// `n` packets of `lane` dropped before routing (counted on the lane, not on a path).
+    pub fn drop_unsent(&self, lane: usize, reason: DropReason, n: u64) {
         if n > 0 {
-            self.lock().core.router_mut().drop_unrouted(LANE, reason, n);
+            self.lock().core.router_mut().drop_unrouted(lane, reason, n);
         }
     }
 
-    /// Write what this wake-up delivered to the TUN device (`Sink::on_batch_end`).
+    /// Write what this wake-up delivered to the TUN devices (`Sink::on_batch_end`): the
+    /// tunnel's, and a class's own.
     pub fn flush_tun(&self) {
         let refused = self.tun.flush();
         self.count_refused(refused);
+        for (i, l) in self.lanes.iter().enumerate() {
+            let own = !Arc::ptr_eq(&l.tun, &self.tun);
+            // A device shared by classes (not the tunnel's) is flushed once, by its first.
+            let first = own && !self.lanes[..i].iter().any(|o| Arc::ptr_eq(&o.tun, &l.tun));
+            if first {
+                let refused = l.tun.flush();
+                self.count_refused(refused);
+            }
+        }
     }
 
-    /// Packets the TUN device refused, counted on the tunnel: a coalesced write carries
-    /// packets of several paths (and, on a server, of several clients' tunnels).
+    /// Packets a TUN device refused, counted on the tunnel (its first lane): a coalesced write
+    /// carries packets of several paths and lanes (and, on a server, of several clients'
+    /// tunnels).
     fn count_refused(&self, refused: Option<crate::tun::Refused>) {
         if let Some((reason, n)) = self.refusal(refused) {
-            self.lock().core.router_mut().drop_unrouted(LANE, reason, n);
+            self.lock().core.router_mut().drop_unrouted(0, reason, n);
         }
     }
 
@@ -674,32 +770,40 @@ impl Tunnel {
         self.resend(&packets);
     }
 
-    /// Send packets again (a dead path's, `on_transition`), routed like new ones.
+    /// Send packets again (a dead path's, `on_transition`), routed like new ones, each in its
+    /// lane (a batch per lane: a batch's headers are written before any of it is sent).
     fn resend(&self, packets: &[bytes::Bytes]) {
+        // The frames as the dead path carried them: their lane's header and a per-packet
+        // policy's numbering go (the packet is numbered again where it goes now; sent with it,
+        // the receiver took the old header for the packet: `malformed` on the live path).
+        let mut by_lane: Vec<Vec<&[u8]>> = vec![Vec::new(); self.lanes.len()];
+        for frame in packets {
+            let (lane, d) = match wire::decode(frame) {
+                Some(Datagram::Classed { lane, inner }) => (usize::from(lane), wire::decode(inner)),
+                d => (0, d),
+            };
+            match (by_lane.get_mut(lane), d) {
+                (Some(l), Some(Datagram::Packet(p) | Datagram::Bonded { packet: p, .. })) => {
+                    l.push(p)
+                }
+                _ => self.drop_unsent(0, DropReason::Malformed, 1),
+            }
+        }
         let mut batch = PacketBatch::new();
         let mut scratch = Routed::default();
         let mut infos = Vec::with_capacity(crate::batch::BATCH_PACKETS);
-        for chunk in packets.chunks(crate::batch::BATCH_PACKETS) {
-            batch.clear();
-            infos.clear();
-            for frame in chunk {
-                // The frame as the dead path carried it: a per-packet policy's numbering goes
-                // (the packet is numbered again where it goes now; sent with it, the receiver
-                // took the old header for the packet: `malformed` on the live path).
-                let p = match wire::decode(frame) {
-                    Some(Datagram::Packet(p)) => p,
-                    Some(Datagram::Bonded { packet, .. }) => packet,
-                    _ => {
-                        self.drop_unsent(DropReason::Malformed, 1);
-                        continue;
-                    }
-                };
-                batch.slot(p.len())[..p.len()].copy_from_slice(p);
-                batch.commit(p.len());
-                infos.push(PacketInfo::parse(p));
+        for (lane, packets) in by_lane.iter().enumerate() {
+            for chunk in packets.chunks(crate::batch::BATCH_PACKETS) {
+                batch.clear();
+                infos.clear();
+                for p in chunk {
+                    batch.slot(p.len())[..p.len()].copy_from_slice(p);
+                    batch.commit(p.len());
+                    infos.push(PacketInfo::parse(p));
+                }
+                let which: Vec<usize> = (0..batch.len()).collect();
+                self.send_batch(lane, &mut batch, &which, &infos, &mut scratch);
             }
-            let which: Vec<usize> = (0..batch.len()).collect();
-            self.send_batch(&mut batch, &which, &infos, &mut scratch);
         }
     }
 
@@ -738,7 +842,9 @@ impl Tunnel {
                     rx_bytes: p.counters.rx_bytes,
                     rx_packets: p.counters.rx_packets,
                     handed_over_packets: p.counters.handed_over,
-                    flows: router.bond().flows_on(id) as u64,
+                    flows: (router.lanes().iter())
+                        .map(|l| l.bond().flows_on(id) as u64)
+                        .sum(),
                     connects: p.connects,
                     drops: p
                         .drops
@@ -793,12 +899,36 @@ impl Tunnel {
                 ps
             })
             .collect();
+        let drops_of = |l: &mpquic_core::router::Lane| -> BTreeMap<String, u64> {
+            (l.bond().drops.iter())
+                .map(|(r, n)| (r.as_str().to_string(), n))
+                .collect()
+        };
+        let classes = self
+            .lanes
+            .iter()
+            .zip(router.lanes())
+            .filter_map(|(l, core)| {
+                Some(ClassStatus {
+                    name: l.name.clone()?,
+                    policy: core.bond().policy().as_str().into(),
+                    mode: l.mode.as_str().into(),
+                    fec: s.core.protects(l.send.rank.into()),
+                    // The shell that classifies fills these in.
+                    classified_packets: 0,
+                    unmatched_packets: 0,
+                    tx_packets: core.counters.tx_packets,
+                    tx_bytes: core.counters.tx_bytes,
+                    rx_packets: core.counters.rx_packets,
+                    rx_bytes: core.counters.rx_bytes,
+                    drops: drops_of(core),
+                    reorder: reorder_status(core.reseq()),
+                })
+            })
+            .collect();
         TunnelStatus {
             peer: self.peer.clone(),
-            class: self.class.as_ref().map(|c| c.name.clone()),
-            // The shell that classifies fills these in.
-            classified_packets: 0,
-            unmatched_packets: 0,
+            classes,
             address,
             // The shell knows it (a dual-stack tunnel).
             address6: None,
@@ -810,20 +940,30 @@ impl Tunnel {
             mode: self.mode.as_str().into(),
             fec: s.core.fec_mode().to_string(),
             paths,
-            drops: router
-                .bond()
-                .drops
-                .iter()
-                .map(|(r, n)| (r.as_str().to_string(), n))
-                .collect(),
-            reorder: reorder_status(router.lanes()[LANE].reseq()),
+            // The lanes' together (each class's in `classes`).
+            drops: merge(router.lanes().iter().map(drops_of)),
+            reorder: merge(router.lanes().iter().map(|l| reorder_status(l.reseq()))),
         }
     }
 }
 
+/// Counters of several lanes as one: summed, but for the wait in force for a missing packet
+/// (the same for every lane), of which the largest is kept.
+fn merge(maps: impl Iterator<Item = BTreeMap<String, u64>>) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for m in maps {
+        for (k, v) in m {
+            let gauge = k == "wait_ms";
+            let e = out.entry(k).or_insert(0);
+            *e = if gauge { (*e).max(v) } else { *e + v };
+        }
+    }
+    out
+}
+
 /// The resequencer's counters for status (`TunnelStatus::reorder`), with what it holds now
 /// and the wait in force for a missing packet (gauges).
-fn reorder_status(r: &mpquic_core::reseq::Resequencer) -> std::collections::BTreeMap<String, u64> {
+fn reorder_status(r: &mpquic_core::reseq::Resequencer) -> BTreeMap<String, u64> {
     let c = r.counters;
     [
         ("held", c.held),
@@ -867,48 +1007,56 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// A TUN batch's packets shared among tunnels: a server's client sessions, a client's (or a
-/// session's) traffic classes. Every tunnel routes its share and writes its headers before any
-/// sends (a transport that takes packets shares the batch, and no header can be written after
-/// that), and the shares go out highest class first, so a critical packet reaches its
-/// transport before the bulk read with it. Owned by a TUN reader and reused for every batch.
+/// A TUN batch's packets shared among tunnels and their lanes: a server's client sessions, a
+/// client's (or a session's) traffic classes. Every share is routed and has its headers written
+/// before any is sent (a transport that takes packets shares the batch, and no header can be
+/// written after that), and the shares go out highest class first, so a critical packet
+/// reaches its path's queue before the bulk read with it. Owned by a TUN reader and reused for
+/// every batch.
 #[derive(Default)]
 pub struct Shares {
-    groups: Vec<(Arc<Tunnel>, Vec<usize>, Routed)>,
+    groups: Vec<Share>,
+}
+
+struct Share {
+    tunnel: Arc<Tunnel>,
+    lane: usize,
+    picks: Vec<usize>,
+    routed: Routed,
 }
 
 impl Shares {
-    /// Packet `i` of the batch goes through `tunnel`.
-    pub fn add(&mut self, tunnel: &Arc<Tunnel>, i: usize) {
-        match self
-            .groups
-            .iter_mut()
-            .find(|(t, ..)| Arc::ptr_eq(t, tunnel))
-        {
-            Some((_, picks, _)) => picks.push(i),
-            None => self
-                .groups
-                .push((tunnel.clone(), vec![i], Routed::default())),
+    /// Packet `i` of the batch goes through `tunnel`, in its lane `lane`.
+    pub fn add(&mut self, tunnel: &Arc<Tunnel>, lane: usize, i: usize) {
+        let same = |g: &&mut Share| g.lane == lane && Arc::ptr_eq(&g.tunnel, tunnel);
+        match self.groups.iter_mut().find(same) {
+            Some(g) => g.picks.push(i),
+            None => self.groups.push(Share {
+                tunnel: tunnel.clone(),
+                lane,
+                picks: vec![i],
+                routed: Routed::default(),
+            }),
         }
     }
 
     /// Route and send every share of `batch`, then start over for the next batch.
     pub fn send(&mut self, batch: &mut PacketBatch, infos: &[Option<PacketInfo>]) {
-        self.groups.sort_by_key(|(t, ..)| t.rank());
-        for (t, picks, routed) in &mut self.groups {
-            if !picks.is_empty() {
-                t.route_batch(batch, picks, infos, routed);
+        self.groups.sort_by_key(|g| g.lane);
+        for g in &mut self.groups {
+            if !g.picks.is_empty() {
+                (g.tunnel).route_batch(g.lane, batch, &g.picks, infos, &mut g.routed);
             }
         }
-        for (t, picks, routed) in &mut self.groups {
-            if !picks.is_empty() {
-                t.send_routed(batch, routed);
+        for g in &mut self.groups {
+            if !g.picks.is_empty() {
+                g.tunnel.send_routed(batch, &mut g.routed);
             }
         }
         // Forget tunnels that took nothing this time (ended ones go with them).
-        self.groups.retain(|(_, picks, _)| !picks.is_empty());
-        for (_, picks, _) in &mut self.groups {
-            picks.clear();
+        self.groups.retain(|g| !g.picks.is_empty());
+        for g in &mut self.groups {
+            g.picks.clear();
         }
     }
 }
@@ -918,6 +1066,8 @@ impl Shares {
 #[derive(Default)]
 pub struct Routed {
     routing: Routing,
+    /// The lane the batch's packets are in.
+    lane: usize,
     /// By `PathId::index()`: the transport of each path this batch uses.
     to: Vec<Option<Arc<dyn PathTransport>>>,
     /// Packets a transport refused: (path, packet, reason).
@@ -1006,15 +1156,17 @@ struct Rx<'a> {
 impl Deliver for Rx<'_> {
     fn deliver(
         &mut self,
-        _lane: usize,
+        lane: usize,
         _path: PathId,
         packet: &[u8],
         info: Option<&PacketInfo>,
     ) -> Option<(DropReason, u64)> {
-        // Server: each packet from the client marks its flow's answers as this class.
-        if let Some((marks, rank)) =
-            (self.tunnel.class.as_ref()).and_then(|c| Some((c.marks.as_ref()?, c.rank)))
-        {
+        // The core delivers only in lanes the tunnel has.
+        let Some(l) = self.tunnel.lanes.get(lane) else {
+            return Some((DropReason::Malformed, 1));
+        };
+        // Server: each packet from the client marks its flow's answers with its class.
+        if let Some(marks) = &self.tunnel.marks {
             let parsed;
             let info = match info {
                 Some(i) => Some(i),
@@ -1026,12 +1178,12 @@ impl Deliver for Rx<'_> {
             if let Some(info) = info {
                 marks.lock().unwrap_or_else(|e| e.into_inner()).mark(
                     info.reply_hash(),
-                    rank,
+                    l.send.rank,
                     Instant::now(),
                 );
             }
         }
-        self.tunnel.refusal(self.tunnel.tun.queue(packet))
+        self.tunnel.refusal(l.tun.queue(packet))
     }
 
     fn answer(&mut self, msg: &[u8]) {

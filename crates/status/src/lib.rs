@@ -149,18 +149,11 @@ pub struct TunnelStatus {
     /// The client's name (server side: its identity, `identity/instance` for a site that runs
     /// several instances) or this instance's name (client side).
     pub peer: String,
-    /// The traffic class this tunnel carries (`classes:`): each class is a tunnel of its own
-    /// (bond, connections, controllers) over the same paths. Absent without classes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub class: Option<String>,
-    /// With classes: packets put in this class, by a rule (client) or by the class their flow
-    /// arrived in (server)...
-    #[serde(default)]
-    pub classified_packets: u64,
-    /// ...and packets in it because no rule matched them, or (server) their flow was not seen
-    /// from the client: the default class only.
-    #[serde(default)]
-    pub unmatched_packets: u64,
+    /// The traffic classes (`classes:`) in priority order: each a lane of the tunnel over its
+    /// paths (which they share: one connection, prober and controller per path). Empty without
+    /// classes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<ClassStatus>,
     pub address: Option<String>,
     /// A dual-stack tunnel: the IPv6 tunnel address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -174,9 +167,46 @@ pub struct TunnelStatus {
     #[serde(default)]
     pub fec: String,
     pub paths: Vec<PathStatus>,
+    /// Drops that belong to no path (every class's together).
     pub drops: BTreeMap<String, u64>,
     /// Per-packet bonding, the peer's flows put back in order here (`mpquic_core::reseq`):
-    /// held, skipped, timeouts, late, duplicates (counters) and holding (packets held now).
+    /// held, skipped, timeouts, late, duplicates (counters) and holding (packets held now);
+    /// every class's together.
+    #[serde(default)]
+    pub reorder: BTreeMap<String, u64>,
+}
+
+/// A traffic class of a tunnel.
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct ClassStatus {
+    pub name: String,
+    pub policy: String,
+    /// How its packets travel: `datagram` (never on a path's stream), `reliable` (always) or
+    /// `auto` (as each path's loss says).
+    pub mode: String,
+    /// FEC protects its packets (in the tunnel's `fec` mode).
+    #[serde(default)]
+    pub fec: bool,
+    /// Packets put in this class, by a rule (client) or by the class their flow arrived in
+    /// (server)...
+    #[serde(default)]
+    pub classified_packets: u64,
+    /// ...and packets in it because no rule matched them, or (server) their flow was not seen
+    /// from the client: the default class only.
+    #[serde(default)]
+    pub unmatched_packets: u64,
+    /// Inner packets and bytes of this class sent (over every path) and received.
+    #[serde(default)]
+    pub tx_packets: u64,
+    #[serde(default)]
+    pub tx_bytes: u64,
+    #[serde(default)]
+    pub rx_packets: u64,
+    #[serde(default)]
+    pub rx_bytes: u64,
+    /// Its drops that belong to no path, and its resequencer's figures (as the tunnel's).
+    #[serde(default)]
+    pub drops: BTreeMap<String, u64>,
     #[serde(default)]
     pub reorder: BTreeMap<String, u64>,
 }

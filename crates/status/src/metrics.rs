@@ -1,8 +1,8 @@
 //! `/metrics`: the status report in the OpenMetrics text format, through the `prometheus-client`
 //! crate (escaping, TYPE/HELP lines, `_total` suffixes and `# EOF` are its job). The report is a
 //! snapshot, so each scrape fills a fresh registry from it; every metric is declared here with
-//! its kind and help, read from a typed field, and labelled by tunnel (and class, for a tunnel of
-//! a traffic class), path and pipe.
+//! its kind and help, read from a typed field, and labelled by tunnel, path and pipe (and class,
+//! for a traffic class's own series).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -21,17 +21,13 @@ struct RoleLabels {
     role: String,
 }
 
-/// A label set: `tunnel`, then `class` for a tunnel of a traffic class (absent otherwise, so
-/// an instance without classes keeps its series), then the metric's own labels (`path`,
-/// `reason`, `event`, `pipe`: a pipe is "path.N", as in the seed's `wan5.0`). Drops of the
-/// instance have an empty tunnel and path.
+/// A label set: `tunnel`, then the metric's own labels (`path`, `class`, `reason`, `event`,
+/// `pipe`: a pipe is "path.N", as in the seed's `wan5.0`). Drops of the instance have an empty
+/// tunnel and path.
 type Labels = Vec<(&'static str, String)>;
 
 fn labels(t: Option<&TunnelStatus>, own: &[(&'static str, &str)]) -> Labels {
     let mut l = vec![("tunnel", t.map(|t| t.peer.clone()).unwrap_or_default())];
-    if let Some(c) = t.and_then(|t| t.class.as_ref()) {
-        l.push(("class", c.clone()));
-    }
     l.extend(own.iter().map(|(k, v)| (*k, v.to_string())));
     l
 }
@@ -387,6 +383,8 @@ impl StatusReport {
             wait,
         );
 
+        self.register_classes(&mut registry);
+
         for (name, help, value) in PATH_METRICS {
             let labelled = self.tunnels.iter().flat_map(|t| {
                 t.paths
@@ -484,6 +482,42 @@ impl StatusReport {
     }
 }
 
+impl StatusReport {
+    /// Each traffic class's packets (by how they were classified) and its drops that belong to
+    /// no path.
+    fn register_classes(&self, registry: &mut Registry) {
+        let packets = Family::<Labels, Counter>::default();
+        let drops = Family::<Labels, Counter>::default();
+        for t in &self.tunnels {
+            for c in &t.classes {
+                for (how, n) in [
+                    ("matched", c.classified_packets),
+                    ("unmatched", c.unmatched_packets),
+                ] {
+                    packets
+                        .get_or_create(&labels(Some(t), &[("class", &c.name), ("how", how)]))
+                        .inc_by(n);
+                }
+                for (reason, n) in &c.drops {
+                    drops
+                        .get_or_create(&labels(Some(t), &[("class", &c.name), ("reason", reason)]))
+                        .inc_by(*n);
+                }
+            }
+        }
+        registry.register(
+            "mpquic_class_packets",
+            "Packets put in each traffic class: by a rule or the class their flow arrived in (matched), or because nothing matched (unmatched, the default class)",
+            packets,
+        );
+        registry.register(
+            "mpquic_class_drops",
+            "Each traffic class's drops that belong to no path, by reason (in mpquic_drops with an empty path too)",
+            drops,
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -516,6 +550,12 @@ mod tests {
                     .into_iter()
                     .map(|(k, v)| (k.to_string(), v))
                     .collect(),
+                classes: vec![crate::ClassStatus {
+                    name: "critical".into(),
+                    classified_packets: 21,
+                    drops: [("no_path".to_string(), 1)].into(),
+                    ..Default::default()
+                }],
                 ..Default::default()
             }],
             ..Default::default()
@@ -557,6 +597,18 @@ mod tests {
         );
         assert!(
             m.contains("mpquic_drops_total{tunnel=\"\",path=\"\",reason=\"no_route\"} 4"),
+            "{m}"
+        );
+        assert!(
+            m.contains(
+                "mpquic_class_packets_total{tunnel=\"site\\\"1\",class=\"critical\",how=\"matched\"} 21"
+            ),
+            "{m}"
+        );
+        assert!(
+            m.contains(
+                "mpquic_class_drops_total{tunnel=\"site\\\"1\",class=\"critical\",reason=\"no_path\"} 1"
+            ),
             "{m}"
         );
         assert!(

@@ -36,17 +36,6 @@ impl StatusReport {
             );
         }
         for t in &self.tunnels {
-            let class = match &t.class {
-                Some(c) => format!(
-                    "  class {c} ({} packets{})",
-                    t.classified_packets,
-                    match t.unmatched_packets {
-                        0 => String::new(),
-                        n => format!(", {n} unmatched"),
-                    }
-                ),
-                None => String::new(),
-            };
             let lans = match t.lans.is_empty() {
                 true => String::new(),
                 false => format!("  lan {}", t.lans.join(",")),
@@ -57,7 +46,7 @@ impl StatusReport {
             };
             let _ = writeln!(
                 o,
-                "\n{} {}{address6}{lans}{class}  policy {}  mode {}{}{}",
+                "\n{} {}{address6}{lans}  policy {}  mode {}{}{}",
                 t.peer,
                 t.address.as_deref().unwrap_or("(no address)"),
                 t.policy,
@@ -123,6 +112,25 @@ impl StatusReport {
                         p.name
                     );
                 }
+            }
+            for c in &t.classes {
+                let _ = writeln!(
+                    o,
+                    "  class {} ({} packets{})  policy {}  mode {}{}{}",
+                    c.name,
+                    c.classified_packets,
+                    match c.unmatched_packets {
+                        0 => String::new(),
+                        n => format!(", {n} unmatched"),
+                    },
+                    c.policy,
+                    c.mode,
+                    if c.fec { "  fec" } else { "" },
+                    match nonzero(&c.drops) {
+                        d if d.is_empty() => String::new(),
+                        d => format!("  drops: {d}"),
+                    }
+                );
             }
             let reorder = nonzero(&t.reorder);
             if !reorder.is_empty() {

@@ -82,6 +82,9 @@ pub struct TunnelCore {
     fec_mode: FecMode,
     /// By `PathId::index()`.
     fec: Vec<PathFec>,
+    /// By lane: whether FEC protects the lane's packets (a traffic class in datagram mode with
+    /// `fec`; the lanes share each path's FEC groups).
+    protect_lanes: Vec<bool>,
     sizes: Vec<PathSize>,
     /// This side probes its paths (the client): it also watches their packet size.
     watch_mtu: bool,
@@ -112,6 +115,7 @@ impl TunnelCore {
             ),
             fec_mode: fec,
             fec: Vec::new(),
+            protect_lanes: vec![fec != FecMode::Off],
             sizes: Vec::new(),
             watch_mtu: health == HealthMode::Probe,
             expect_src,
@@ -129,10 +133,25 @@ impl TunnelCore {
     }
 
     /// One more lane (the tunnel's next traffic class, below the others), scheduling by
-    /// `policy` over the same paths: its packets carry the lane's header (`wire::CLASSED`).
-    /// Returns the lane; `None` past `wire::MAX_LANES`.
-    pub fn add_lane(&mut self, policy: Policy) -> Option<usize> {
-        self.router.add_lane(policy)
+    /// `policy` over the same paths: its packets carry the lane's header (`wire::CLASSED`),
+    /// protected by the paths' FEC if `fec` (and the tunnel has an FEC mode). Returns the
+    /// lane; `None` past `wire::MAX_LANES`.
+    pub fn add_lane(&mut self, policy: Policy, fec: bool) -> Option<usize> {
+        let lane = self.router.add_lane(policy)?;
+        self.protect_lanes.push(fec);
+        Some(lane)
+    }
+
+    /// Whether FEC protects `lane`'s packets (the first lane's: set here; at start it is
+    /// whether the tunnel has an FEC mode).
+    pub fn set_lane_fec(&mut self, lane: usize, fec: bool) {
+        if let Some(p) = self.protect_lanes.get_mut(lane) {
+            *p = fec;
+        }
+    }
+
+    pub fn protects(&self, lane: usize) -> bool {
+        self.fec_mode != FecMode::Off && self.protect_lanes.get(lane).copied().unwrap_or(false)
     }
 
     /// How `path` carries inner packets now: `None` in a fixed mode.

@@ -230,7 +230,7 @@ impl TunnelCore {
             return;
         }
         let refused = out.deliver(lane, path, packet, info.as_ref().and_then(Option::as_ref));
-        self.router.on_received(path, packet.len(), now);
+        self.router.on_received(lane, path, packet.len(), now);
         got.wake |= self.router.take_woken();
         if let Some((reason, n)) = refused {
             self.router.drop_unrouted(lane, reason, n);

@@ -101,6 +101,7 @@ impl TunnelCore {
         out.clear();
         let mut opened = false;
         let lane_header = u8::try_from(lane).ok().and_then(wire::encode_classed);
+        let protect = self.protects(lane);
         for &i in which {
             let len = batch.packet(i).len();
             let Some(route) = self.router.route(lane, infos[i].as_ref(), len, now) else {
@@ -120,7 +121,10 @@ impl TunnelCore {
                 opened |= self.on_sent(also, now);
                 let mut copy = batch.headed(i).to_vec();
                 let mut repairs = Vec::new();
-                let (header, o) = self.protect(also, &copy, now, &mut repairs);
+                let (header, o) = match protect {
+                    true => self.protect(also, &copy, now, &mut repairs),
+                    false => (None, false),
+                };
                 opened |= o;
                 if let Some(h) = header {
                     copy.splice(0..0, h);
@@ -148,7 +152,7 @@ impl TunnelCore {
             // (Headers are writable until a transport takes packets: the shell routes before
             // any send. Should that ever not hold, the packet goes unprotected rather than into
             // a group whose data packet would lack its header.)
-            if batch.headers_writable() {
+            if protect && batch.headers_writable() {
                 let (header, o) = self.protect(path, batch.headed(i), now, &mut share.repairs);
                 opened |= o;
                 if let Some(h) = header {

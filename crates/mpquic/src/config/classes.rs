@@ -7,10 +7,12 @@ use mpquic_core::fec::FecMode;
 use mpquic_core::Policy;
 
 use super::validate::Checker;
-use super::{ClassConfig, NumOrText, OneOrMany, RawClass, RawConfig, RawRule, TransportMode};
+use super::{
+    ClassConfig, Congestion, NumOrText, OneOrMany, RawClass, RawConfig, RawRule, TransportMode,
+};
 
-/// Classes a client may declare: each is a connection per path.
-pub const MAX_CLASSES: usize = 8;
+/// Classes a client may declare: each is a lane of the tunnel (`wire::MAX_LANES`).
+pub const MAX_CLASSES: usize = mpquic_core::wire::MAX_LANES;
 
 /// The classes of a client whose top-level keys make `top` (the implicit class's settings and
 /// every class's defaults).
@@ -18,6 +20,7 @@ pub(super) fn classes(
     raw: &RawConfig,
     c: &mut Checker,
     top: ClassConfig,
+    congestion: Congestion,
     stripe: bool,
     tun_name: &str,
 ) -> (Vec<ClassConfig>, Classifier) {
@@ -94,7 +97,31 @@ pub(super) fn classes(
                 .map(|(j, r)| rule(r, c, &format!("classes[{i}].match[{j}]")))
                 .collect::<Vec<_>>(),
         );
-        out.push(class(rc, c, &top, i));
+        // The classes share each path's connection, so its congestion controller and its
+        // FEC groups: one controller for all, one FEC mode for the classes that use FEC.
+        if let Some(cc) = rc.congestion_algorithm.filter(|cc| *cc != congestion) {
+            c.at(
+                &format!("classes[{i}].congestion_algorithm"),
+                format!(
+                    "`congestion_algorithm: {}` in class `{}`: the classes share each path's connection and its congestion controller ({})",
+                    cc.as_str(), rc.name, congestion.as_str()
+                ),
+                Some("set congestion_algorithm at the top level, or run the class as an instance of its own (its own tun_name and file)".into()),
+            );
+        }
+        let k = class(rc, c, &top, i);
+        let other_fec = out.iter().find(|o| o.fec != FecMode::Off && o.fec != k.fec);
+        if let Some(o) = other_fec.filter(|_| k.fec != FecMode::Off) {
+            c.at(
+                &format!("classes[{i}].fec"),
+                format!(
+                    "`fec: {}` in class `{}`, `fec: {}` in class `{}`: the classes share each path's FEC groups",
+                    k.fec, rc.name, o.fec, o.name
+                ),
+                Some("give every class that uses FEC the same mode (or set it at the top level)".into()),
+            );
+        }
+        out.push(k);
     }
     let Some(default) = default else {
         c.at(
@@ -145,7 +172,6 @@ fn class(rc: &RawClass, c: &mut Checker, top: &ClassConfig, i: usize) -> ClassCo
         explicit: true,
         policy,
         mode,
-        congestion: rc.congestion_algorithm.unwrap_or(top.congestion),
         fec,
     }
 }

@@ -44,10 +44,6 @@ pub enum Congestion {
     /// quinn's BBRv1 port (enters recovery on any loss), kept for comparison.
     #[serde(rename = "quinn-bbr")]
     QuinnBbr,
-    /// Not a configuration value: `bbr` for a traffic class below another on the same paths
-    /// (`mpquic_core::cc::Bbr::yielding`: gentle probes), chosen by the client per class.
-    #[serde(skip)]
-    BbrYielding,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -67,7 +63,6 @@ impl Congestion {
     pub fn as_str(self) -> &'static str {
         match self {
             Congestion::Bbr => "bbr",
-            Congestion::BbrYielding => "bbr (yielding)",
             Congestion::Bbr3 => "bbr3",
             Congestion::Cubic => "cubic",
             Congestion::Newreno => "newreno",
@@ -80,10 +75,7 @@ impl Congestion {
     /// One of the core's controllers (`mpquic_core::cc`), which the stripe transport can run
     /// outside the QUIC engine.
     pub fn is_ours(self) -> bool {
-        matches!(
-            self,
-            Congestion::Bbr | Congestion::BbrYielding | Congestion::Bbr3
-        )
+        matches!(self, Congestion::Bbr | Congestion::Bbr3)
     }
 }
 
@@ -303,7 +295,6 @@ pub struct ClassConfig {
     pub explicit: bool,
     pub policy: Policy,
     pub mode: TransportMode,
-    pub congestion: Congestion,
     pub fec: mpquic_core::fec::FecMode,
     /// The class's own TUN device (sites that classify by VLAN: route a VLAN into it): what it
     /// reads goes in this class, what the class receives is written to it. `None`: the
@@ -564,7 +555,6 @@ multipath_paths:
 - name: default
 - name: bulk
   multipath_policy: wlb
-  congestion_algorithm: bbr3
   match:
   - dst: [192.0.2.0/24, 2001:db8::/32]
     dst_port: 873
@@ -586,10 +576,7 @@ multipath_paths:
             (dflt.policy, dflt.mode),
             (Policy::Balanced, TransportMode::Reliable)
         );
-        assert_eq!(
-            (bulk.policy, bulk.congestion),
-            (Policy::Wlb, Congestion::Bbr3)
-        );
+        assert_eq!(bulk.policy, Policy::Wlb);
         assert_eq!(cl.classifier.default_class(), 1);
         // ICMP echo to anywhere: critical.
         let mut ping = vec![0u8; 28];
@@ -726,6 +713,38 @@ multipath_paths:
             let parsed = parse(&SEED_CLIENT.replace("congestion_algorithm: bbr", &text)).unwrap();
             assert_eq!(parsed.congestion, c);
         }
+    }
+
+    /// The classes share each path's connection: one congestion controller, one FEC mode.
+    #[test]
+    fn classes_share_the_controller_and_the_fec_mode() {
+        let classes = |crit: &str, bulk: &str| {
+            format!(
+                "{SEED_CLIENT}classes:\n- name: critical\n{crit}  match:\n  - protocol: icmp\n- name: default\n- name: bulk\n{bulk}  match:\n  - port: 873\n"
+            )
+        };
+        let same = classes("  congestion_algorithm: bbr\n", "");
+        assert!(parse(&same).is_ok(), "the top-level controller, said again");
+        let bad = classes("", "  congestion_algorithm: cubic\n");
+        let e = parse(&bad).unwrap_err();
+        let at = bad.lines().position(|l| l.contains("cubic")).unwrap() + 1;
+        assert_eq!(e.problems[0].line, at, "{e}");
+        assert!(
+            e.to_string().contains("share each path's connection"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("top level"), "{e}");
+        let fec = |m: &str| format!("  transport_mode: datagram\n  fec: {m}\n");
+        assert!(parse(&classes(&fec("auto"), &fec("auto"))).is_ok());
+        assert!(
+            parse(&classes(&fec("auto"), "")).is_ok(),
+            "one class with FEC"
+        );
+        let e = parse(&classes(&fec("auto"), &fec("10/2"))).unwrap_err();
+        assert!(
+            e.to_string().contains("share each path's FEC groups"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -106,13 +106,12 @@ pub(super) fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem
             explicit: false,
             policy: cl.policy,
             mode,
-            congestion,
             fec: cl.fec,
             tun_name: None,
         };
         let stripe = cl.paths.iter().any(|p| p.transport == PathKind::Stripe);
         (cl.classes, cl.classifier) =
-            super::classes::classes(&raw, &mut c, top, stripe, &g.tun_name);
+            super::classes::classes(&raw, &mut c, top, congestion, stripe, &g.tun_name);
     } else if !raw.classes.is_empty() {
         c.at(
             "classes",

@@ -86,18 +86,41 @@ pub trait Sink: Send + Sync + 'static {
     fn on_closed(&self, peer_code: Option<u32>);
 }
 
+/// The lane (traffic class) of the packets of one `send_batch`, as a path's transport needs
+/// it: its rank, the order in which the path's writer serves its lanes (strict priority: rank
+/// 0 first, so a critical packet never waits behind bulk in the tunnel's own queues), and how
+/// its packets travel on the path. A tunnel without classes sends everything in rank 0, as
+/// the path carries it (`LaneCarry::Path`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneSend {
+    pub rank: u8,
+    pub carry: LaneCarry,
+}
+
+/// How a lane's packets travel on a path: as the path carries them now (the connection's mode;
+/// `auto`: its loss decides), or always as datagrams, or always on the path's stream (a class's
+/// `transport_mode: datagram` / `reliable` in a tunnel whose connections have a stream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaneCarry {
+    Path,
+    Datagram,
+    Stream,
+}
+
 pub trait PathTransport: Send + Sync + 'static {
     /// Write this transport's header into the headroom of the packets `which` of `batch`
     /// (`PacketBatch::with_header_mut`). Called for every path of a batch before any
     /// `send_batch`, because once a transport takes packets the batch is shared and immutable.
     fn prepare(&self, _batch: &mut PacketBatch, _which: &[usize]) {}
-    /// Send the packets `which` of `batch` (already MSS-clamped). Each packet it cannot take is
-    /// reported to `refused` with the reason (the caller counts it); the rest are on their way.
-    /// A transport may write its header into a packet's headroom, or take it without a copy.
+    /// Send the packets `which` of `batch` (already MSS-clamped), all of `lane`. Each packet it
+    /// cannot take is reported to `refused` with the reason (the caller counts it); the rest are
+    /// on their way. A transport may write its header into a packet's headroom, or take it
+    /// without a copy. A transport with one queue and one carriage ignores `lane`.
     fn send_batch(
         &self,
         batch: &mut PacketBatch,
         which: &[usize],
+        lane: LaneSend,
         refused: &mut dyn FnMut(usize, DropReason),
     );
     /// Send a control message (probe, reply): never queued behind data, never evicting it.
@@ -191,13 +214,19 @@ pub(crate) fn enqueue_by_flow(
     frame: bytes::Bytes,
     header: usize,
 ) {
-    let flow = frame
-        .get(header..)
-        .and_then(mpquic_core::PacketInfo::parse)
-        .map(|i| i.flow_hash());
+    let flow = flow_of(&frame, header);
     if let Err(frame) = queue.push(at, flow, frame) {
         refused.add(frame.len() - header);
     }
+}
+
+/// The flow key of `frame`: the bond's datagram after `header` bytes, whose inner packet may
+/// be behind a lane's header and the bond's numbering.
+pub(crate) fn flow_of(frame: &[u8], header: usize) -> Option<u64> {
+    (frame.get(header..))
+        .and_then(mpquic_core::wire::inner_packet)
+        .and_then(mpquic_core::PacketInfo::parse)
+        .map(|i| i.flow_hash())
 }
 
 /// Client side of session setup: open a path to the server and exchange the hello.

@@ -15,14 +15,14 @@ use futures_util::FutureExt;
 use mpquic_core::pacing::Pacer;
 use mpquic_core::packet::is_pure_tcp_ack;
 use mpquic_core::recovery::Carry;
-use mpquic_core::sendq::SendQueue;
+use mpquic_core::sendq::RankedQueues;
 use mpquic_core::{DropReason, PathLoad};
 use tokio::sync::mpsc;
 use tracing::warn;
 
 use super::{
-    enqueue_by_flow, stream_rx, BoxFuture, Dialer, Dropped, Known, Listener, Offer, OfferReply,
-    PathTransport, Sink, TransportStats, Unfinished,
+    flow_of, stream_rx, BoxFuture, Dialer, Dropped, Known, LaneCarry, LaneSend, Listener, Offer,
+    OfferReply, PathTransport, Sink, TransportStats, Unfinished,
 };
 use crate::batch::PacketBatch;
 use crate::config::{Config, PathConfig, PathKind, TransportMode};
@@ -74,7 +74,7 @@ pub struct QuicTransport {
     conn: quinn::Connection,
     /// The queue into the path's writer task (`path_writer`), every mode: inner packets framed
     /// for the stream, sent on it or as datagrams as the carriage says when they leave.
-    queue_tx: mpsc::Sender<(Instant, Bytes)>,
+    queue_tx: mpsc::Sender<Queued>,
     /// Bytes of inner packets waiting for the writer (its channel and its queue).
     waiting: Arc<AtomicU64>,
     /// Reliable and `auto`: the connection has the stream (its receiver runs, the writer may
@@ -103,7 +103,23 @@ pub struct QuicTransport {
 struct StartParts {
     send: quinn::SendStream,
     recv: quinn::RecvStream,
-    queue_rx: mpsc::Receiver<(Instant, Bytes)>,
+    queue_rx: mpsc::Receiver<Queued>,
+}
+
+/// A packet on its way to the path's writer: when it was handed over, its lane, and the
+/// packet framed for the stream (`stream_frame`).
+type Queued = (Instant, LaneSend, Bytes);
+
+/// A packet in the writer's queue: framed for the stream, and how its lane wants it carried.
+struct Frame {
+    bytes: Bytes,
+    carry: LaneCarry,
+}
+
+impl AsRef<[u8]> for Frame {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
 }
 
 impl QuicTransport {
@@ -212,6 +228,7 @@ impl PathTransport for QuicTransport {
         &self,
         batch: &mut PacketBatch,
         which: &[usize],
+        lane: LaneSend,
         refused: &mut dyn FnMut(usize, DropReason),
     ) {
         let now = Instant::now();
@@ -238,7 +255,7 @@ impl PathTransport for QuicTransport {
                 refused(i, DropReason::QueueFull);
                 continue;
             }
-            match self.queue_tx.try_send((now, frame)) {
+            match self.queue_tx.try_send((now, lane, frame)) {
                 Ok(()) => {
                     room -= len;
                     self.waiting.fetch_add(len, Ordering::Relaxed);
@@ -752,7 +769,7 @@ async fn offer(incoming: quinn::Incoming, accepting: Arc<Accepting>) -> Option<O
             return None;
         }
         Some(p) => {
-            let key = (identity.clone(), hello.session, hello.pipe_key());
+            let key = (identity.clone(), hello.session, hello.path.clone());
             if p.index > 0 {
                 join_pipe(&accepting, key, p, conn, send, recv, hello.mode).await;
                 return None;
@@ -972,7 +989,7 @@ struct Writer {
     sink: Arc<dyn Sink>,
     conn: quinn::Connection,
     send: quinn::SendStream,
-    rx: mpsc::Receiver<(Instant, Bytes)>,
+    rx: mpsc::Receiver<Queued>,
     /// Bytes waiting, shared with `send_batch`'s bound: the writer takes off what leaves.
     waiting: Arc<AtomicU64>,
     /// The carriage of the moment (reliable, `auto`); `None`: datagram mode, no stream.
@@ -982,11 +999,12 @@ struct Writer {
     meter: Option<Arc<quic::WindowMeter>>,
 }
 
-/// A path's send side, in every mode. Frames from `send_batch` wait in a `SendQueue` (sparse
-/// flows first, bounded, nothing older than `max_wait`), leave it paced (`pace`; on the stream
-/// at the congestion controller's rate, `pacing.rs`: the engine would otherwise take a window
-/// of two BDPs at once and queue one at the bottleneck), and go as the carriage of the moment
-/// says:
+/// A path's send side, in every mode. Frames from `send_batch` wait in a `SendQueue` per lane
+/// (`RankedQueues`: the tunnel's traffic classes in strict priority; in each, sparse flows
+/// first, bounded, nothing older than `max_wait`), leave it paced (`pace`; on the stream at the
+/// congestion controller's rate, `pacing.rs`: the engine would otherwise take a window of two
+/// BDPs at once and queue one at the bottleneck), and go as the carriage of the moment says
+/// (or as the frame's lane says: a class in datagram or reliable mode):
 ///
 /// - **on the stream**, up to `STREAM_BATCH` bytes per write. The frames are copied into one
 ///   contiguous chunk: handing quinn the frames as separate chunks (`write_all_chunks`, no
@@ -1010,7 +1028,7 @@ async fn path_writer(w: Writer) {
         meter,
     } = w;
     let mut batch = BytesMut::with_capacity(STREAM_BATCH + 65_538);
-    let mut queue = SendQueue::new(WRITER_QUEUE, mpquic_core::reliable::HANDOFF_TIME);
+    let mut queue = RankedQueues::new(WRITER_QUEUE, mpquic_core::reliable::HANDOFF_TIME);
     let mut pacer = Pacer::default();
     let mut stale = Dropped::default();
     let mut refused = Dropped::default();
@@ -1041,13 +1059,13 @@ async fn path_writer(w: Writer) {
                     continue;
                 }
             };
-            let Some((at, frame)) = next else {
+            let Some(next) = next else {
                 return;
             };
-            enqueue_by_flow(&mut queue, &mut refused, at, frame, STREAM_HEADER);
+            enqueue(&mut queue, &mut refused, next);
         }
-        while let Ok((at, frame)) = rx.try_recv() {
-            enqueue_by_flow(&mut queue, &mut refused, at, frame, STREAM_HEADER);
+        while let Ok(next) = rx.try_recv() {
+            enqueue(&mut queue, &mut refused, next);
         }
         gone(&mut refused, DropReason::QueueFull);
         // A closed connection takes nothing more: what waits is lost with it, and the writer
@@ -1094,13 +1112,24 @@ async fn path_writer(w: Writer) {
         // serves the batch.
         let sent_us = stream_rx::clock_us();
         while sent + batch.len() < budget {
-            let Some(frame) = queue.pop(now, &mut |f: Bytes| stale.add(f.len() - STREAM_HEADER))
+            let Some(Frame {
+                bytes: frame,
+                carry,
+            }) = queue.pop(now, &mut |f: Frame| {
+                stale.add(f.bytes.len() - STREAM_HEADER)
+            })
             else {
                 break;
             };
             let len = frame.len() - STREAM_HEADER;
             waiting.fetch_sub(len as u64, Ordering::Relaxed);
-            if !stream {
+            let datagram = match carry {
+                LaneCarry::Path => !stream,
+                LaneCarry::Datagram => true,
+                // A connection without a stream (datagram mode) has no other way.
+                LaneCarry::Stream => on_stream.is_none(),
+            };
+            if datagram {
                 match send_datagram(&conn, frame.slice(STREAM_HEADER..)) {
                     Ok(()) => {
                         sent += len;
@@ -1168,19 +1197,32 @@ async fn path_writer(w: Writer) {
     }
 }
 
+/// Queue a packet handed to the writer in its lane's queue, by its flow; a full queue refuses
+/// it (counted in `refused`).
+fn enqueue(queue: &mut RankedQueues<Frame>, refused: &mut Dropped, (at, lane, bytes): Queued) {
+    let flow = flow_of(&bytes, STREAM_HEADER);
+    let frame = Frame {
+        bytes,
+        carry: lane.carry,
+    };
+    if let Err(f) = queue.push(lane.rank, at, flow, frame) {
+        refused.add(f.bytes.len() - STREAM_HEADER);
+    }
+}
+
 /// Close the writer's channel (later packets fail, and count, in `send_batch`) and add
 /// everything still waiting in it and in the queue to `lost`.
 fn close_queue(
-    rx: &mut mpsc::Receiver<(Instant, Bytes)>,
-    queue: &mut SendQueue<Bytes>,
+    rx: &mut mpsc::Receiver<Queued>,
+    queue: &mut RankedQueues<Frame>,
     lost: &mut Dropped,
 ) {
     rx.close();
-    while let Ok((_, frame)) = rx.try_recv() {
+    while let Ok((_, _, frame)) = rx.try_recv() {
         lost.add(frame.len() - STREAM_HEADER);
     }
     for frame in queue.drain() {
-        lost.add(frame.len() - STREAM_HEADER);
+        lost.add(frame.bytes.len() - STREAM_HEADER);
     }
 }
 

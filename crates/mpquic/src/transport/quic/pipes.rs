@@ -29,7 +29,7 @@ use crate::batch::PacketBatch;
 use crate::hello::HelloAck;
 use crate::quic::PipeGroup;
 use crate::transport::close;
-use crate::transport::{BoxFuture, PathTransport, Sink, TransportStats};
+use crate::transport::{BoxFuture, LaneSend, PathTransport, Sink, TransportStats};
 
 pub struct QuicPipes {
     pipes: RwLock<Vec<Arc<QuicTransport>>>,
@@ -163,12 +163,13 @@ impl PathTransport for QuicPipes {
         &self,
         batch: &mut PacketBatch,
         which: &[usize],
+        lane: LaneSend,
         refused: &mut dyn FnMut(usize, DropReason),
     ) {
         // Held for the batch (pipes are only added, rarely): no copy of the list per batch.
         let pipes = self.pipes.read().unwrap_or_else(|e| e.into_inner());
         if pipes.len() == 1 {
-            return pipes[0].send_batch(batch, which, refused);
+            return pipes[0].send_batch(batch, which, lane, refused);
         }
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let (each, load) = &mut *scratch;
@@ -190,7 +191,7 @@ impl PathTransport for QuicPipes {
         }
         for (p, w) in pipes.iter().zip(each.iter_mut()) {
             if !w.is_empty() {
-                p.send_batch(batch, w, refused);
+                p.send_batch(batch, w, lane, refused);
                 w.clear();
             }
         }

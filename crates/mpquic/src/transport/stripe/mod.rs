@@ -37,7 +37,7 @@ use quinn::udp::Transmit;
 use tokio::sync::{mpsc, Notify};
 
 use super::quic::QuicTransport;
-use super::{BoxFuture, PathTransport, Sink, TransportStats};
+use super::{BoxFuture, LaneSend, PathTransport, Sink, TransportStats};
 use crate::batch::PacketBatch;
 use crate::config::Congestion;
 
@@ -644,11 +644,12 @@ impl PathTransport for StripeTransport {
         &self,
         batch: &mut PacketBatch,
         which: &[usize],
+        lane: LaneSend,
         refused: &mut dyn FnMut(usize, DropReason),
     ) {
         if !self.link.any_registered() {
             // The server's first moments, before the client's pipes registered.
-            return self.quic.send_batch(batch, which, refused);
+            return self.quic.send_batch(batch, which, lane, refused);
         }
         let now = Instant::now();
         let max = self.max_datagram().unwrap_or(usize::MAX);
