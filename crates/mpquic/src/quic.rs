@@ -70,7 +70,7 @@ pub fn transport(cc: Congestion, link_mtu: u32, rtt: Option<Duration>) -> Arc<Tr
     // The link's known payload is also the floor: quinn's black-hole detector reads bursts of
     // lost full-size packets as an MTU black hole and drops to `min_mtu` for a minute, and a
     // tunnel's packets are nearly all full size, so ordinary congestion or radio loss set it
-    // off and every full-size inner packet was then refused as `oversized` (issue 9: scenarios
+    // off and every full-size inner packet was then refused as `oversized` (scenarios
     // 02, 05, 06). A burst with a packet no larger than `min_mtu` is never suspicious. The
     // client also announces this size (`max_udp_payload_size`, `client_endpoint`), which caps
     // what the server sends it.
@@ -99,6 +99,7 @@ fn factory(cc: Congestion) -> Factory {
         Congestion::Newreno => Arc::new(NewRenoConfig::default()),
         Congestion::QuinnBbr => Arc::new(BbrConfig::default()),
         Congestion::Bbr => core(|mtu| Box::new(cc::Bbr::new(mtu))),
+        Congestion::BbrYielding => core(|mtu| Box::new(cc::Bbr::yielding(mtu))),
         Congestion::Bbr3 => core(|mtu| Box::new(cc::Bbr3::new(mtu))),
     }
 }

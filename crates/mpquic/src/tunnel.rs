@@ -1192,3 +1192,28 @@ impl Deliver for Rx<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use TransportMode::{Auto, Datagram, Reliable};
+
+    /// The connections carry every class: a stream when one class needs it, the path's loss
+    /// deciding when one class adapts; each class then travels as it asked.
+    #[test]
+    fn the_connections_carry_every_class_as_it_asked() {
+        assert_eq!(Carriage::connection_mode([Datagram]), Datagram);
+        assert_eq!(Carriage::connection_mode([Datagram, Reliable]), Reliable);
+        assert_eq!(Carriage::connection_mode([Reliable, Auto, Datagram]), Auto);
+        for (mode, conn, carry) in [
+            (Datagram, Datagram, LaneCarry::Path),
+            (Datagram, Auto, LaneCarry::Datagram),
+            (Datagram, Reliable, LaneCarry::Datagram),
+            (Reliable, Auto, LaneCarry::Stream),
+            (Reliable, Reliable, LaneCarry::Path),
+            (Auto, Auto, LaneCarry::Path),
+        ] {
+            assert_eq!(lane_carry(mode, conn), carry, "{mode:?} on {conn:?}");
+        }
+    }
+}
