@@ -44,7 +44,7 @@ def test_one_flow_uses_both_paths_in_order(make_lab, policy, reverse):
     else:
         # minrtt spills onto the slower path only while the faster one's window is full. The
         # inner flow here is BBR (this kernel's default), which paces at what it measured: in
-        # one of six clean-clone CI runs (sessions 15-16) its startup did not spill and it
+        # one of six clean-clone CI runs its startup did not spill and it
         # settled on the faster path alone (55.8 Mbit/s, 97% on wan1), which is minrtt doing
         # what it says (docs/CONFIG.md); usually it gets 77-79. What minrtt promises: the
         # faster path's rate at least, in order.

@@ -1,7 +1,7 @@
 """A route whose MTU falls mid-run (the emulator drops every frame above 1400 bytes, silently,
 as a tunnel hop or a mobile core would): the client finds the size that passes, reconnects the
 path at that size, and tells inner senders what fits (ICMP too big), so a TCP upload carries on
-instead of stalling in a black hole (issue 9 item 4)."""
+instead of stalling in a black hole."""
 
 import json
 import statistics

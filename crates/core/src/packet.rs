@@ -174,7 +174,7 @@ fn parse_v6(pkt: &[u8]) -> Option<PacketInfo> {
 /// A TCP segment that only acknowledges: ACK set, no SYN, FIN or RST, no payload. Reliable mode
 /// sends these as datagrams rather than on the path's stream: ACKs are cumulative, so a lost one
 /// costs nothing and one arriving before an earlier segment is harmless, whereas on the stream
-/// one retransmission holds every later ACK back and stalls the peer's sender (issue 9:
+/// one retransmission holds every later ACK back and stalls the peer's sender (
 /// 10% loss both ways, inner BBR 26 Mbit/s through reliable mode).
 pub fn is_pure_tcp_ack(pkt: &[u8]) -> bool {
     let Some(info) = PacketInfo::parse(pkt) else {

@@ -8,7 +8,7 @@
 //!   (three round trips) in the send queue in front of it, where the pacer holds it and sparse
 //!   flows pass bulk. Beyond that the tunnel refuses packets
 //!   (counted `queue_full`), which is the loss signal inner TCP needs; without the bound a
-//!   32 MiB buffer filled under loss (issue 9: client RSS 8.9 -> 26.8 MiB, seconds of delay).
+//!   32 MiB buffer filled under loss (measured: client RSS 8.9 -> 26.8 MiB, seconds of delay).
 //! - **A path that goes down hands its recent packets to a live path**: packets sent in the
 //!   last silence bound plus a round trip may never have arrived; they are sent again on
 //!   another path at once, and the dead path's connection is closed so its stream does not

@@ -27,7 +27,7 @@ use super::Controller;
 /// 1.25 kept the queue within 1.3x in the virtual-time tests, whose sender always has data, but
 /// in the lab a tunnel's sender is the inner flow: a window that tight only ever lets the inner
 /// flow use what it already used, and inner BBR got 17 Mbit/s instead of 50 through a 60 Mbit/s
-/// path with 10% loss (issue 9 notes). Holding the queue short needs our own pacing.
+/// path with 10% loss (measured in the lab). Holding the queue short needs our own pacing.
 const CWND_GAIN: f64 = 2.0;
 /// Startup's window, in BDPs of the delivery rate measured so far (BBR's 2/ln 2: it doubles
 /// the delivery rate each round while the path has room).
@@ -79,7 +79,7 @@ const MIN_WINDOW_PACKETS: u64 = 4;
 /// side), so a window of a few BDPs on a sub-millisecond path empties between bursts and
 /// holds the rate down: the window also covers this long at the measured rate (BBR's
 /// `extra_acked`, as a fixed allowance). Without it the model got 550-750 Mbit/s through an
-/// unshaped veth where quinn's cubic got 1.2-1.5 Gbit/s (issue 9 notes); at WAN RTTs it is a
+/// unshaped veth where quinn's cubic got 1.2-1.5 Gbit/s; at WAN RTTs it is a
 /// small share of the window.
 const ACK_AGGREGATION: Duration = Duration::from_millis(2);
 const INITIAL_WINDOW_PACKETS: u64 = 10;
@@ -233,7 +233,7 @@ impl Bbr {
     /// packet stays counted in flight about as long as a delivered one, until later packets'
     /// ACKs declare it lost. A window of BDPs without it is filled below the rate the model
     /// measured: inner cubic got 31-34 Mbit/s through a 60 Mbit/s path with 10% loss, 39-43
-    /// with room for the loss (issue 9 notes). It only makes room: the rate is still the
+    /// with room for the loss. It only makes room: the rate is still the
     /// delivery rate's (our pacer paces new data at it), and a path that only loses has its
     /// window at most doubled (`MAX_ROOM_LOSS`).
     fn loss_room(&self) -> f64 {

@@ -5,7 +5,7 @@
 //!
 //! Why our own: quinn's controllers read any loss as congestion (cubic, newreno, and its BBRv1
 //! port, which enters recovery on loss). On the links this product is for, loss is mostly random
-//! (radio), and a tunnel that halves its rate on every loss is slower than no tunnel (issue 9,
+//! (radio), and a tunnel that halves its rate on every loss is slower than no tunnel (lab
 //! scenario 02). RFC 9298 section 7: the outer controller must stay, but should judge congestion
 //! by queueing, not by random loss.
 
