@@ -110,9 +110,11 @@ struct StartParts {
 /// packet framed for the stream (`stream_frame`).
 type Queued = (Instant, LaneSend, Bytes);
 
-/// A packet in the writer's queue: framed for the stream, and how its lane wants it carried.
+/// A packet in the writer's queue: framed for the stream, its lane's rank (which stream it
+/// takes) and how its lane wants it carried.
 struct Frame {
     bytes: Bytes,
+    rank: u8,
     carry: LaneCarry,
 }
 
@@ -379,6 +381,14 @@ impl PathTransport for QuicTransport {
         if self.has_stream {
             let (s, c, d) = (sink.clone(), self.conn.clone(), self.playout_us.clone());
             tokio::spawn(stream_rx::run(s, recv, c, d));
+            // The peer's streams of its other traffic classes (`LaneStreams`): each read as the
+            // first one is (its frames carry their lane's header).
+            let (s, c, d) = (sink.clone(), self.conn.clone(), self.playout_us.clone());
+            tokio::spawn(async move {
+                while let Ok(recv) = c.accept_uni().await {
+                    tokio::spawn(stream_rx::run(s.clone(), recv, c.clone(), d.clone()));
+                }
+            });
         } else {
             // Keep the control stream's receiving half open for the connection's life.
             let conn = self.conn.clone();
@@ -1020,14 +1030,16 @@ async fn path_writer(w: Writer) {
     let Writer {
         sink,
         conn,
-        mut send,
+        send,
         mut rx,
         waiting,
         on_stream,
         recent,
         meter,
     } = w;
-    let mut batch = BytesMut::with_capacity(STREAM_BATCH + 65_538);
+    let mut streams = LaneStreams::new(send);
+    // What goes on the streams this turn, by lane rank (each lane its own stream).
+    let mut batches: Vec<BytesMut> = vec![BytesMut::with_capacity(STREAM_BATCH + 65_538)];
     let mut queue = RankedQueues::new(WRITER_QUEUE, mpquic_core::reliable::HANDOFF_TIME);
     let mut pacer = Pacer::default();
     let mut stale = Dropped::default();
@@ -1104,16 +1116,18 @@ async fn path_writer(w: Writer) {
             continue;
         }
         let budget = pacer.budget(now).min(STREAM_BATCH).min(room);
-        batch.clear();
+        batches.iter_mut().for_each(BytesMut::clear);
+        let mut batched = 0;
         let mut sent = 0;
         let mut written = Dropped::default();
         // The send time, for the receiver's playout (`stream_rx`): when the frames enter the
         // stream, so the wait in our own queue is not taken for the path's. One clock read
         // serves the batch.
         let sent_us = stream_rx::clock_us();
-        while sent + batch.len() < budget {
+        while sent + batched < budget {
             let Some(Frame {
                 bytes: frame,
+                rank,
                 carry,
             }) = queue.pop(now, &mut |f: Frame| {
                 stale.add(f.bytes.len() - STREAM_HEADER)
@@ -1152,8 +1166,14 @@ async fn path_writer(w: Writer) {
                 }
             }
             written.add(len);
+            let r = usize::from(rank);
+            if batches.len() <= r {
+                batches.resize_with(r + 1, BytesMut::new);
+            }
+            let batch = &mut batches[r];
             let at = batch.len();
             batch.extend_from_slice(&frame);
+            batched += frame.len();
             let len = u16::from_be_bytes([frame[0], frame[1]]);
             batch[at..at + STREAM_HEADER].copy_from_slice(&stream_rx::header(len, sent_us));
         }
@@ -1163,15 +1183,15 @@ async fn path_writer(w: Writer) {
         failed.0.report(&*sink, DropReason::QueueFull);
         failed.1.report(&*sink, DropReason::Oversized);
         failed.2.report(&*sink, DropReason::SendFailed);
-        if batch.is_empty() && sent == 0 {
+        if batched == 0 && sent == 0 {
             continue;
         }
         let path = conn.stats().path;
         pacer.spend(mpquic_core::pacing::on_the_wire(
-            sent + batch.len(),
+            sent + batched,
             path.current_mtu,
         ));
-        if batch.is_empty() {
+        if batched == 0 {
             continue;
         }
         loss.on_counters(now, path.sent_packets, path.lost_packets);
@@ -1180,20 +1200,69 @@ async fn path_writer(w: Writer) {
             path.rtt,
             loss.loss(),
         ));
-        let chunk = batch.split().freeze();
-        if send.write_chunk(chunk.clone()).await.is_ok() {
-            recent
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(Instant::now(), chunk);
-        } else {
-            // Everything in this batch and everything still queued is lost with the stream;
-            // closing the queue makes later packets fail (and count) in `send_batch`.
-            close_queue(&mut rx, &mut queue, &mut refused);
-            gone(&mut refused, DropReason::SendFailed);
-            written.report(&*sink, DropReason::SendFailed);
-            return;
+        // Highest class first, each on its own stream.
+        for (rank, batch) in batches.iter_mut().enumerate() {
+            if batch.is_empty() {
+                continue;
+            }
+            let chunk = batch.split().freeze();
+            let written_ok = match streams.get(&conn, rank as u8).await {
+                Some(send) => send.write_chunk(chunk.clone()).await.is_ok(),
+                None => false,
+            };
+            if written_ok {
+                recent
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(Instant::now(), chunk);
+            } else {
+                // Everything in this turn and everything still queued is lost with the
+                // stream; closing the queue makes later packets fail (and count) in
+                // `send_batch`.
+                close_queue(&mut rx, &mut queue, &mut refused);
+                gone(&mut refused, DropReason::SendFailed);
+                written.report(&*sink, DropReason::SendFailed);
+                return;
+            }
         }
+    }
+}
+
+/// The streams a path's writer sends on: the hello stream for the first traffic class (and for
+/// a tunnel without classes), a unidirectional stream for each other class that goes on a
+/// stream, opened when it first does and prioritised by rank (quinn sends a higher-priority
+/// stream's data first). Head-of-line blocking is per stream, so a class never waits behind a
+/// lower class's retransmissions (scenario 01: critical pings on a 30%-loss link waited
+/// behind bulk's on one shared stream, median 45.6 ms against 16.8 on a stream of their own).
+struct LaneStreams {
+    first: quinn::SendStream,
+    /// By rank - 1.
+    others: Vec<Option<quinn::SendStream>>,
+}
+
+impl LaneStreams {
+    fn new(first: quinn::SendStream) -> LaneStreams {
+        LaneStreams {
+            first,
+            others: Vec::new(),
+        }
+    }
+
+    /// The stream of lane `rank`; `None` when the connection takes no more streams (closed).
+    async fn get(&mut self, conn: &quinn::Connection, rank: u8) -> Option<&mut quinn::SendStream> {
+        let Some(i) = usize::from(rank).checked_sub(1) else {
+            return Some(&mut self.first);
+        };
+        if self.others.len() <= i {
+            self.others.resize_with(i + 1, || None);
+        }
+        if self.others[i].is_none() {
+            let s = conn.open_uni().await.ok()?;
+            // The first class's stream has quinn's default priority, 0.
+            let _ = s.set_priority(-i32::from(rank));
+            self.others[i] = Some(s);
+        }
+        self.others[i].as_mut()
     }
 }
 
@@ -1203,6 +1272,8 @@ fn enqueue(queue: &mut RankedQueues<Frame>, refused: &mut Dropped, (at, lane, by
     let flow = flow_of(&bytes, STREAM_HEADER);
     let frame = Frame {
         bytes,
+        // Lanes are fewer (a tunnel's); the peer takes no more streams than that.
+        rank: lane.rank.min(mpquic_core::wire::MAX_LANES as u8 - 1),
         carry: lane.carry,
     };
     if let Err(f) = queue.push(lane.rank, at, flow, frame) {
