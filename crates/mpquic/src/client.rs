@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::config::{
-    parse_cidr, parse_cidr6, ClassConfig, ClientConfig, Config, Congestion, PathConfig, RoleConfig,
+    parse_cidr, parse_cidr6, ClassConfig, ClientConfig, Config, PathConfig, RoleConfig,
 };
 use crate::hello::{ClassOf, Hello};
 use crate::platform::Platform;
@@ -63,10 +63,8 @@ struct Client {
     /// The traffic classes in priority order (one, implicit, without `classes:`): class `k` is
     /// lane `k` of `tunnel`.
     classes: Vec<Class>,
-    /// Dials every path's connection, with `congestion` (the configured controller, yielding
-    /// with classes).
+    /// Dials every path's connection.
     dialer: Box<dyn Dialer>,
-    congestion: Congestion,
     /// Per path, by `PathId::index()`.
     slots: Mutex<Vec<PathSlot>>,
     /// The address the server gave us (set on the TUN device).
@@ -183,24 +181,7 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
             marks: false,
         },
     );
-    // With classes, every class's traffic leaves through each path's one controller: `bbr`
-    // then yields (keeps the bottleneck queue short), which is what the classes above the bulk
-    // one need there (scenario 17: critical ping p99 +4.7 ms over idle beside 8 bulk uploads
-    // yielding, +11.5 ms not).
-    let congestion = match cfg.congestion {
-        Congestion::Bbr if classes.len() > 1 => Congestion::BbrYielding,
-        c => c,
-    };
-    let dial_cfg = Config {
-        congestion,
-        ..cfg.clone()
-    };
-    let dialer = Box::new(QuicDialer::new(
-        &dial_cfg,
-        &ccfg,
-        link_mtu,
-        platform.clone(),
-    )?);
+    let dialer = Box::new(QuicDialer::new(&cfg, &ccfg, link_mtu, platform.clone())?);
     // From here on the paths are `Client::paths` (a reload changes them, not `ccfg`).
     let initial_paths = std::mem::take(&mut ccfg.paths);
     // The first refusal ends the process; later ones (other paths) are dropped.
@@ -211,7 +192,6 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
         tunnel,
         classes,
         dialer,
-        congestion,
         slots: Mutex::new(Vec::new()),
         addr: Mutex::new(None),
         fatal: fatal_tx,
@@ -284,7 +264,7 @@ impl Client {
         let address6 = addr.and_then(|a| a.v6).map(|(a, p)| format!("{a}/{p}"));
         StatusReport {
             role: "client".into(),
-            congestion: self.congestion.as_str().into(),
+            congestion: self.tunnel.congestion(self.cfg.congestion),
             tun_name: self.cfg.tun_name.clone(),
             tun_mtu: self.mtu,
             version: env!("CARGO_PKG_VERSION").into(),

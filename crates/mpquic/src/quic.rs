@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -92,17 +92,42 @@ pub fn transport(cc: Congestion, link_mtu: u32, rtt: Option<Duration>) -> Arc<Tr
     Arc::new(t)
 }
 
-type Factory = Arc<dyn quinn::congestion::ControllerFactory + Send + Sync>;
+/// A kind of controller: the QUIC engine's own, or one of the core's (`mpquic_core::cc`), which
+/// `Adapter` drives and which may be told to yield (`WindowMeter::set_yielding`).
+#[derive(Clone)]
+enum Factory {
+    Engine(Arc<dyn quinn::congestion::ControllerFactory + Send + Sync>),
+    Ours(fn(u16) -> Box<dyn cc::Controller>),
+}
+
+impl Factory {
+    /// A controller for a connection (or a pipe group) whose yield switch is `yielding`.
+    fn build(
+        &self,
+        now: std::time::Instant,
+        mtu: u16,
+        yielding: &Arc<AtomicBool>,
+    ) -> Box<dyn quinn::congestion::Controller> {
+        match self {
+            Factory::Engine(f) => f.clone().build(now, mtu),
+            Factory::Ours(make) => Box::new(Adapter {
+                inner: make(mtu),
+                heard_at: None,
+                yielding: yielding.clone(),
+                yields: false,
+            }),
+        }
+    }
+}
 
 /// The configured controller, bare (`Tracked` wraps it for a connection).
 fn factory(cc: Congestion) -> Factory {
     match cc {
-        Congestion::Cubic => Arc::new(CubicConfig::default()),
-        Congestion::Newreno => Arc::new(NewRenoConfig::default()),
-        Congestion::QuinnBbr => Arc::new(BbrConfig::default()),
-        Congestion::Bbr => core(|mtu| Box::new(cc::Bbr::new(mtu))),
-        Congestion::BbrYielding => core(|mtu| Box::new(cc::Bbr::yielding(mtu))),
-        Congestion::Bbr3 => core(|mtu| Box::new(cc::Bbr3::new(mtu))),
+        Congestion::Cubic => Factory::Engine(Arc::new(CubicConfig::default())),
+        Congestion::Newreno => Factory::Engine(Arc::new(NewRenoConfig::default())),
+        Congestion::QuinnBbr => Factory::Engine(Arc::new(BbrConfig::default())),
+        Congestion::Bbr => Factory::Ours(|mtu| Box::new(cc::Bbr::new(mtu))),
+        Congestion::Bbr3 => Factory::Ours(|mtu| Box::new(cc::Bbr3::new(mtu))),
     }
 }
 
@@ -121,8 +146,8 @@ impl quinn::congestion::ControllerFactory for Tracked {
         now: std::time::Instant,
         current_mtu: u16,
     ) -> Box<dyn quinn::congestion::Controller> {
-        let inner = self.0.clone().build(now, current_mtu);
         let meter = Arc::new(WindowMeter::default());
+        let inner = self.0.build(now, current_mtu, &meter.yielding);
         meter.window.store(inner.window(), Ordering::Relaxed);
         Box::new(TrackedController {
             inner,
@@ -141,6 +166,8 @@ pub struct WindowMeter {
     /// Bits/s; 0: the controller gives none (quinn's own).
     pacing: AtomicU64,
     group: OnceLock<(Arc<PipeGroup>, usize)>,
+    /// The controller yields (`set_yielding`); read by it at every ACK frame.
+    yielding: Arc<AtomicBool>,
 }
 
 impl WindowMeter {
@@ -156,6 +183,16 @@ impl WindowMeter {
     /// The rate (bits/s) the controller paces at, when it gives one (ours do).
     pub fn pacing_rate(&self) -> Option<u64> {
         Some(self.pacing.load(Ordering::Relaxed)).filter(|r| *r > 0)
+    }
+
+    /// The connection carries traffic classes: its controller (one of ours) keeps the
+    /// bottleneck's queue short for the higher classes (`cc::Controller::set_yielding`), from
+    /// its next ACK frame on; in a pipe group, the group's controller.
+    pub fn set_yielding(&self, yielding: bool) {
+        self.yielding.store(yielding, Ordering::Relaxed);
+        if let Some((g, _)) = self.group.get() {
+            g.yielding.store(yielding, Ordering::Relaxed);
+        }
     }
 
     fn publish(&self, window: u64, in_flight: u64, pacing: Option<u64>) {
@@ -190,6 +227,8 @@ pub struct PipeGroup {
     state: Mutex<GroupState>,
     /// (window, bytes in flight) of the whole group.
     total: WindowMeter,
+    /// The group's controller yields (`WindowMeter::set_yielding` of a member).
+    yielding: Arc<AtomicBool>,
 }
 
 /// Two full-size packets: the least window a member has (`GroupState::window_for`).
@@ -236,7 +275,8 @@ impl GroupState {
 impl PipeGroup {
     /// A group with a fresh controller of kind `cc` for packets of `mtu` bytes.
     pub fn new(cc: Congestion, mtu: u16) -> Arc<PipeGroup> {
-        let inner = factory(cc).build(std::time::Instant::now(), mtu);
+        let yielding = Arc::new(AtomicBool::new(false));
+        let inner = factory(cc).build(std::time::Instant::now(), mtu, &yielding);
         let total = WindowMeter::default();
         total.publish(inner.window(), 0, inner.metrics().pacing_rate);
         Arc::new(PipeGroup {
@@ -245,6 +285,7 @@ impl PipeGroup {
                 in_flight: Vec::new(),
             }),
             total,
+            yielding,
         })
     }
 
@@ -422,35 +463,18 @@ impl quinn::congestion::Controller for TrackedController {
 }
 
 /// Builds one of the core's controllers for a datagram size.
-type MakeController = Arc<dyn Fn(u16) -> Box<dyn cc::Controller> + Send + Sync>;
-
-fn core(make: fn(u16) -> Box<dyn cc::Controller>) -> Arc<CoreController> {
-    Arc::new(CoreController(Arc::new(make)))
-}
-
-/// One of the core's controllers (`mpquic_core::cc`) in the QUIC engine: the factory builds one
-/// per connection, and `Adapter` forwards the engine's events to it.
-struct CoreController(MakeController);
-
-impl quinn::congestion::ControllerFactory for CoreController {
-    fn build(
-        self: Arc<Self>,
-        _now: std::time::Instant,
-        current_mtu: u16,
-    ) -> Box<dyn quinn::congestion::Controller> {
-        Box::new(Adapter {
-            inner: (self.0)(current_mtu),
-            heard_at: None,
-        })
-    }
-}
-
+/// One of the core's controllers (`mpquic_core::cc`) in the QUIC engine: `Factory::build`
+/// makes one per connection, and this forwards the engine's events to it.
 struct Adapter {
     inner: Box<dyn cc::Controller>,
     /// When the ACK frame being processed was heard (`heard`): one clock read per frame, not
     /// per packet it acknowledges. quinn ends every frame's acknowledgements with `on_end_acks`,
     /// which clears it.
     heard_at: Option<std::time::Instant>,
+    /// The connection's yield switch (`WindowMeter::set_yielding`), and what `inner` was last
+    /// told.
+    yielding: Arc<AtomicBool>,
+    yields: bool,
 }
 
 /// When an acknowledgement (or a loss it shows) reaches the controller: the engine's `now`, or
@@ -492,6 +516,11 @@ impl quinn::congestion::Controller for Adapter {
         _largest_packet_num_acked: Option<u64>,
     ) {
         let at = self.heard_at.take().unwrap_or_else(|| heard(now));
+        let yielding = self.yielding.load(Ordering::Relaxed);
+        if yielding != self.yields {
+            self.yields = yielding;
+            self.inner.set_yielding(yielding);
+        }
         self.inner.on_end_acks(at, in_flight);
     }
 
@@ -527,6 +556,8 @@ impl quinn::congestion::Controller for Adapter {
         Box::new(Adapter {
             inner: self.inner.clone_box(),
             heard_at: None,
+            yielding: self.yielding.clone(),
+            yields: self.yields,
         })
     }
 
@@ -680,6 +711,42 @@ mod tests {
         fn clone_box(&self) -> Box<dyn cc::Controller> {
             Box::new(self.clone())
         }
+        fn set_yielding(&mut self, yielding: bool) {
+            // A far-future mark for each time it is told to yield.
+            if yielding {
+                let mark = Instant::now() + Duration::from_secs(3600);
+                self.0.lock().unwrap().push(mark);
+            }
+        }
+    }
+
+    /// The transport's yield switch (`WindowMeter::set_yielding`, a path carrying traffic
+    /// classes) reaches one of our controllers at its next ACK frame, once; a pipe group's
+    /// controller too.
+    #[test]
+    fn the_yield_switch_reaches_the_controller() {
+        let times = Arc::new(Mutex::new(Vec::new()));
+        let meter = WindowMeter::default();
+        let mut a = Adapter {
+            inner: Box::new(Recorder(times.clone())),
+            heard_at: None,
+            yielding: meter.yielding.clone(),
+            yields: false,
+        };
+        let now = Instant::now();
+        a.on_end_acks(now, 0, false, None);
+        meter.set_yielding(true);
+        a.on_end_acks(now, 0, false, None);
+        a.on_end_acks(now, 0, false, None);
+        let far = now + Duration::from_secs(1800);
+        let told = times.lock().unwrap().iter().filter(|t| **t > far).count();
+        assert_eq!(told, 1);
+        // A member of a pipe group switches the group's controller.
+        let group = PipeGroup::new(Congestion::Bbr, 1200);
+        let member = WindowMeter::default();
+        assert!(group.join(&member));
+        member.set_yielding(true);
+        assert!(group.yielding.load(Ordering::Relaxed));
     }
 
     /// The engine's time for an acknowledgement or a loss can precede the datagram's arrival
@@ -691,6 +758,8 @@ mod tests {
         let mut a = Adapter {
             inner: Box::new(Recorder(times.clone())),
             heard_at: None,
+            yielding: Arc::default(),
+            yields: false,
         };
         let sent = Instant::now();
         a.on_sent(sent, 1200, 1);

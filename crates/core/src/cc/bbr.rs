@@ -101,9 +101,10 @@ pub enum State {
 #[derive(Debug, Clone)]
 pub struct Bbr {
     mss: u64,
-    /// A class below another on the same paths (`Bbr::yielding`): it probes gently, and while a
-    /// queue stands it drains below the measured delivery rate without probing, and takes a
-    /// queue that does not drain for a stale minimum RTT.
+    /// Carrying traffic classes (`Bbr::yielding`): it probes gently, and while a queue stands
+    /// it drains below the measured delivery rate without probing, and takes a queue that does
+    /// not drain for a stale minimum RTT, so the bottleneck's queue stays short for the higher
+    /// classes' packets.
     yielding: bool,
     state: State,
     window: u64,
@@ -185,8 +186,8 @@ impl Bbr {
         }
     }
 
-    /// A controller for a traffic class below another on the same paths (`classes:`): it
-    /// probes for bandwidth gently, so its probes barely queue at a shared bottleneck.
+    /// A controller for a path that carries traffic classes (`classes:`): it probes for
+    /// bandwidth gently, so its probes barely queue at a shared bottleneck.
     pub fn yielding(mtu: u16) -> Bbr {
         Bbr {
             yielding: true,
@@ -497,6 +498,10 @@ impl Controller for Bbr {
     fn clone_box(&self) -> Box<dyn Controller> {
         // The model without its send records (`Delivery` clones them empty).
         Box::new(self.clone())
+    }
+
+    fn set_yielding(&mut self, yielding: bool) {
+        self.yielding = yielding;
     }
 
     /// The rate the tunnel paces at (`pacing.rs`): the bandwidth estimate times ProbeBw's

@@ -45,4 +45,7 @@ pub trait Controller: Debug + Send + Sync {
     /// A copy of the controller's state (the engine asks for one for status, or for a migrated
     /// path).
     fn clone_box(&self) -> Box<dyn Controller>;
+    /// Keep the bottleneck's queue short for traffic of higher classes sharing the path
+    /// (`Bbr::yielding`); a controller without such a mode ignores it.
+    fn set_yielding(&mut self, _yielding: bool) {}
 }

@@ -44,12 +44,6 @@ pub enum Congestion {
     /// quinn's BBRv1 port (enters recovery on any loss), kept for comparison.
     #[serde(rename = "quinn-bbr")]
     QuinnBbr,
-    /// Not a configuration value: `bbr` for a client whose traffic classes share its paths
-    /// (`mpquic_core::cc::Bbr::yielding`: gentle probes, and it drains a queue that stands), so
-    /// the queue the lower classes' traffic leaves at a bottleneck stays short for the classes
-    /// above them.
-    #[serde(skip)]
-    BbrYielding,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -69,7 +63,6 @@ impl Congestion {
     pub fn as_str(self) -> &'static str {
         match self {
             Congestion::Bbr => "bbr",
-            Congestion::BbrYielding => "bbr (yielding)",
             Congestion::Bbr3 => "bbr3",
             Congestion::Cubic => "cubic",
             Congestion::Newreno => "newreno",
@@ -82,10 +75,7 @@ impl Congestion {
     /// One of the core's controllers (`mpquic_core::cc`), which the stripe transport can run
     /// outside the QUIC engine.
     pub fn is_ours(self) -> bool {
-        matches!(
-            self,
-            Congestion::Bbr | Congestion::BbrYielding | Congestion::Bbr3
-        )
+        matches!(self, Congestion::Bbr | Congestion::Bbr3)
     }
 }
 

@@ -128,6 +128,10 @@ pub trait PathTransport: Send + Sync + 'static {
     /// `transport_mode: auto`: how the tunnel core wants the path's inner packets carried now
     /// (`mpquic_core::recovery`). A transport with one way of carrying them ignores it.
     fn set_carry(&self, _carry: mpquic_core::recovery::Carry) {}
+    /// The path carries traffic classes: its congestion controller keeps the bottleneck's
+    /// queue short for the higher classes (`mpquic_core::cc::Bbr::yielding`). A transport or
+    /// controller without that mode ignores it.
+    fn set_yielding(&self) {}
     fn remote(&self) -> SocketAddr;
     fn stats(&self) -> TransportStats;
     /// What the per-packet schedulers need, cheaply (read before routing each batch).

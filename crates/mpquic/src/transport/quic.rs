@@ -272,6 +272,12 @@ impl PathTransport for QuicTransport {
         send_datagram(&self.conn, Bytes::copy_from_slice(msg))
     }
 
+    fn set_yielding(&self) {
+        if let Some(m) = &self.meter {
+            m.set_yielding(true);
+        }
+    }
+
     fn set_carry(&self, carry: Carry) {
         if self.adaptive {
             self.on_stream

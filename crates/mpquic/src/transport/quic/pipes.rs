@@ -197,6 +197,12 @@ impl PathTransport for QuicPipes {
         }
     }
 
+    fn set_yielding(&self) {
+        for p in self.pipes.read().unwrap_or_else(|e| e.into_inner()).iter() {
+            p.set_yielding();
+        }
+    }
+
     fn set_carry(&self, carry: mpquic_core::recovery::Carry) {
         for p in self.pipes.read().unwrap_or_else(|e| e.into_inner()).iter() {
             p.set_carry(carry);
