@@ -163,14 +163,14 @@ impl Router {
     /// A new connection carries `id`.
     pub fn connected(&mut self, id: PathId, now: Instant) -> Transition {
         let t = self.paths.connected(id, now);
-        self.lanes.iter_mut().for_each(|l| l.bond.on_transition(&t));
+        self.tell_lanes(&t);
         t
     }
 
     /// The connection of `id` is gone.
     pub fn disconnected(&mut self, id: PathId) -> Transition {
         let t = self.paths.disconnected(id);
-        self.lanes.iter_mut().for_each(|l| l.bond.on_transition(&t));
+        self.tell_lanes(&t);
         t
     }
 
@@ -185,7 +185,7 @@ impl Router {
     /// `id` was taken out of the configuration (`PathSet::retire`).
     pub fn retire(&mut self, id: PathId) -> Transition {
         let t = self.paths.retire(id);
-        self.lanes.iter_mut().for_each(|l| l.bond.on_transition(&t));
+        self.tell_lanes(&t);
         t
     }
 
@@ -199,7 +199,7 @@ impl Router {
         let first = changes.len();
         self.paths.poll(now, probes, changes);
         for t in &changes[first..] {
-            self.lanes.iter_mut().for_each(|l| l.bond.on_transition(t));
+            self.tell_lanes(t);
         }
         let up = self.paths.iter().filter(|(_, p)| p.is_up());
         let rtts = up.filter_map(|(_, p)| {
@@ -257,9 +257,13 @@ impl Router {
     /// step).
     fn tell_bond(&mut self, t: Option<Transition>) -> Option<Transition> {
         if let Some(t) = &t {
-            self.lanes.iter_mut().for_each(|l| l.bond.on_transition(t));
+            self.tell_lanes(t);
         }
         t
+    }
+
+    fn tell_lanes(&mut self, t: &Transition) {
+        self.lanes.iter_mut().for_each(|l| l.bond.on_transition(t));
     }
 
     /// The path for an inner packet of `lane` (of `len` bytes), counted as sent there; `None`

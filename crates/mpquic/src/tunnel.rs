@@ -73,10 +73,10 @@ fn link_stats(t: &dyn PathTransport) -> LinkStats {
 /// and where its peer's packets are written.
 pub struct Lane {
     /// The class's name; `None`: the only lane of a tunnel without classes.
-    pub name: Option<String>,
-    pub mode: TransportMode,
+    name: Option<String>,
+    mode: TransportMode,
     /// Rank (the lane's index: 0 is the highest priority) and carriage, for the transports.
-    pub send: LaneSend,
+    send: LaneSend,
     /// The class's own TUN device (`tun_name` of a client's class), else the tunnel's.
     tun: Arc<Tun>,
     /// The policy spreads a flow's packets (numbered for the peer's resequencer): routing

@@ -118,12 +118,6 @@ struct Frame {
     carry: LaneCarry,
 }
 
-impl AsRef<[u8]> for Frame {
-    fn as_ref(&self) -> &[u8] {
-        &self.bytes
-    }
-}
-
 impl QuicTransport {
     /// A connection whose hello exchange is done on (`send`, `recv`).
     fn new(
