@@ -113,6 +113,7 @@ def on_a_quiet_host(measure, attempts=3):
     return result, stolen, [r[0] for r in runs]
 
 
+@measured
 def test_delay_idle_and_loaded(emulab):
     lab = emulab("rate=100mbit,delay=20ms")
     # 1000 pings (~13 s): the p99 of 200 is their third-worst, which one host hiccup moves.
