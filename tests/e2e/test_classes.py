@@ -64,6 +64,9 @@ def test_classes_in_one_client(make_lab):
         assert sorted(p["name"] for p in paths) == ["wan1", "wan2"]
         assert all(p["state"] == "up" and p["connects"] == 1 for p in paths), paths
     assert sst["tunnels"][0]["peer"] == "site1/mpq0"
+    # Each side's status says which controller each tunnel runs (this lab configures cubic,
+    # which has no yielding form; with bbr a tunnel with classes shows `bbr (yielding)`).
+    assert cst["tunnels"][0]["congestion"] == sst["tunnels"][0]["congestion"] == sst["congestion"]
     # redundant: every ping went on both paths (of the same priority): its 20+ packets are
     # counted once in its class, and both paths carried at least that many.
     assert cli["critical"]["tx_packets"] >= 20

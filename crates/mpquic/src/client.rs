@@ -272,6 +272,7 @@ impl Client {
             tunnels: {
                 let mut st = (self.tunnel).status(addr.map(|a| format!("{}/{}", a.v4.0, a.v4.1)));
                 st.address6 = address6;
+                st.congestion = self.tunnel.congestion(self.cfg.congestion);
                 // With classes, `st.classes` lists them all, in lane order.
                 for (c, k) in st.classes.iter_mut().zip(&self.classes) {
                     c.classified_packets = k.classified.load(Ordering::Relaxed);

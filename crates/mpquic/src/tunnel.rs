@@ -945,8 +945,9 @@ impl Tunnel {
             peer: self.peer.clone(),
             classes,
             address,
-            // The shell knows it (a dual-stack tunnel).
+            // The shell knows it (a dual-stack tunnel), and the configured controller.
             address6: None,
+            congestion: String::new(),
             lans: (s.core.expect_src().into_iter())
                 .flat_map(|e| &e.lans)
                 .map(Prefix::to_string)

@@ -163,6 +163,10 @@ pub struct TunnelStatus {
     pub lans: Vec<String>,
     pub policy: String,
     pub mode: String,
+    /// The congestion controller of this tunnel's paths as it runs: the configured one, or
+    /// `bbr (yielding)` where the tunnel carries traffic classes (a server's sessions differ).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub congestion: String,
     /// FEC mode: off, auto, or K/M.
     #[serde(default)]
     pub fec: String,

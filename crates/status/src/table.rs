@@ -46,11 +46,15 @@ impl StatusReport {
             };
             let _ = writeln!(
                 o,
-                "\n{} {}{address6}{lans}  policy {}  mode {}{}{}",
+                "\n{} {}{address6}{lans}  policy {}  mode {}{}{}{}",
                 t.peer,
                 t.address.as_deref().unwrap_or("(no address)"),
                 t.policy,
                 t.mode,
+                match t.congestion.as_str() {
+                    c if c.is_empty() || c == self.congestion => String::new(),
+                    c => format!("  cc {c}"),
+                },
                 match t.fec.as_str() {
                     "" | "off" => String::new(),
                     f => format!("  fec {f}"),
@@ -194,4 +198,37 @@ fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{StatusReport, TunnelStatus};
+
+    /// A server's sessions run the configured controller or, with classes, its yielding form:
+    /// the tunnel's line names it only where it differs from the instance's.
+    #[test]
+    fn a_tunnel_whose_controller_differs_says_so() {
+        let tunnel = |peer: &str, cc: &str| TunnelStatus {
+            peer: peer.into(),
+            congestion: cc.into(),
+            ..Default::default()
+        };
+        let report = StatusReport {
+            role: "server".into(),
+            congestion: "bbr".into(),
+            tunnels: vec![tunnel("plain", "bbr"), tunnel("classes", "bbr (yielding)")],
+            ..Default::default()
+        };
+        let table = report.render();
+        let line = |peer: &str| {
+            let start = format!("{peer} ");
+            table
+                .lines()
+                .find(|l| l.starts_with(&start))
+                .unwrap()
+                .to_string()
+        };
+        assert!(!line("plain").contains("cc "), "{table}");
+        assert!(line("classes").contains("  cc bbr (yielding)"), "{table}");
+    }
 }
