@@ -35,6 +35,14 @@ const STARTUP_CWND_GAIN: f64 = 2.885;
 /// ProbeBw's phases, each about one minimum RTT long: probe above the estimate, drain what that
 /// queued, then cruise.
 const CYCLE: [f64; 8] = [1.25, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+/// The draining phase lasts until the queue is gone (BBRv3's ProbeBW_DOWN), up to this many
+/// minimum RTTs. The estimate is the largest delivery rate of ten rounds, and jittered ACKs (a
+/// busy host, a radio uplink) make some samples high: it runs a few percent above the link
+/// (2-4% with 1-4 ms of ACK jitter in `tests/cc.rs`, as in the lab), so cruising at it builds a
+/// queue, 0.02 BDP per round, more than one minimum RTT at 0.75x takes off per cycle; the
+/// window (two BDPs) held the rest, about a BDP (scenario 10: median RTT 1.4-1.6x the path's).
+/// Three rounds at 0.75x drain 0.75 BDP.
+const DRAIN_MAX_ROUNDS: u32 = 3;
 /// A yielding controller's (`Bbr::yielding`) probe: 1.1x, so the queue a probe builds is 0.1
 /// BDP rather than 0.25 (5 ms at 20 ms RTT, which a critical class beside it would wait behind);
 /// it still finds 10% more bandwidth per cycle.
@@ -135,6 +143,9 @@ pub struct Bbr {
     // ProbeBw.
     cycle: usize,
     cycle_start: Option<Instant>,
+    /// In the draining phase: a packet sent during it came back without queueing (its RTT
+    /// within `STANDING_QUEUE` of the minimum), so the queue is gone.
+    queue_gone: bool,
     // ProbeRtt: when it may end (set once the window has drained to its minimum), and the
     // smallest RTT seen since the window drained.
     probe_rtt_until: Option<Instant>,
@@ -176,6 +187,7 @@ impl Bbr {
             filled: false,
             cycle: 0,
             cycle_start: None,
+            queue_gone: false,
             probe_rtt_until: None,
             probe_rtt_min: None,
             acked: 0,
@@ -270,10 +282,15 @@ impl Bbr {
     /// Even the last round's smallest RTT sample was above the path's minimum by more than
     /// `STANDING_QUEUE` (`STANDING_QUEUE_MIN` at least): a queue that does not drain by itself.
     fn standing_queue(&self) -> bool {
-        match (self.last_round_min_rtt, self.min_rtt.get()) {
-            (Some(r), Some(m)) => r > m + m.mul_f64(STANDING_QUEUE).max(STANDING_QUEUE_MIN),
-            _ => false,
-        }
+        self.last_round_min_rtt.is_some_and(|r| self.standing(r))
+    }
+
+    /// An RTT sample above the path's minimum by more than `STANDING_QUEUE` of it
+    /// (`STANDING_QUEUE_MIN` at least): it waited in a queue.
+    fn standing(&self, rtt: Duration) -> bool {
+        self.min_rtt
+            .get()
+            .is_some_and(|m| rtt > m + m.mul_f64(STANDING_QUEUE).max(STANDING_QUEUE_MIN))
     }
 
     fn enter_probe_bw(&mut self, now: Instant) {
@@ -317,11 +334,24 @@ impl Bbr {
                 let min_rtt = self.min_rtt.get().unwrap_or_default();
                 let start = *self.cycle_start.get_or_insert(now);
                 let elapsed = now.saturating_duration_since(start);
-                let drained = self.bdp().is_some_and(|bdp| self.in_flight <= bdp);
-                // The draining phase may end early, once the probe's queue is gone.
-                if elapsed > min_rtt || (self.cycle_gain(self.cycle) < 1.0 && drained) {
+                // The draining phase ends when the queue is gone: no more than a BDP in flight
+                // (with room for the loss: lost packets stay counted until declared), or a
+                // packet sent in it came back unqueued. In flight alone does not tell on a
+                // path of a few ms, where the ACK delay keeps more than a BDP unacknowledged.
+                let draining = self.cycle_gain(self.cycle) < 1.0;
+                let drained = self.queue_gone
+                    || self
+                        .bdp()
+                        .is_some_and(|bdp| self.in_flight as f64 <= bdp as f64 * self.loss_room());
+                let length = if draining {
+                    min_rtt * DRAIN_MAX_ROUNDS
+                } else {
+                    min_rtt
+                };
+                if elapsed > length || (draining && drained) {
                     self.cycle = (self.cycle + 1) % CYCLE.len();
                     self.cycle_start = Some(now);
+                    self.queue_gone = false;
                 }
             }
             State::ProbeRtt => {
@@ -430,6 +460,13 @@ impl Controller for Bbr {
             self.min_rtt.confirm(now, rtt, slack);
         }
         self.round_min_rtt = Some(self.round_min_rtt.map_or(rtt, |m| m.min(rtt)));
+        if self.state == State::ProbeBw
+            && self.cycle_gain(self.cycle) < 1.0
+            && self.cycle_start.is_some_and(|start| sent >= start)
+            && !self.standing(rtt)
+        {
+            self.queue_gone = true;
+        }
         if self.probe_rtt_until.is_some() {
             self.probe_rtt_min = Some(self.probe_rtt_min.map_or(rtt, |m| m.min(rtt)));
         }
