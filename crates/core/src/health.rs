@@ -582,6 +582,34 @@ mod tests {
         t
     }
 
+    /// Drive a path for `dur` with `lost_pct`% of its probes unanswered at random (xorshift
+    /// state `x`), the others answered after 30 ms; `each` sees the path every millisecond.
+    fn run_lossy(
+        h: &mut PathHealth,
+        start: Instant,
+        dur: Duration,
+        lost_pct: u64,
+        x: &mut u64,
+        mut each: impl FnMut(&PathHealth, Instant),
+    ) -> Instant {
+        let mut t = start;
+        let mut pending: Vec<(Instant, u32)> = Vec::new();
+        while t < start + dur {
+            if let Some(seq) = h.poll(t) {
+                *x ^= *x << 13;
+                *x ^= *x >> 7;
+                *x ^= *x << 17;
+                if *x % 100 >= lost_pct {
+                    pending.push((t + ms(30), seq));
+                }
+            }
+            pending.retain(|&(at, seq)| at > t || (h.on_reply(seq, t), false).1);
+            each(h, t);
+            t += ms(1);
+        }
+        t
+    }
+
     #[test]
     fn comes_up_on_first_reply_and_measures_rtt() {
         let t0 = Instant::now();
@@ -621,20 +649,7 @@ mod tests {
         // 30% of probes lost at random (xorshift), 10 minutes: 6000 probes, hundreds of runs
         // of three or four lost in a row.
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut t = t0;
-        let mut pending: Vec<(Instant, u32)> = Vec::new();
-        while t < t0 + Duration::from_secs(600) {
-            if let Some(seq) = h.poll(t) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                if x % 100 >= 30 {
-                    pending.push((t + ms(30), seq));
-                }
-            }
-            pending.retain(|&(at, seq)| at > t || (h.on_reply(seq, t), false).1);
-            t += ms(1);
-        }
+        let t = run_lossy(&mut h, t0, Duration::from_secs(600), 30, &mut x, |_, _| {});
         assert_eq!(h.state(), PathState::Up);
         assert_eq!(h.transitions, 1, "only probing -> up");
         assert!((h.loss() - 0.3).abs() < 0.15, "{}", h.loss());
@@ -661,21 +676,11 @@ mod tests {
         for seed in 1..=40u64 {
             let t0 = Instant::now();
             let mut h = PathHealth::new(cfg, t0);
-            let mut t = run(&mut h, t0, Duration::from_secs(60), ms(30), true);
+            let onset = run(&mut h, t0, Duration::from_secs(60), ms(30), true);
             let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ seed.wrapping_mul(0x2545_f491_4f6c_dd1d);
-            let mut pending: Vec<(Instant, u32)> = Vec::new();
-            let onset = t;
             let mut down_at: Option<Instant> = None;
-            while t < onset + Duration::from_secs(600) {
-                if let Some(seq) = h.poll(t) {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    if x % 100 >= 51 {
-                        pending.push((t + ms(30), seq));
-                    }
-                }
-                pending.retain(|&(at, seq)| at > t || (h.on_reply(seq, t), false).1);
+            let ten_minutes = Duration::from_secs(600);
+            let t = run_lossy(&mut h, onset, ten_minutes, 51, &mut x, |h, t| {
                 match (h.state(), down_at) {
                     (PathState::Down, None) => {
                         down_at = Some(t);
@@ -690,8 +695,7 @@ mod tests {
                     }
                     _ => {}
                 }
-                t += ms(1);
-            }
+            });
             assert_eq!(h.state(), PathState::Up, "seed {seed}");
             let end = run(&mut h, t, cfg.down_after_max + ms(150), ms(30), false);
             assert_eq!(h.state(), PathState::Down, "seed {seed}");

@@ -140,7 +140,7 @@ impl Flow<'_> {
 }
 
 fn run(ctl: &mut dyn Controller, path: &str, secs: u64, seed: u64) -> Run {
-    run_shared(vec![ctl], path, secs, seed, None, false, Acks::default()).remove(0)
+    run_together(vec![ctl], path, secs, seed).remove(0)
 }
 
 /// How the acknowledgements come back: over a clean link of the path's delay, or (`jitter`)
@@ -245,6 +245,11 @@ fn run_shared(
             }
         })
         .collect()
+}
+
+/// Flows that start together through one bottleneck, ACKs back over a clean link.
+fn run_together(ctls: Vec<&mut dyn Controller>, path: &str, secs: u64, seed: u64) -> Vec<Run> {
+    run_shared(ctls, path, secs, seed, None, false, Acks::default())
 }
 
 /// The loss-based reference: halve the window on a loss (once per window), grow by one packet
@@ -417,35 +422,11 @@ fn bbr3_shares_a_bottleneck_with_a_loss_based_flow() {
     ] {
         let rate: f64 = LinkSpec::parse(path).unwrap().rate_bps.unwrap() as f64 / 1e6;
         let (mut a, mut r) = (bbr(), newreno());
-        let v1 = run_shared(
-            vec![&mut a, &mut r],
-            path,
-            60,
-            5,
-            None,
-            false,
-            Acks::default(),
-        );
+        let v1 = run_together(vec![&mut a, &mut r], path, 60, 5);
         let (mut a, mut r) = (bbr3(1), newreno());
-        let v3 = run_shared(
-            vec![&mut a, &mut r],
-            path,
-            60,
-            5,
-            None,
-            false,
-            Acks::default(),
-        );
+        let v3 = run_together(vec![&mut a, &mut r], path, 60, 5);
         let (mut a, mut b) = (bbr3(1), bbr3(2));
-        let two = run_shared(
-            vec![&mut a, &mut b],
-            path,
-            60,
-            5,
-            None,
-            false,
-            Acks::default(),
-        );
+        let two = run_together(vec![&mut a, &mut b], path, 60, 5);
         let g = |r: &[Run]| (r[0].goodput_mbit, r[1].goodput_mbit);
         let ((b1, r1), (b3, r3), (x, y)) = (g(&v1), g(&v3), g(&two));
         println!(
