@@ -38,10 +38,10 @@ const CYCLE: [f64; 8] = [1.25, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
 /// The draining phase lasts until the queue is gone (BBRv3's ProbeBW_DOWN), up to this many
 /// minimum RTTs. The estimate is the largest delivery rate of ten rounds, and jittered ACKs (a
 /// busy host, a radio uplink) make some samples high: it runs a few percent above the link
-/// (2-4% with 1-4 ms of ACK jitter in `tests/cc.rs`, as in the lab), so cruising at it builds a
-/// queue, 0.02 BDP per round, more than one minimum RTT at 0.75x takes off per cycle; the
-/// window (two BDPs) held the rest, about a BDP (scenario 10: median RTT 1.4-1.6x the path's).
-/// Three rounds at 0.75x drain 0.75 BDP.
+/// (2-8% with 1-2 ms of ACK jitter in `tests/cc.rs`), so cruising at it builds a queue of a
+/// few hundredths of a BDP per round, more than one minimum RTT at 0.75x takes off per cycle;
+/// the window (two BDPs) held the rest (scenario 10 in the lab: median RTT 1.3-1.5x the
+/// path's; the simulator with jittered ACKs: 1.4-1.8x). Three rounds at 0.75x drain 0.75 BDP.
 const DRAIN_MAX_ROUNDS: u32 = 3;
 /// A yielding controller's (`Bbr::yielding`) probe: 1.1x, so the queue a probe builds is 0.1
 /// BDP rather than 0.25 (5 ms at 20 ms RTT, which a critical class beside it would wait behind);
