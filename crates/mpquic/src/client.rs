@@ -166,6 +166,7 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
         None,
         // The client probes every path; the server follows its view (core health.rs).
         HealthMode::Probe,
+        cfg.congestion,
         Carriage {
             fec: tunnel_fec(&ccfg.classes),
             lanes: classes
@@ -264,7 +265,7 @@ impl Client {
         let address6 = addr.and_then(|a| a.v6).map(|(a, p)| format!("{a}/{p}"));
         StatusReport {
             role: "client".into(),
-            congestion: self.tunnel.congestion(self.cfg.congestion),
+            congestion: self.tunnel.congestion(),
             tun_name: self.cfg.tun_name.clone(),
             tun_mtu: self.mtu,
             version: env!("CARGO_PKG_VERSION").into(),
@@ -272,7 +273,6 @@ impl Client {
             tunnels: {
                 let mut st = (self.tunnel).status(addr.map(|a| format!("{}/{}", a.v4.0, a.v4.1)));
                 st.address6 = address6;
-                st.congestion = self.tunnel.congestion(self.cfg.congestion);
                 // With classes, `st.classes` lists them all, in lane order.
                 for (c, k) in st.classes.iter_mut().zip(&self.classes) {
                     c.classified_packets = k.classified.load(Ordering::Relaxed);

@@ -379,7 +379,6 @@ impl Server {
                     let t = t.as_ref()?;
                     let mut st = t.tunnel.status(Some(format!("{addr}/{prefix}")));
                     st.address6 = self.address6(*addr);
-                    st.congestion = t.tunnel.congestion(self.cfg.congestion);
                     let counts = t.classified.iter().zip(&t.unmatched);
                     for (c, (m, u)) in st.classes.iter_mut().zip(counts) {
                         c.classified_packets = m.load(Ordering::Relaxed);
@@ -652,6 +651,7 @@ impl Server {
                 lans: session.lans.clone(),
             }),
             HealthMode::Follow,
+            self.cfg.congestion,
             Carriage {
                 fec,
                 lanes,

@@ -25,7 +25,7 @@ use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use crate::batch::PacketBatch;
-use crate::config::TransportMode;
+use crate::config::{Congestion, TransportMode};
 use crate::status::{ClassStatus, PathStatus, TunnelStatus};
 use crate::transport::{LaneCarry, LaneSend, PathTransport, Sink};
 use crate::tun::Tun;
@@ -106,6 +106,8 @@ pub struct Tunnel {
     tun: Arc<Tun>,
     /// The connections' mode (`Carriage::connection_mode`).
     mode: TransportMode,
+    /// The configured congestion controller (`congestion_algorithm`; a reload keeps it).
+    congestion: Congestion,
     state: Mutex<State>,
     /// Wakes the timer task when the core's next deadline may have moved earlier (a path was
     /// connected, a state changed, a packet woke a quiet tunnel), so it can sleep until that
@@ -155,6 +157,7 @@ impl Tunnel {
         tun: Arc<Tun>,
         expect_src: Option<Sources>,
         health: HealthMode,
+        congestion: Congestion,
         carriage: Carriage,
     ) -> Arc<Tunnel> {
         let Carriage {
@@ -194,6 +197,7 @@ impl Tunnel {
             marks: marks.then(|| Mutex::new(FlowClasses::default())),
             tun,
             mode,
+            congestion,
             state: Mutex::new(State {
                 core,
                 links: Vec::new(),
@@ -203,11 +207,11 @@ impl Tunnel {
         })
     }
 
-    /// The congestion controller of its connections, `configured` as it runs: `bbr` yields
-    /// with traffic classes (`PathTransport::set_yielding`).
-    pub fn congestion(&self, configured: crate::config::Congestion) -> String {
-        match configured {
-            crate::config::Congestion::Bbr if self.lanes.len() > 1 => "bbr (yielding)".into(),
+    /// The congestion controller of its connections as it runs: `bbr` yields with traffic
+    /// classes (`PathTransport::set_yielding`).
+    pub fn congestion(&self) -> String {
+        match self.congestion {
+            Congestion::Bbr if self.lanes.len() > 1 => "bbr (yielding)".into(),
             c => c.as_str().into(),
         }
     }
@@ -945,9 +949,9 @@ impl Tunnel {
             peer: self.peer.clone(),
             classes,
             address,
-            // The shell knows it (a dual-stack tunnel), and the configured controller.
+            // The shell knows it (a dual-stack tunnel).
             address6: None,
-            congestion: String::new(),
+            congestion: self.congestion(),
             lans: (s.core.expect_src().into_iter())
                 .flat_map(|e| &e.lans)
                 .map(Prefix::to_string)
