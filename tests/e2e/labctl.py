@@ -191,7 +191,8 @@ class Lab:
         lab_cmd("link", self.name, p + 1, "up", "--client", c + 1)
 
     def block(self, p, direction="both", c=0):
-        """Path p drops everything: both ways, or only server -> client ("down")."""
+        """Path p drops everything: both ways, or only server -> client ("down"), or only client ->
+        server ("up")."""
         lab_cmd("set", self.name, p + 1, "state=blackhole", "--dir", direction, "--client", c + 1)
 
     def unblock(self, p, c=0):

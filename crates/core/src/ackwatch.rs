@@ -2,8 +2,11 @@
 //! taken out of use within a few of its round trips, instead of after the probe silence bound
 //! (`health.rs`: at least 350 ms, so that a quiet path costs few probes).
 //!
-//! Both sides watch their own sends. The tunnel core notes each send of inner packets on a path (`on_sent`) and reads the count of
-//! ACK frames its connection has received at each poll (`on_acks`). Once a path has sent since
+//! Both sides watch their own sends. The tunnel core notes each send of inner packets on a
+//! path (`on_sent`) and reads the count of packets its connection has had newly acknowledged
+//! at each poll (`on_acks`; not of ACK frames received: a peer repeats its last ACK frame in
+//! whatever it sends until it hears that the frame arrived, so a path dark from us to the peer
+//! still brings ACK frames back, none new). Once a path has sent since
 //! the last ACK progress and no ACK has come for `bound` (what a live path's next ACK can take:
 //! two smoothed RTTs and four deviations, plus the peer's ACK delay, once for each ACK that
 //! random loss may take in a row; 50 ms at least), it is silent. The core polls at a third of the bound while
@@ -43,7 +46,7 @@ pub fn bound(rtt: Duration, rttvar: Duration, loss: f64) -> Duration {
 /// One path's watch over its connection's ACKs.
 #[derive(Debug, Clone, Default)]
 pub struct AckWatch {
-    /// ACK frames received, as last read.
+    /// Packets newly acknowledged, as last read.
     acks: Option<u64>,
     /// When ACKs last progressed (as seen by a poll).
     progress_at: Option<Instant>,
@@ -66,8 +69,8 @@ impl AckWatch {
         true
     }
 
-    /// The connection's count of ACK frames received, read at `now`; `None` for a transport
-    /// that has none (the watch then never judges).
+    /// The connection's count of packets newly acknowledged, read at `now`; `None` for a
+    /// transport that has none (the watch then never judges).
     pub fn on_acks(&mut self, acks: Option<u64>, now: Instant) {
         let Some(acks) = acks else {
             *self = AckWatch {

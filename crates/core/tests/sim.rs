@@ -11,8 +11,8 @@
 //! (the connection's counters the core's FEC and adaptive recovery follow), and a data packet
 //! lost while its path carries on its stream (`transport_mode: auto`) is sent again a round trip
 //! later, as QUIC retransmits a stream's lost frames. Every packet that arrives is acknowledged
-//! at once by an ACK on the reverse link (which may lose it too): the ACK frames each side
-//! receives are the count the core's ACK watch follows.
+//! at once by an ACK on the reverse link (which may lose it too): the packets each side has had
+//! acknowledged are the count the core's ACK watch follows (one ACK per packet, never repeated).
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};

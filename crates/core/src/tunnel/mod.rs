@@ -54,7 +54,8 @@ pub struct LinkStats {
     pub link_payload: Option<u16>,
     /// The largest datagram it takes (what is left of `udp_payload` after its framing).
     pub max_datagram: Option<usize>,
-    /// ACK frames it has received (`ackwatch.rs`; `None`: a transport that does not say).
+    /// Packets its peer has newly acknowledged (`ackwatch.rs`; `None`: a transport that does
+    /// not say). A repeated ACK frame is no proof of life: it may acknowledge nothing new.
     pub acks: Option<u64>,
     /// Its own RTT estimate.
     pub rtt: Option<std::time::Duration>,

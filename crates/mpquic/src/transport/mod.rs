@@ -60,8 +60,8 @@ pub struct TransportStats {
     pub link_payload: Option<u16>,
     /// Reliable mode: the delay the receiver holds the path's packets to (`stream_rx`).
     pub playout: Option<Duration>,
-    /// ACK frames received (the tunnel core's ACK watch); `None` where data is not
-    /// acknowledged through them (stripe).
+    /// Packets the peer has newly acknowledged (the tunnel core's ACK watch); `None` where
+    /// data is not acknowledged (stripe).
     pub acks: Option<u64>,
 }
 

@@ -295,7 +295,7 @@ impl PathTransport for QuicTransport {
             max_datagram: self.conn.max_datagram_size(),
             link_payload: self.link_payload,
             playout: self.has_stream.then(|| stream_rx::delay(&self.playout_us)),
-            acks: Some(st.frame_rx.acks),
+            acks: self.meter.as_ref().map(|m| m.acked()),
         }
     }
 
