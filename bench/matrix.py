@@ -72,7 +72,12 @@ def load_round(path):
     with open(path) as f:
         d = json.load(f)
     # variant label -> traffic label -> row
-    return {s["system"].removeprefix("mpquic-"): {t["label"]: t for t in s["traffic"]} for s in d["systems"]}
+    # A variant that failed in this round (its report says why) has no figures to merge.
+    return {
+        s["system"].removeprefix("mpquic-"): {t["label"]: t for t in s["traffic"]}
+        for s in d["systems"]
+        if "traffic" in s
+    }
 
 
 def load(cell):
