@@ -36,6 +36,20 @@ def stop_ping(lab):
     return out, ping, lost, longest
 
 
+def fail_under_ping(lab, inject):
+    """Start the tunnel, ping every 10 ms, and after 1.5 s `inject` a fault on path 1: the
+    moment of the fault and the seconds until the client carries traffic on path 2 (or None)."""
+    lab.pki()
+    lab.start_server()
+    lab.start_client()
+    lab.wait_tunnel()
+    lab.start_ping("ping", interval=INTERVAL)
+    time.sleep(1.5)
+    t_fail = time.monotonic()
+    inject()
+    return t_fail, wait_using(lab, "client0", "wan2", 5, t_fail)
+
+
 def fmt(t):
     return "never" if t is None else f"{t:.2f} s"
 
@@ -96,15 +110,7 @@ def test_reliable_failover_delivers_nothing_late(make_lab):
     closed, so nothing queued on its stream arrives seconds later when it recovers (scenario 03
     had 22 of 3000 pings answered more than 1 s late)."""
     lab = make_lab(paths=2, policy="failover", mode="reliable")
-    lab.pki()
-    lab.start_server()
-    lab.start_client()
-    lab.wait_tunnel()
-    lab.start_ping("ping", interval=INTERVAL)
-    time.sleep(1.5)
-    t_fail = time.monotonic()
-    lab.block(0, "both")
-    to_backup = wait_using(lab, "client0", "wan2", 5, t_fail)
+    t_fail, to_backup = fail_under_ping(lab, lambda: lab.block(0, "both"))
     time.sleep(max(0.0, 3.0 - (time.monotonic() - t_fail)))
     t_repair = time.monotonic()
     lab.unblock(0)
@@ -138,15 +144,7 @@ def test_default_black_hole_loses_no_ping(make_lab, direction):
     # to show the difference.
     lab.set_link(0, "delay=5ms")
     lab.set_link(1, "delay=15ms")
-    lab.pki()
-    lab.start_server()
-    lab.start_client()
-    lab.wait_tunnel()
-    lab.start_ping("ping", interval=INTERVAL)
-    time.sleep(1.5)
-    t_fail = time.monotonic()
-    lab.block(0, direction)
-    to_backup = wait_using(lab, "client0", "wan2", 5, t_fail)
+    t_fail, to_backup = fail_under_ping(lab, lambda: lab.block(0, direction))
     time.sleep(max(0.0, 2.0 - (time.monotonic() - t_fail)))
     lab.unblock(0)
     time.sleep(1.5)
