@@ -152,6 +152,7 @@ impl quinn::congestion::ControllerFactory for Tracked {
         Box::new(TrackedController {
             inner,
             in_flight: 0,
+            acked: 0,
             meter,
         })
     }
@@ -343,6 +344,8 @@ struct TrackedController {
     inner: Box<dyn quinn::congestion::Controller>,
     /// As of the last ACK batch, less what was declared lost, plus what was sent since.
     in_flight: u64,
+    /// Packets newly acknowledged so far, published to the meter once per ACK frame.
+    acked: u64,
     /// Shared with clones (quinn clones a controller for status): they are not driven.
     meter: Arc<WindowMeter>,
 }
@@ -380,7 +383,7 @@ impl quinn::congestion::Controller for TrackedController {
         app_limited: bool,
         rtt: &quinn_proto::RttEstimator,
     ) {
-        self.meter.acked.fetch_add(1, Ordering::Relaxed);
+        self.acked += 1;
         if let Some((g, m)) = self.group() {
             return g.with(m, &self.meter, |st| {
                 st.inner.on_ack(now, sent, bytes, app_limited, rtt)
@@ -398,6 +401,7 @@ impl quinn::congestion::Controller for TrackedController {
         app_limited: bool,
         largest_packet_num_acked: Option<u64>,
     ) {
+        self.meter.acked.store(self.acked, Ordering::Relaxed);
         if let Some((g, m)) = self.group() {
             return g.with(m, &self.meter, |st| {
                 st.in_flight[m] = in_flight;
@@ -461,6 +465,7 @@ impl quinn::congestion::Controller for TrackedController {
         Box::new(TrackedController {
             inner: self.inner.clone_box(),
             in_flight: self.in_flight,
+            acked: self.acked,
             meter: self.meter.clone(),
         })
     }
