@@ -42,14 +42,19 @@ def test_ping_tcp_both_directions_and_udp(make_lab, mode):
     assert up > 50 and down > 50, (up, down)
     assert tunnel_lost < 2.0, (udp, overflowed, drops)
     if mode == "auto":
-        # A clean path busy for 12 s carried datagrams for most of them; pings alone (quiet)
-        # go on its stream.
+        # One path (failover) carries datagrams only where they gain something: clean and
+        # above ~50 000 packets/s (the TCP upload, when this host carries it well above that);
+        # pings (quiet) and 100 Mbit/s of UDP (a rate the stream carries as well) go on its
+        # stream.
         elapsed = time.monotonic() - up_since
         wan1 = cli["paths"][0]
-        report(f"auto: wan1 carries {wan1['carry']} now, {wan1['stream_s']:.1f} s of "
-               f"{elapsed:.1f} s on its stream, to the stream {wan1['to_stream']} time(s)")
-        assert wan1["carry"] in ("datagram", "stream"), wan1
-        assert wan1["stream_s"] < elapsed - 6, (wan1, elapsed)
+        report(f"auto: wan1 carries {wan1['carry']} ({wan1['carry_why']}) now, "
+               f"{wan1['stream_s']:.1f} s of {elapsed:.1f} s on its stream, to the stream "
+               f"{wan1['to_stream']} time(s)")
+        assert (wan1["carry"], wan1["carry_why"]) in (
+            ("datagram", "clean"), ("stream", "quiet"), ("stream", "single"), ("stream", "loss")), wan1
+        if up > 1200:
+            assert wan1["stream_s"] < elapsed - 1.5, (wan1, elapsed)
     # Every packet is accounted for: the client sent on its paths what the server received.
     assert sum(x["tx_packets"] for x in cli["paths"]) > 0
     assert srv["peer"] == "site1/mpq0" and srv["address"] == "10.200.17.1/24"

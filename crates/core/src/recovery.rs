@@ -5,22 +5,29 @@
 //! order at a steady playout delay, so inner TCP sees delay instead of loss. That is worth it at
 //! almost any loss: a TCP flow's rate is bounded by about 1.22·MSS / (RTT·√p) (Mathis et al.),
 //! so 0.1% of loss passed through holds a cubic flow at a 30 ms RTT to ~15 Mbit/s, and the
-//! matrix's 1% row gives datagram 0.07 of lossless against reliable's 0.99. As datagrams,
-//! nothing is held behind a lost packet and per-packet bonding spreads a flow over unlike paths
-//! at their full rate (the bonding cell: datagram 0.96-0.98 of the single-path sum, the stream
-//! 0.77-0.85). That gain is a gain at high rates; at low rates the stream costs nothing on a
-//! clean path.
+//! matrix's 1% row gives datagram 0.07 of lossless against reliable's 0.99. Datagrams gain in
+//! two places only: per-packet bonding spreads a flow over unlike paths at their full rate,
+//! nothing held behind a lost packet on one of them (the bonding cell: datagram 0.96-0.98 of the
+//! single-path sum, the stream 0.77-0.85), and at rates where the stream's own cost per byte
+//! shows (one unshaped veth: 2.4 Gbit/s on the stream, 3.0 as datagrams). Elsewhere the stream
+//! costs nothing on a clean path, and on a path that turns lossy it passes nothing on: a path on
+//! datagrams learns of its first loss a round trip after it (QUIC declares it then), and what it
+//! lost meanwhile reaches the inner flows (the matrix's handover cell, 60 Mbit/s on one path:
+//! ~25 segments at each onset cut inner cubic's window, 23-29 Mbit/s in the lossy phases against
+//! the stream's 29-37).
 //!
-//! So a path carries on its stream unless it has just shown, on enough traffic, that it is
-//! clean: in the last `WINDOW`, at least `BUSY_PACKETS` sent and none lost, the loss estimate
-//! (`loss.rs`) decayed below `LEAVE_LOSS`, and at least `MIN_STREAM` on the stream. It goes back
-//! to the stream at the first loss (or an estimate of `ENTER_LOSS`), or when its traffic falls
-//! below `IDLE_PACKETS` per `WINDOW`: a path that has been quiet has no evidence that it is still
-//! clean, and the flow that starts on it next would take its first losses in slow start, the
-//! costliest place (the matrix's 1% row, loss appearing while the path was quiet: 0.29x on
-//! datagrams against 0.99x on the stream). Each switch reorders the packets in flight across it
-//! once; the hysteresis bounds how often. Pure TCP ACKs and control messages go as datagrams
-//! either way (the transport decides those).
+//! So a path carries on its stream unless datagrams gain something there and it has just shown,
+//! on enough traffic, that it is clean: in the last `WINDOW`, none lost, the loss estimate
+//! (`loss.rs`) decayed below `LEAVE_LOSS`, at least `MIN_STREAM` on the stream, and either
+//! `FAST_PACKETS` sent, or `BUSY_PACKETS` on a path bonded per packet with another that is up
+//! (`bonded`). It goes back to the stream at the first loss (or an estimate of `ENTER_LOSS`),
+//! when its traffic falls below `IDLE_PACKETS` per `WINDOW` (a path that has been quiet has no
+//! evidence that it is still clean, and the flow that starts on it next would take its first
+//! losses in slow start, the costliest place: the matrix's 1% row, loss appearing while the
+//! path was quiet, 0.29x on datagrams against 0.99x on the stream), or, not bonded, below
+//! `SLOW_PACKETS`. Each switch reorders the packets in flight across it once; the hysteresis
+//! bounds how often. Pure TCP ACKs and control messages go as datagrams either way (the
+//! transport decides those).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -47,11 +54,17 @@ impl Carry {
 
 /// The span of recent traffic the decision looks at.
 const WINDOW: Duration = Duration::from_secs(1);
-/// Packets per `WINDOW`, none lost, before a path carries datagrams (~11 Mbit/s of full
+/// Packets per `WINDOW`, none lost, before a bonded path carries datagrams (~11 Mbit/s of full
 /// packets: below that, datagrams gain nothing worth a loss passed through) ...
 const BUSY_PACKETS: u64 = 1000;
 /// ... and below which it goes back to its stream (the gap is hysteresis).
 const IDLE_PACKETS: u64 = 200;
+/// Packets per `WINDOW` before a path that is not bonded carries datagrams (~600 Mbit/s of
+/// full packets; the stream carried 2.4 Gbit/s on this project's 2-core lab machine, so below
+/// this its cost per byte is far from the limit) ...
+const FAST_PACKETS: u64 = 50_000;
+/// ... and below which it goes back to its stream.
+const SLOW_PACKETS: u64 = 25_000;
 /// The loss estimate at which a path goes to its stream even without a loss in the window.
 const ENTER_LOSS: f64 = 0.001;
 /// ... and below which it may leave it: the estimate falls by a tenth per sample, so from 10%
@@ -70,8 +83,21 @@ pub enum Why {
     Loss,
     /// Too little traffic to know it is clean.
     Quiet,
+    /// Not bonded, at a rate the stream carries as well: datagrams gain nothing there.
+    Single,
     /// It showed it is clean on enough traffic (to datagrams).
     Clean,
+}
+
+impl Why {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Why::Loss => "loss",
+            Why::Quiet => "quiet",
+            Why::Single => "single",
+            Why::Clean => "clean",
+        }
+    }
 }
 
 /// One path's recovery state. Kept across the path's reconnections (the loss is the path's).
@@ -79,6 +105,8 @@ pub enum Why {
 pub struct Recovery {
     loss: LossEstimate,
     carry: Carry,
+    /// Why it carries as it does (the last change's reason).
+    why: Why,
     since: Option<Instant>,
     /// (time, sent, lost) at recent polls, oldest first.
     recent: VecDeque<(Instant, u64, u64)>,
@@ -94,6 +122,7 @@ impl Default for Recovery {
             loss: LossEstimate::default(),
             // No evidence yet that the path is clean.
             carry: Carry::Stream,
+            why: Why::Quiet,
             since: None,
             recent: VecDeque::new(),
             to_stream: 0,
@@ -105,6 +134,11 @@ impl Default for Recovery {
 impl Recovery {
     pub fn carry(&self) -> Carry {
         self.carry
+    }
+
+    /// Why the path carries as it does now.
+    pub fn why(&self) -> Why {
+        self.why
     }
 
     /// The loss the decision follows (a fraction).
@@ -120,15 +154,17 @@ impl Recovery {
         }
     }
 
-    /// The connection's cumulative sent / lost packet counters now, and the path's probe loss
-    /// (a prior while the counters have said little). Returns the new carriage, and why, when
-    /// it changed.
+    /// The connection's cumulative sent / lost packet counters now, the path's probe loss (a
+    /// prior while the counters have said little), and whether it is `bonded`: one of the
+    /// paths a per-packet policy spreads flows over, with another up. Returns the new carriage,
+    /// and why, when it changed.
     pub fn on_counters(
         &mut self,
         now: Instant,
         sent: u64,
         lost: u64,
         probe_loss: f64,
+        bonded: bool,
     ) -> Option<(Carry, Why)> {
         self.loss.hint(probe_loss);
         self.loss.on_counters(now, sent, lost);
@@ -170,17 +206,23 @@ impl Recovery {
         let stayed = self
             .since
             .is_some_and(|t| now.saturating_duration_since(t) >= MIN_STREAM);
+        let busy = match bonded {
+            true => BUSY_PACKETS,
+            false => FAST_PACKETS,
+        };
         let change = match self.carry {
             Carry::Datagram if dl > 0 || loss >= ENTER_LOSS => Some((Carry::Stream, Why::Loss)),
             Carry::Datagram if full && ds < IDLE_PACKETS => Some((Carry::Stream, Why::Quiet)),
-            Carry::Stream
-                if stayed && full && ds >= BUSY_PACKETS && dl == 0 && loss < LEAVE_LOSS =>
-            {
+            Carry::Datagram if !bonded && full && ds < SLOW_PACKETS => {
+                Some((Carry::Stream, Why::Single))
+            }
+            Carry::Stream if stayed && full && ds >= busy && dl == 0 && loss < LEAVE_LOSS => {
                 Some((Carry::Datagram, Why::Clean))
             }
             _ => None,
         };
-        let (next, _) = change?;
+        let (next, why) = change?;
+        self.why = why;
         if next == Carry::Stream {
             self.to_stream += 1;
         } else if let Some(t) = self.since {
@@ -195,6 +237,41 @@ impl Recovery {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `feed` for a path that is not bonded; returns the changes with why.
+    fn feed_single(
+        r: &mut Recovery,
+        t: &mut Instant,
+        c: &mut (u64, u64),
+        n: usize,
+        per: u64,
+    ) -> Vec<(Carry, Why)> {
+        let mut changes = Vec::new();
+        for _ in 0..n {
+            *t += Duration::from_millis(20);
+            c.0 += per;
+            changes.extend(r.on_counters(*t, c.0, c.1, 0.0, false));
+        }
+        changes
+    }
+
+    #[test]
+    fn a_single_path_takes_datagrams_only_at_a_high_rate() {
+        let (mut r, mut t, mut c) = (Recovery::default(), Instant::now(), (0, 0));
+        // 5000 packets/s, clean, for 4 s: bonded, datagrams; alone, the stream.
+        assert!(feed_single(&mut r, &mut t, &mut c, 200, 100).is_empty());
+        // 60 000 packets/s: datagrams.
+        assert_eq!(
+            feed_single(&mut r, &mut t, &mut c, 60, 1200),
+            vec![(Carry::Datagram, Why::Clean)]
+        );
+        // 30 000 packets/s (between the bounds) keeps them; 10 000 does not.
+        assert!(feed_single(&mut r, &mut t, &mut c, 100, 600).is_empty());
+        assert_eq!(
+            feed_single(&mut r, &mut t, &mut c, 60, 200),
+            vec![(Carry::Stream, Why::Single)]
+        );
+    }
 
     /// `n` polls 20 ms apart, `per` packets sent and `lost_each` lost between polls; returns
     /// the carriages changed to.
@@ -211,7 +288,7 @@ mod tests {
             *t += Duration::from_millis(20);
             c.0 += per;
             c.1 += lost_each;
-            changes.extend(r.on_counters(*t, c.0, c.1, 0.0).map(|(c, _)| c));
+            changes.extend(r.on_counters(*t, c.0, c.1, 0.0, true).map(|(c, _)| c));
         }
         changes
     }

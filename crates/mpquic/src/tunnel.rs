@@ -722,12 +722,14 @@ impl Tunnel {
         for &(path, _, why) in &polled.carry {
             let loss = self.lock().core.recovery(path).map_or(0.0, |r| r.loss());
             let name = self.path_name(path);
-            // Debug for the quiet case: every lull in traffic does it.
+            // Debug for the quiet and slow cases: every lull in traffic does them.
             match why {
                 Why::Loss => info!(tunnel = %self.peer, path = %name, loss_pct = loss * 100.0,
                     "path loses packets: inner packets on its stream (retransmitted, in order)"),
                 Why::Quiet => debug!(tunnel = %self.peer, path = %name,
                     "path quiet: inner packets on its stream until traffic shows it clean"),
+                Why::Single => debug!(tunnel = %self.peer, path = %name,
+                    "path not bonded, at a rate its stream carries as well: inner packets on its stream"),
                 Why::Clean => debug!(tunnel = %self.peer, path = %name,
                     "path clean under traffic: inner packets as datagrams"),
             }
@@ -888,6 +890,7 @@ impl Tunnel {
                 ps.ack_silences = s.core.ack_watch(id).map_or(0, |w| w.silences);
                 if let Some(r) = s.core.recovery(id) {
                     ps.carry = Some(r.carry().as_str().into());
+                    ps.carry_why = Some(r.why().as_str().into());
                     ps.recovery_loss_pct = Some(r.loss() * 100.0);
                     ps.to_stream = r.to_stream;
                     ps.stream_s = r.stream_time(now).as_secs_f64();

@@ -39,11 +39,14 @@ pub struct PathStatus {
     /// the path shows no head-of-line waits).
     #[serde(default)]
     pub playout_ms: Option<f64>,
-    /// `transport_mode: auto`: how the path carries inner packets now (`datagram` while clean,
-    /// `stream` while it loses), the loss that choice follows (%), the times it went to its
+    /// `transport_mode: auto`: how the path carries inner packets now (`datagram`, `stream`)
+    /// and why (`carry_why`: `loss`, `quiet`, `single`: not bonded and at a rate the stream
+    /// carries as well, `clean`), the loss that choice follows (%), the times it went to its
     /// stream and the seconds it spent there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub carry: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carry_why: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_loss_pct: Option<f64>,
     #[serde(default)]
@@ -254,8 +257,12 @@ impl PathStatus {
     /// One line on how an `auto` path carries inner packets (`None` in a fixed mode).
     pub fn carry_summary(&self) -> Option<String> {
         let carry = self.carry.as_deref()?;
-        let now = match carry {
-            "stream" => "on its stream (losing: retransmitted, in order)",
+        let now = match (carry, self.carry_why.as_deref()) {
+            ("stream", Some("quiet")) => "on its stream (quiet: no evidence yet that it is clean)",
+            ("stream", Some("single")) => {
+                "on its stream (one path at a rate its stream carries as well)"
+            }
+            ("stream", _) => "on its stream (losing: retransmitted, in order)",
             _ => "as datagrams (clean)",
         };
         Some(format!(

@@ -114,7 +114,7 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
     ),
     (
         "mpquic_path_on_stream",
-        "transport_mode auto: 1 while the path carries inner packets on its stream (losing), 0 as datagrams (clean)",
+        "transport_mode auto: 1 while the path carries inner packets on its stream (losing, quiet, or alone at a rate the stream carries as well: status carry_why), 0 as datagrams (clean)",
         PathValue::Gauge(|p| p.carry.as_deref().map(|c| if c == "stream" { 1.0 } else { 0.0 })),
     ),
     (

@@ -170,6 +170,10 @@ impl TunnelCore {
 
     /// Feed each path's recovery its connection's loss counters; report changes of carriage.
     fn poll_recovery(&mut self, now: Instant, links: &[Option<LinkStats>], out: &mut Polled) {
+        // Paths are bonded when a lane spreads flows over them per packet and two are up.
+        let paths = self.router.paths();
+        let per_packet = (self.router.lanes().iter()).any(|l| l.bond().policy().per_packet());
+        let bonded = per_packet && paths.iter().filter(|(_, p)| p.is_up()).take(2).count() == 2;
         for id in self.router.paths().ids() {
             let (Some(r), Some(st)) = (
                 self.recovery.get_mut(id.index()),
@@ -179,7 +183,10 @@ impl TunnelCore {
             };
             let probe_loss =
                 (self.router.paths().get(id).health.as_ref()).map_or(0.0, |h| h.loss());
-            if let Some(c) = r.on_counters(now, st.sent_packets, st.lost_packets, probe_loss) {
+            let bonded = bonded && paths.get(id).is_up();
+            if let Some(c) =
+                r.on_counters(now, st.sent_packets, st.lost_packets, probe_loss, bonded)
+            {
                 out.carry.push((id, c.0, c.1));
             }
         }
