@@ -344,12 +344,17 @@ impl Sim {
     /// `n` packets of flow `port` (sequence 0..n) from `side`, one every `gap`, then a second
     /// for the last ones to land.
     fn send_flow(&mut self, side: Side, port: u16, n: u32, gap: Duration) {
-        for seq in 0..n {
+        self.send_seqs(side, port, 0..n, gap);
+        self.run_until(self.now + Duration::from_secs(1));
+    }
+
+    /// Packets `seqs` of flow `port`, one every `gap`.
+    fn send_seqs(&mut self, side: Side, port: u16, seqs: std::ops::Range<u32>, gap: Duration) {
+        for seq in seqs {
             self.send_data(side, port, seq);
             let next = self.now + gap;
             self.run_until(next);
         }
-        self.run_until(self.now + Duration::from_secs(1));
     }
 
     /// Packets `side`'s FEC decoders rebuilt.
@@ -947,12 +952,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let mut sim = adaptive_flow(&format!("delay={delay}ms"), false, seed);
-        let gap = Duration::from_micros(500);
-        for seq in 0..6000u32 {
-            sim.send_data(Side::Client, 9, seq);
-            let next = sim.now + gap;
-            sim.run_until(next);
-        }
+        sim.send_seqs(Side::Client, 9, 0..6000, Duration::from_micros(500));
         prop_assert_eq!(carry(&sim, Side::Client), Carry::Stream);
         let id = sim.client.router().paths().ids().next().unwrap();
         prop_assert_eq!(sim.client.recovery(id).unwrap().to_stream, 0);
@@ -971,21 +971,13 @@ proptest! {
         let mut sim = adaptive_flow(&format!("delay={delay}ms"), true, seed);
         // Two paths: each takes half, ~2000 packets/s.
         let gap = Duration::from_micros(250);
-        for seq in 0..8000u32 {
-            sim.send_data(Side::Client, 8, seq);
-            let next = sim.now + gap;
-            sim.run_until(next);
-        }
+        sim.send_seqs(Side::Client, 8, 0..8000, gap);
         prop_assert_eq!(carry(&sim, Side::Client), Carry::Datagram, "clean and busy: datagrams");
         let l = &mut sim.links[0][Side::Client.index()];
         let mut s = l.spec().clone();
         s.loss = loss;
         l.set_spec(s);
-        for seq in 8000..16000u32 {
-            sim.send_data(Side::Client, 8, seq);
-            let next = sim.now + gap;
-            sim.run_until(next);
-        }
+        sim.send_seqs(Side::Client, 8, 8000..16000, gap);
         sim.run_until(sim.now + Duration::from_secs(1));
         let seen = received_once(&sim, 8)?;
         prop_assert!(16000 - seen.len() <= 2, "lost {} packets", 16000 - seen.len());
