@@ -35,8 +35,8 @@ def steal_ticks():
 def rotated(text, k):
     """The cell's scenario with its `mpquic_variants` list rotated by `k`: each round starts with
     another variant, so a variant does not always run first (after the previous cell) or last.
-    (A handover cell with the default first in both rounds gave it 0.94x of `reliable`'s lossy
-    phases; with the order reversed, 0.98x.)"""
+    (The handover cell gave the default 0.94x of the best per phase when it ran first in both
+    rounds, 0.98x when it ran after `reliable`.)"""
     lines = text.splitlines(keepends=True)
     try:
         start = next(i for i, l in enumerate(lines) if l.startswith("mpquic_variants:")) + 1
