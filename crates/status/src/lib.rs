@@ -378,3 +378,30 @@ impl StatusReport {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The carriage line says why a path is on its stream: a quiet or lone path is not losing.
+    #[test]
+    fn the_carry_line_says_why() {
+        let line = |carry: &str, why: &str| {
+            let p = PathStatus {
+                carry: Some(carry.into()),
+                carry_why: Some(why.into()),
+                ..PathStatus::default()
+            };
+            p.carry_summary().unwrap()
+        };
+        assert!(line("stream", "loss").starts_with("on its stream (losing"));
+        assert!(line("stream", "quiet").starts_with("on its stream (quiet"));
+        assert!(line("stream", "single").starts_with("on its stream (one path"));
+        assert!(line("datagram", "clean").starts_with("as datagrams (clean)"));
+        assert_eq!(
+            PathStatus::default().carry_summary(),
+            None,
+            "a fixed mode has no line"
+        );
+    }
+}
