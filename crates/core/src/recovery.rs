@@ -238,7 +238,7 @@ impl Recovery {
 mod tests {
     use super::*;
 
-    /// `feed` for a path that is not bonded; returns the changes with why.
+    /// `feed_as` for a path that is not bonded, nothing lost.
     fn feed_single(
         r: &mut Recovery,
         t: &mut Instant,
@@ -246,13 +246,7 @@ mod tests {
         n: usize,
         per: u64,
     ) -> Vec<(Carry, Why)> {
-        let mut changes = Vec::new();
-        for _ in 0..n {
-            *t += Duration::from_millis(20);
-            c.0 += per;
-            changes.extend(r.on_counters(*t, c.0, c.1, 0.0, false));
-        }
-        changes
+        feed_as(r, t, c, (n, per, 0), false)
     }
 
     #[test]
@@ -273,8 +267,26 @@ mod tests {
         );
     }
 
-    /// `n` polls 20 ms apart, `per` packets sent and `lost_each` lost between polls; returns
-    /// the carriages changed to.
+    /// `n` polls 20 ms apart, `per` packets sent and `lost_each` lost between polls, on a
+    /// path `bonded` or not; returns the changes, with why.
+    fn feed_as(
+        r: &mut Recovery,
+        t: &mut Instant,
+        c: &mut (u64, u64),
+        (n, per, lost_each): (usize, u64, u64),
+        bonded: bool,
+    ) -> Vec<(Carry, Why)> {
+        let mut changes = Vec::new();
+        for _ in 0..n {
+            *t += Duration::from_millis(20);
+            c.0 += per;
+            c.1 += lost_each;
+            changes.extend(r.on_counters(*t, c.0, c.1, 0.0, bonded));
+        }
+        changes
+    }
+
+    /// `feed_as` for a bonded path; returns the carriages changed to.
     fn feed(
         r: &mut Recovery,
         t: &mut Instant,
@@ -283,14 +295,8 @@ mod tests {
         per: u64,
         lost_each: u64,
     ) -> Vec<Carry> {
-        let mut changes = Vec::new();
-        for _ in 0..n {
-            *t += Duration::from_millis(20);
-            c.0 += per;
-            c.1 += lost_each;
-            changes.extend(r.on_counters(*t, c.0, c.1, 0.0, true).map(|(c, _)| c));
-        }
-        changes
+        let changes = feed_as(r, t, c, (n, per, lost_each), true);
+        changes.into_iter().map(|(c, _)| c).collect()
     }
 
     #[test]

@@ -174,16 +174,16 @@ impl TunnelCore {
         let paths = self.router.paths();
         let per_packet = (self.router.lanes().iter()).any(|l| l.bond().policy().per_packet());
         let bonded = per_packet && paths.iter().filter(|(_, p)| p.is_up()).take(2).count() == 2;
-        for id in self.router.paths().ids() {
+        for id in paths.ids() {
             let (Some(r), Some(st)) = (
                 self.recovery.get_mut(id.index()),
                 links.get(id.index()).copied().flatten(),
             ) else {
                 continue;
             };
-            let probe_loss =
-                (self.router.paths().get(id).health.as_ref()).map_or(0.0, |h| h.loss());
-            let bonded = bonded && paths.get(id).is_up();
+            let path = paths.get(id);
+            let probe_loss = path.health.as_ref().map_or(0.0, |h| h.loss());
+            let bonded = bonded && path.is_up();
             if let Some(c) =
                 r.on_counters(now, st.sent_packets, st.lost_packets, probe_loss, bonded)
             {
