@@ -475,9 +475,14 @@ impl PathSet {
     /// arrived, when another path is up to carry it again (`None`: no other path is up, so the
     /// dead path's stream is the best hope for those packets; see `reliable.rs`).
     pub fn hand_over_since(&self, id: PathId, now: Instant) -> Option<Instant> {
-        let other_up = self.iter().any(|(p, path)| p != id && path.is_up());
         let h = self.paths.get(id.index())?.health.as_ref()?;
-        other_up.then(|| crate::reliable::unconfirmed_since(now, h.silence_at_down(), h.srtt()))
+        self.can_hand_over(id)
+            .then(|| crate::reliable::unconfirmed_since(now, h.silence_at_down(), h.srtt()))
+    }
+
+    /// Another path is up to take what `id` sent lately, should `id` go down now.
+    pub fn can_hand_over(&self, id: PathId) -> bool {
+        self.iter().any(|(p, path)| p != id && path.is_up())
     }
 
     pub fn handed_over(&mut self, id: PathId, n: u64) {

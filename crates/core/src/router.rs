@@ -330,6 +330,11 @@ impl Router {
         self.paths.hand_over_since(id, now)
     }
 
+    /// Another path is up to take what `id` sent lately (`hand_over_since`).
+    pub fn can_hand_over(&self, id: PathId) -> bool {
+        self.paths.can_hand_over(id)
+    }
+
     /// `n` packets of `id` were sent again on the live paths (`hand_over_since`).
     pub fn handed_over(&mut self, id: PathId, n: u64) {
         self.paths.handed_over(id, n);
@@ -384,6 +389,8 @@ mod tests {
             }
         }
         assert!(!r.paths().get(a).is_up() && r.paths().get(b).is_up());
+        // a could hand over to b; b, alone up, has nobody to keep copies for.
+        assert!(r.can_hand_over(a) && !r.can_hand_over(b));
         let since = r.hand_over_since(a, later).expect("b is up");
         let back = later - since;
         assert!(
@@ -395,6 +402,7 @@ mod tests {
         // b dies too: nobody to hand over to.
         r.disconnected(b);
         assert_eq!(r.hand_over_since(a, later), None);
+        assert!(!r.can_hand_over(a));
     }
 
     #[test]

@@ -306,6 +306,7 @@ impl Tunnel {
             if let Some(c) = s.core.carry(path) {
                 transport.set_carry(c);
             }
+            transport.set_hand_over(s.core.router().can_hand_over(path));
             // Every class leaves through the path's one controller: it keeps the bottleneck's
             // queue short for the higher ones (scenario 17: critical ping p99 +3.7/+4.6 ms over
             // idle beside 8 bulk uploads yielding, +11.5/+12.8 not).
@@ -693,6 +694,11 @@ impl Tunnel {
             for &(id, c, _) in &polled.carry {
                 if let Some(t) = to(id) {
                     t.set_carry(c);
+                }
+            }
+            for id in core.router().paths().ids() {
+                if let Some(l) = link(id) {
+                    l.transport.set_hand_over(core.router().can_hand_over(id));
                 }
             }
             next

@@ -128,6 +128,10 @@ pub trait PathTransport: Send + Sync + 'static {
     /// `transport_mode: auto`: how the tunnel core wants the path's inner packets carried now
     /// (`mpquic_core::recovery`). A transport with one way of carrying them ignores it.
     fn set_carry(&self, _carry: mpquic_core::recovery::Carry) {}
+    /// Whether another path is up to take what this one sent lately, should it go down
+    /// (`Router::can_hand_over`): a transport that keeps copies for `abandon` keeps them only
+    /// while someone could take them.
+    fn set_hand_over(&self, _possible: bool) {}
     /// The path carries traffic classes: its congestion controller keeps the bottleneck's
     /// queue short for the higher classes (`mpquic_core::cc::Bbr::yielding`). A transport or
     /// controller without that mode ignores it.

@@ -750,6 +750,10 @@ impl PathTransport for StripeTransport {
         }
     }
 
+    fn set_hand_over(&self, possible: bool) {
+        self.quic.set_hand_over(possible);
+    }
+
     fn abandon(&self, since: Instant) -> Vec<Bytes> {
         self.quic.abandon(since)
     }
