@@ -11,8 +11,9 @@ of client + server at the same load for every tunnel); with `--udp`, the most UD
 loss for 1400-byte and 160-byte IP packets. Reported alongside: CPU of the tunnel's client and
 server processes (% of one core, over the iperf3 run) and their RSS idle and peak.
 
-Row `many_clients` (`--clients 16 --server-threads 2`): that many mpquic clients through one
-server, one TCP flow each, all at once, beside one client alone; the server's CPU per thread.
+Row `many_clients` (`--clients 16 --server-threads 2`): that many mpquic clients (datagram mode)
+through one server, one TCP flow each, all at once, beside one client alone; the server's CPU
+per thread. `many_clients_default`: the same with mpquic's defaults (`auto`).
 Rows `many_clients_wireguard_go_latest` and `many_clients_direct`: the same with the newest
 wireguard-go and with no tunnel, the references for what this machine does with that many
 clients on its cores.
@@ -357,9 +358,10 @@ def all_at_once(lab, seconds, server, clients, dst, src_ns, iperf_ns, bind=None)
     return res
 
 
-def many_clients_row(n, seconds, server_threads):
-    """n mpquic clients (one path each) through one server with `server_threads` runtime threads."""
-    with labctl.Lab(paths=1, clients=n, emulated=False) as lab:
+def many_clients_row(n, seconds, server_threads, mode="datagram"):
+    """n mpquic clients (one path each) through one server with `server_threads` runtime threads,
+    in `mode` (`None`: the default, `auto`)."""
+    with labctl.Lab(paths=1, clients=n, mode=mode, emulated=False) as lab:
         lab.start_all(server_yaml=f"worker_threads: {server_threads}\n", client_yaml="worker_threads: 1\n")
         server = lab.procs["server"].pid
         res = all_at_once(lab, seconds, server, [lab.procs[f"client{c}"].pid for c in range(n)], lab.inet_addr,
@@ -435,6 +437,7 @@ def table(report):
             r = row["results"]
             base, _, nth = key.partition("#")
             what = {"many_clients": f"mpquic datagram, server worker_threads: {row.get('server_threads')}",
+                    "many_clients_default": f"mpquic default (auto), server worker_threads: {row.get('server_threads')}",
                     "many_clients_wireguard_go_latest": "wireguard-go (newest source)",
                     "many_clients_direct": "direct (no tunnel)"}.get(base, base) + (f" (run {nth})" if nth else "")
             cpu = ", ".join(f"{v:.0f}%" for v in sorted(r["server_thread_cpu_up"].values(), reverse=True)) or "-"
@@ -473,6 +476,7 @@ def main():
               "wireguard_go_latest": lambda: wireguard_row(args.seconds, latest=True, udp=args.udp),
               "wireguard_go": lambda: wireguard_row(args.seconds, udp=args.udp),
               "many_clients": lambda: many_clients_row(args.clients, args.seconds, args.server_threads),
+              "many_clients_default": lambda: many_clients_row(args.clients, args.seconds, args.server_threads, None),
               "many_clients_wireguard_go_latest": lambda: many_clients_wireguard_row(args.clients, args.seconds),
               "many_clients_direct": lambda: many_clients_direct_row(args.clients, args.seconds)}
     for i, key in enumerate(wanted):
