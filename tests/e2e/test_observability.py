@@ -20,6 +20,13 @@ def test_status_metrics_and_mss_clamp(make_lab):
     table = labctl.run([labctl.BIN, "status", "--socket", lab.sock("client0")]).stdout
     report("mpquic status (client):\n" + table)
     assert "wan1" in table and "wan2" in table and "up" in table and "10.200.17.1/24" in table
+    # Post-quantum keys by default: every handshake (one per path) negotiated the hybrid, as
+    # both sides counted it.
+    assert "key exchange post-quantum" in table, table
+    for who in ("client0", "server"):
+        tls = lab.status(who)["tls"]
+        assert tls["post_quantum"] and tls["key_exchanges"].get("X25519MLKEM768", 0) >= 2, (who, tls)
+        assert set(tls["key_exchanges"]) == {"X25519MLKEM768"}, (who, tls)
 
     # Metrics: off unless configured; here on 127.0.0.1:9464 inside each instance's namespace.
     fetch = ("import urllib.request;"
@@ -28,6 +35,7 @@ def test_status_metrics_and_mss_clamp(make_lab):
     assert 'mpquic_path_up{tunnel="site1/mpq0",path="wan1"} 1' in text, text[:2000]
     assert "# TYPE mpquic_path_tx_bytes counter" in text and text.rstrip().endswith("# EOF")
     assert 'mpquic_drops_total{tunnel="site1/mpq0",path="wan1",reason="spoofed_source"} 0' in text
+    assert 'mpquic_tls_handshakes_total{group="X25519MLKEM768"}' in text, text[:2000]
     # The control socket is root-only.
     import os
     import stat

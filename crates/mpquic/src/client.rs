@@ -284,6 +284,7 @@ impl Client {
             refused: Default::default(),
             tun_queue_packets: Vec::new(),
             last_reload: self.reloads.last(),
+            tls: crate::tls::status(self.cfg.tls_post_quantum),
         }
     }
 

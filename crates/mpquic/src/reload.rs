@@ -163,6 +163,11 @@ fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
     differ("log_format", &old.log_json, &new.log_json);
     differ("tls_cert_file", &old.cert_file, &new.cert_file);
     differ("tls_key_file", &old.key_file, &new.key_file);
+    differ(
+        "tls_post_quantum",
+        &old.tls_post_quantum,
+        &new.tls_post_quantum,
+    );
     differ("congestion_algorithm", &old.congestion, &new.congestion);
     differ("control_socket", &old.control_socket, &new.control_socket);
     differ("metrics_listen", &old.metrics_listen, &new.metrics_listen);

@@ -366,6 +366,7 @@ impl Server {
         let prefix = self.scfg().prefix;
         StatusReport {
             last_reload: self.reloads.last(),
+            tls: crate::tls::status(self.cfg.tls_post_quantum),
             role: "server".into(),
             congestion: self.cfg.congestion.as_str().into(),
             tun_name: self.cfg.tun_name.clone(),

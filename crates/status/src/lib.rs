@@ -241,6 +241,19 @@ pub struct StatusReport {
     /// The last configuration reload (SIGHUP or `mpquic reload`), if there was one.
     #[serde(default)]
     pub last_reload: Option<ReloadStatus>,
+    /// TLS: the key exchange this instance offers and what its handshakes negotiated.
+    #[serde(default)]
+    pub tls: TlsStatus,
+}
+
+/// What this instance's TLS handshakes use.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TlsStatus {
+    /// `tls_post_quantum`: the hybrid X25519MLKEM768 offered and preferred.
+    pub post_quantum: bool,
+    /// Handshakes completed since start, by the key exchange group they negotiated.
+    #[serde(default)]
+    pub key_exchanges: BTreeMap<String, u64>,
 }
 
 /// What the last reload did: applied (what changed), or refused (why; the running

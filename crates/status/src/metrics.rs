@@ -38,6 +38,11 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GroupLabels {
+    group: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabels {
     queue: String,
 }
@@ -318,6 +323,20 @@ impl StatusReport {
             refused,
         );
 
+        let handshakes = Family::<GroupLabels, Counter>::default();
+        for (group, n) in &self.tls.key_exchanges {
+            handshakes
+                .get_or_create(&GroupLabels {
+                    group: group.clone(),
+                })
+                .inc_by(*n);
+        }
+        registry.register(
+            "mpquic_tls_handshakes",
+            "TLS handshakes completed, by the key exchange group negotiated",
+            handshakes,
+        );
+
         let queues = Family::<QueueLabels, Counter>::default();
         for (queue, n) in self.tun_queue_packets.iter().enumerate() {
             queues
@@ -535,6 +554,10 @@ mod tests {
         StatusReport {
             role: "server".into(),
             refused: [("handshake_failed".to_string(), 3)].into(),
+            tls: crate::TlsStatus {
+                post_quantum: true,
+                key_exchanges: [("X25519MLKEM768".to_string(), 5)].into(),
+            },
             drops: [("no_route".to_string(), 4)].into(),
             tun_queue_packets: vec![7, 9],
             last_reload: Some(crate::ReloadStatus {
@@ -613,6 +636,10 @@ mod tests {
         );
         assert!(
             m.contains("mpquic_refused_connections_total{reason=\"handshake_failed\"} 3"),
+            "{m}"
+        );
+        assert!(
+            m.contains("mpquic_tls_handshakes_total{group=\"X25519MLKEM768\"} 5"),
             "{m}"
         );
         assert!(

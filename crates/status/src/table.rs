@@ -23,6 +23,18 @@ impl StatusReport {
                 per.join(" / ")
             );
         }
+        let _ = writeln!(
+            o,
+            "tls 1.3, key exchange {}{}",
+            match self.tls.post_quantum {
+                true => "post-quantum (X25519MLKEM768 first)",
+                false => "classic (tls_post_quantum: false)",
+            },
+            match self.tls.key_exchanges.is_empty() {
+                true => String::new(),
+                false => format!("; handshakes: {}", nonzero(&self.tls.key_exchanges)),
+            }
+        );
         if let Some(r) = &self.last_reload {
             let _ = writeln!(
                 o,

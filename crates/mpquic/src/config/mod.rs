@@ -196,6 +196,7 @@ struct RawConfig {
     tls_server_name: Option<String>,
     #[serde(default)]
     tls_insecure_skip_verify: bool,
+    tls_post_quantum: Option<bool>,
     congestion_algorithm: Option<Congestion>,
     transport_mode: Option<TransportMode>,
     bind_ip: Option<String>,
@@ -336,6 +337,8 @@ pub struct Config {
     pub log_json: bool,
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
+    /// Offer and accept the hybrid post-quantum key exchange first (`tls/key_exchange.rs`).
+    pub tls_post_quantum: bool,
     pub congestion: Congestion,
     pub control_socket: PathBuf,
     pub metrics_listen: Option<SocketAddr>,

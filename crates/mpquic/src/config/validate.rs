@@ -135,6 +135,7 @@ pub(super) fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem
         log_json: g.log_json,
         cert_file: raw.tls_cert_file,
         key_file: raw.tls_key_file,
+        tls_post_quantum: raw.tls_post_quantum.unwrap_or(true),
         congestion,
         control_socket,
         metrics_listen: raw.metrics_listen,

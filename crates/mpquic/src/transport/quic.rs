@@ -453,8 +453,12 @@ impl QuicDialer {
             (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
             _ => None,
         };
-        let crypto =
-            tls::client_crypto(ccfg.ca_file.as_deref(), ccfg.insecure_skip_verify, cert_key)?;
+        let crypto = tls::client_crypto(
+            ccfg.ca_file.as_deref(),
+            ccfg.insecure_skip_verify,
+            cert_key,
+            cfg.tls_post_quantum,
+        )?;
         let mut client = quinn::ClientConfig::new(Arc::new(
             quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
                 .context("TLS config unusable for QUIC")?,
@@ -661,7 +665,7 @@ impl QuicListener {
     ) -> Result<QuicListener> {
         let cert = cfg.cert_file.clone().context("tls_cert_file is required")?;
         let key = cfg.key_file.clone().context("tls_key_file is required")?;
-        let crypto = tls::server_crypto(&cert, &key, &scfg.client_ca_file)?;
+        let crypto = tls::server_crypto(&cert, &key, &scfg.client_ca_file, cfg.tls_post_quantum)?;
         let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(
             quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(crypto))
                 .context("TLS config unusable for QUIC")?,

@@ -12,11 +12,25 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
+pub mod key_exchange;
+
 /// ALPN of this protocol version; a peer speaking anything else fails the handshake.
 pub const ALPN: &[u8] = b"mpquic/4";
 
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+/// What `mpquic status` shows of TLS.
+pub fn status(post_quantum: bool) -> crate::status::TlsStatus {
+    crate::status::TlsStatus {
+        post_quantum,
+        key_exchanges: key_exchange::negotiated(),
+    }
+}
+
+/// aws-lc-rs with the key exchange groups `tls_post_quantum` chooses (`key_exchange.rs`).
+fn provider(post_quantum: bool) -> Arc<CryptoProvider> {
+    Arc::new(CryptoProvider {
+        kx_groups: key_exchange::groups(post_quantum),
+        ..rustls::crypto::aws_lc_rs::default_provider()
+    })
 }
 
 fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
@@ -45,12 +59,18 @@ fn roots(ca: &Path) -> Result<RootCertStore> {
     Ok(store)
 }
 
-pub fn server_crypto(cert: &Path, key: &Path, client_ca: &Path) -> Result<rustls::ServerConfig> {
+pub fn server_crypto(
+    cert: &Path,
+    key: &Path,
+    client_ca: &Path,
+    post_quantum: bool,
+) -> Result<rustls::ServerConfig> {
+    let provider = provider(post_quantum);
     let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(roots(client_ca)?), provider())
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots(client_ca)?), provider.clone())
             .build()
             .context("cannot build the client verifier")?;
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(verifier)
         .with_single_cert(load_certs(cert)?, load_key(key)?)
@@ -63,13 +83,15 @@ pub fn client_crypto(
     ca: Option<&Path>,
     insecure_skip_verify: bool,
     cert_key: Option<(&Path, &Path)>,
+    post_quantum: bool,
 ) -> Result<rustls::ClientConfig> {
-    let builder = rustls::ClientConfig::builder_with_provider(provider())
+    let provider = provider(post_quantum);
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?;
     let builder = if insecure_skip_verify {
         builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoServerVerification(provider())))
+            .with_custom_certificate_verifier(Arc::new(NoServerVerification(provider)))
     } else {
         let ca = ca.ok_or_else(|| anyhow!("tls_ca_file is required to verify the server"))?;
         builder.with_root_certificates(roots(ca)?)
@@ -143,5 +165,91 @@ impl ServerCertVerifier for NoServerVerification {
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pki;
+    use rustls::{ClientConnection, NamedGroup, ServerConnection};
+
+    /// A deployment's files: CA, the server's and one client's certificate.
+    fn files() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        pki::init(dir.path(), false).unwrap();
+        pki::issue(dir.path(), "srv", pki::Kind::Server { sans: vec![] }).unwrap();
+        pki::issue(dir.path(), "site1", pki::Kind::Client).unwrap();
+        dir
+    }
+
+    /// One TLS 1.3 handshake in memory between the configurations the product builds; the
+    /// group it negotiated, as each side saw it.
+    fn handshake(dir: &Path, client_pq: bool, server_pq: bool) -> (NamedGroup, NamedGroup) {
+        let d = |f: &str| dir.join(f);
+        let server = server_crypto(&d("srv.crt"), &d("srv.key"), &d("ca.crt"), server_pq).unwrap();
+        let client = client_crypto(
+            Some(&d("ca.crt")),
+            false,
+            Some((&d("site1.crt"), &d("site1.key"))),
+            client_pq,
+        )
+        .unwrap();
+        let mut c =
+            ClientConnection::new(Arc::new(client), ServerName::try_from("srv").unwrap()).unwrap();
+        let mut s = ServerConnection::new(Arc::new(server)).unwrap();
+        for _ in 0..10 {
+            let mut buf = Vec::new();
+            c.write_tls(&mut buf).unwrap();
+            s.read_tls(&mut buf.as_slice()).unwrap();
+            s.process_new_packets().unwrap();
+            let mut buf = Vec::new();
+            s.write_tls(&mut buf).unwrap();
+            c.read_tls(&mut buf.as_slice()).unwrap();
+            c.process_new_packets().unwrap();
+            if !c.is_handshaking() && !s.is_handshaking() {
+                break;
+            }
+        }
+        assert!(
+            !c.is_handshaking() && !s.is_handshaking(),
+            "handshake did not finish"
+        );
+        let group = |g: Option<&'static dyn rustls::crypto::SupportedKxGroup>| g.unwrap().name();
+        (
+            group(c.negotiated_key_exchange_group()),
+            group(s.negotiated_key_exchange_group()),
+        )
+    }
+
+    #[test]
+    fn post_quantum_by_default_and_classic_when_either_side_turns_it_off() {
+        let dir = files();
+        let pq = NamedGroup::X25519MLKEM768;
+        let before = key_exchange::negotiated();
+        assert_eq!(handshake(dir.path(), true, true), (pq, pq));
+        // Counted on both sides (other tests may handshake at the same time: at least 2).
+        let after = key_exchange::negotiated();
+        let n =
+            |m: &std::collections::BTreeMap<String, u64>| *m.get("X25519MLKEM768").unwrap_or(&0);
+        assert!(n(&after) >= n(&before) + 2, "{before:?} -> {after:?}");
+        for (c, s) in [(true, false), (false, true), (false, false)] {
+            let x = NamedGroup::X25519;
+            assert_eq!(
+                handshake(dir.path(), c, s),
+                (x, x),
+                "client pq {c}, server pq {s}"
+            );
+        }
+        assert!(key_exchange::is_post_quantum(pq));
+        assert!(!key_exchange::is_post_quantum(NamedGroup::X25519));
+    }
+
+    #[test]
+    fn the_default_configuration_asks_for_post_quantum_keys() {
+        let parse = |text: &str| crate::config::Config::parse(text, Path::new("t.yaml")).unwrap();
+        let client = "role: client\nremote_addr: 1.2.3.4\ntls_ca_file: ca\n";
+        assert!(parse(client).tls_post_quantum);
+        assert!(!parse(&format!("{client}tls_post_quantum: false\n")).tls_post_quantum);
     }
 }
