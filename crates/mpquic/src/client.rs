@@ -80,6 +80,8 @@ struct Client {
     paths: Mutex<Vec<LivePath>>,
     /// The last reload's outcome (status).
     reloads: reload::Record,
+    /// This client's certificate and the CA it verifies the server with, as loaded at start.
+    certificates: Vec<crate::status::CertificateStatus>,
     /// The classes' rules (`ccfg.classifier` at start): a reload swaps them, the TUN reader
     /// takes the current ones for each batch.
     classifier: std::sync::RwLock<Arc<Classifier>>,
@@ -201,6 +203,7 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
         link_payload: mpquic_core::mtu::udp_payload(link_mtu),
         paths: Mutex::new(Vec::new()),
         reloads: reload::Record::default(),
+        certificates: crate::tls::loaded(cfg.cert_file.as_deref(), ccfg.ca_file.as_deref()),
         platform: platform.clone(),
         classifier: std::sync::RwLock::new(Arc::new(ccfg.classifier.clone())),
         cfg,
@@ -284,7 +287,7 @@ impl Client {
             refused: Default::default(),
             tun_queue_packets: Vec::new(),
             last_reload: self.reloads.last(),
-            tls: crate::tls::status(self.cfg.tls_post_quantum),
+            tls: crate::tls::status(self.cfg.tls_post_quantum, self.certificates.clone()),
         }
     }
 

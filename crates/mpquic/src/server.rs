@@ -29,6 +29,8 @@ use crate::hello::{ClassOf, Hello, HelloAck};
 use crate::platform::Platform;
 use crate::reload;
 use crate::status::StatusReport;
+use crate::tls::certificate::Facts;
+use crate::tls::revocation;
 use crate::transport::quic::QuicListener;
 use crate::transport::{Listener, Offer};
 use crate::tun::Tun;
@@ -47,6 +49,9 @@ const HOUSEKEEPING: Duration = Duration::from_secs(1);
 struct Session {
     /// The client's identity (its certificate's name): which `clients:` entries apply.
     identity: String,
+    /// The certificates its connections presented (one, unless the client rotated its
+    /// certificate while the session ran): a reload that revokes one closes the session.
+    certificates: Mutex<Vec<Facts>>,
     /// The TUN queue the session's tunnel writes to (`Server::queues`).
     tun: Arc<Tun>,
     /// The site LAN prefixes routed to this session (announced, allowed by `clients:`).
@@ -91,6 +96,22 @@ impl Session {
         }
     }
 
+    fn remember(&self, cert: Facts) {
+        let mut certs = self.certificates.lock().unwrap_or_else(|e| e.into_inner());
+        if !certs.iter().any(|c| c.serial == cert.serial) {
+            // Bounded: a client rotates rarely; the newest few are what a revocation names.
+            if certs.len() == 4 {
+                certs.remove(0);
+            }
+            certs.push(cert);
+        }
+    }
+
+    fn revoked_by(&self, list: &[String]) -> bool {
+        let certs = self.certificates.lock().unwrap_or_else(|e| e.into_inner());
+        certs.iter().any(|c| revocation::is_revoked(list, c))
+    }
+
     /// The tunnel and lane an inner packet for this client goes through: with classes, the
     /// class its flow arrived in, else the default class (both counted). `false`: the session
     /// has no tunnel yet (its first connection is still being set up).
@@ -119,6 +140,8 @@ impl Session {
 
 struct Server {
     cfg: Config,
+    /// The server's certificate and the clients' CA as loaded (at start, at each reload).
+    certificates: RwLock<Vec<crate::status::CertificateStatus>>,
     /// The running server configuration; a reload replaces it (only `clients:` may differ).
     scfg: RwLock<Arc<ServerConfig>>,
     /// The last reload's outcome (status).
@@ -171,6 +194,10 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
     info!(listen = %scfg.listen, tun = %cfg.tun_name, address = %format!("{}/{}", scfg.tun_addr, scfg.prefix), address6, mtu, queues = queues.len(), "server listening");
 
     let server = Arc::new(Server {
+        certificates: RwLock::new(crate::tls::loaded(
+            cfg.cert_file.as_deref(),
+            Some(&scfg.client_ca_file),
+        )),
         ipv6: scfg.ipv6.map(|(_, plan)| plan),
         cfg,
         scfg: RwLock::new(Arc::new(scfg)),
@@ -209,7 +236,7 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
         let s = server.clone();
         tokio::spawn(async move { s.tun_reader(q).await });
     }
-    let listener: Arc<dyn Listener> = Arc::new(listener);
+    let listener = Arc::new(listener);
     let l = listener.clone();
     let s = server.clone();
     tokio::spawn(async move {
@@ -219,7 +246,7 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
         }
     });
 
-    let apply = |new| server.apply(new);
+    let apply = |new| server.apply(new, &listener);
     let stopped = platform.stopped();
     reload::serve_until(reloads, &server.cfg, &server.reloads, apply, stopped).await;
     info!("server shutting down");
@@ -272,10 +299,14 @@ impl Server {
     /// Apply a reloaded configuration (`reload::read` has checked that only `clients:`
     /// differs): new LAN routes into the device first (a failure changes nothing), then the new
     /// rules, then the old routes out, and the sessions whose rules changed closed.
-    fn apply(&self, new: Config) -> Result<String, String> {
-        let RoleConfig::Server(new) = new.role else {
+    fn apply(&self, new: Config, listener: &QuicListener) -> Result<String, String> {
+        let RoleConfig::Server(snew) = &new.role else {
             return Err("the file is no longer a server's".into());
         };
+        // TLS built before anything changes (its files read again: a rotated certificate, key
+        // or CA), so an unreadable one refuses the reload whole.
+        let tls = crate::transport::quic::server_quic(&new, snew).map_err(|e| format!("{e:#}"))?;
+        let new = snew.clone();
         let old = self.scfg();
         let lans = |c: &ServerConfig| -> Vec<Prefix> {
             let mut v: Vec<Prefix> = c.routes.iter().map(|(_, p)| *p).collect();
@@ -302,6 +333,9 @@ impl Server {
             }
         }
         *self.scfg.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(new.clone());
+        listener.install(tls);
+        *self.certificates.write().unwrap_or_else(|e| e.into_inner()) =
+            crate::tls::loaded(self.cfg.cert_file.as_deref(), Some(&new.client_ca_file));
         for p in &gone {
             if let Err(e) = route(&self.queues[0], p, false) {
                 warn!(error = %e, "a LAN route no client may announce any more is still there");
@@ -315,6 +349,13 @@ impl Server {
             (fixed, routes)
         };
         let mut registry = self.write();
+        // Revoked: closed now; their next handshake is refused.
+        let revoked: Vec<String> = (registry.sessions().into_iter())
+            .filter(|(_, _, s)| s.revoked_by(&new.revoked))
+            .map(|(name, _, _)| name.to_string())
+            .collect();
+        let revoked_sessions: Vec<Arc<Session>> =
+            revoked.iter().filter_map(|n| registry.remove(n)).collect();
         let affected: Vec<String> = (registry.sessions().into_iter())
             .filter(|(name, _, s)| rules(&old, name, &s.identity) != rules(&new, name, &s.identity))
             .map(|(name, _, _)| name.to_string())
@@ -322,6 +363,10 @@ impl Server {
         let closed: Vec<Arc<Session>> =
             affected.iter().filter_map(|n| registry.remove(n)).collect();
         drop(registry);
+        for s in &revoked_sessions {
+            warn!(client = %s.identity, "certificate revoked; session closed");
+            s.close_all(close::REVOKED, "certificate revoked");
+        }
         for s in &closed {
             s.close_all(
                 close::RULES_CHANGED,
@@ -347,13 +392,20 @@ impl Server {
                 affected.join(", ")
             ));
         }
+        if !revoked.is_empty() {
+            parts.push(format!(
+                "sessions closed, certificate revoked: {}",
+                revoked.join(", ")
+            ));
+        }
         if old.clients != new.clients || old.routes != new.routes {
             parts.push("clients: updated".into());
         }
-        Ok(match parts.is_empty() {
-            true => "no change".into(),
-            false => parts.join("; "),
-        })
+        if old.revoked != new.revoked {
+            parts.push(format!("revoked: {} entries", new.revoked.len()));
+        }
+        parts.push("TLS certificate, key and CA read again".into());
+        Ok(parts.join("; "))
     }
 
     fn status(&self, started: Instant) -> StatusReport {
@@ -366,7 +418,18 @@ impl Server {
         let prefix = self.scfg().prefix;
         StatusReport {
             last_reload: self.reloads.last(),
-            tls: crate::tls::status(self.cfg.tls_post_quantum),
+            tls: crate::tls::status(self.cfg.tls_post_quantum, {
+                let mut certs = self
+                    .certificates
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                for (_, s) in &sessions {
+                    let mine = s.certificates.lock().unwrap_or_else(|e| e.into_inner());
+                    certs.extend(mine.last().map(|c| c.status("client")));
+                }
+                certs
+            }),
             role: "server".into(),
             congestion: self.cfg.congestion.as_str().into(),
             tun_name: self.cfg.tun_name.clone(),
@@ -482,11 +545,12 @@ impl Server {
     async fn handle(&self, offer: Offer) {
         let Offer {
             identity: name,
+            certificate,
             remote,
             hello: h,
             reply,
         } = offer;
-        match self.join(&name, &h) {
+        match self.join(&name, certificate, &h) {
             Ok((tunnel, addr, path)) => {
                 let scfg = self.scfg();
                 let ack = HelloAck {
@@ -526,6 +590,7 @@ impl Server {
     fn join(
         &self,
         identity: &str,
+        certificate: Facts,
         h: &Hello,
     ) -> Result<(Arc<Tunnel>, std::net::Ipv4Addr, PathId), String> {
         let policy =
@@ -552,6 +617,7 @@ impl Server {
                 let made = self.made.fetch_add(1, Ordering::Relaxed) as usize;
                 Arc::new(Session {
                     identity: identity.to_string(),
+                    certificates: Mutex::default(),
                     tun: self.queues[made % self.queues.len()].clone(),
                     lans: lans.clone(),
                     tunnel: RwLock::new(None),
@@ -563,6 +629,7 @@ impl Server {
             info!(client = %name, lans = %h.routes.join(","), "site LAN routed to the client");
         }
         drop(registry);
+        joined.value.remember(certificate);
         if let Some(old) = &joined.replaced {
             info!(client = %name, "client restarted; replacing its old session");
             old.close_all(close::REPLACED, "replaced by a new session");

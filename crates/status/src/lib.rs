@@ -254,6 +254,32 @@ pub struct TlsStatus {
     /// Handshakes completed since start, by the key exchange group they negotiated.
     #[serde(default)]
     pub key_exchanges: BTreeMap<String, u64>,
+    /// The certificates in use: this instance's, its CA, and (server) each connected client's.
+    #[serde(default)]
+    pub certificates: Vec<CertificateStatus>,
+}
+
+/// One certificate in use and when it expires.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CertificateStatus {
+    /// `certificate` (this instance's), `ca`, or `client` (a connected client's).
+    pub role: String,
+    /// Its subject's CN.
+    pub name: String,
+    /// Its serial, hex (what `revoked: [serial:HEX]` names).
+    pub serial: String,
+    /// The end of its validity, Unix time.
+    pub expires_unix: i64,
+}
+
+/// Certificates this close to their end are flagged in status and the log.
+pub const EXPIRY_WARNING_DAYS: i64 = 30;
+
+impl CertificateStatus {
+    /// Whole days left (negative: expired), at Unix time `now`.
+    pub fn days_left(&self, now: i64) -> i64 {
+        (self.expires_unix - now).div_euclid(86_400)
+    }
 }
 
 /// What the last reload did: applied (what changed), or refused (why; the running

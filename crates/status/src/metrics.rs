@@ -38,6 +38,13 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CertificateLabels {
+    role: String,
+    name: String,
+    serial: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GroupLabels {
     group: String,
 }
@@ -337,6 +344,22 @@ impl StatusReport {
             handshakes,
         );
 
+        let expiry = Family::<CertificateLabels, Gauge>::default();
+        for c in &self.tls.certificates {
+            expiry
+                .get_or_create(&CertificateLabels {
+                    role: c.role.clone(),
+                    name: c.name.clone(),
+                    serial: c.serial.clone(),
+                })
+                .set(c.expires_unix);
+        }
+        registry.register(
+            "mpquic_tls_certificate_expiry_timestamp_seconds",
+            "When each certificate in use expires (Unix time): this instance's, its CA, connected clients'",
+            expiry,
+        );
+
         let queues = Family::<QueueLabels, Counter>::default();
         for (queue, n) in self.tun_queue_packets.iter().enumerate() {
             queues
@@ -557,6 +580,12 @@ mod tests {
             tls: crate::TlsStatus {
                 post_quantum: true,
                 key_exchanges: [("X25519MLKEM768".to_string(), 5)].into(),
+                certificates: vec![crate::CertificateStatus {
+                    role: "ca".into(),
+                    name: "mpquic-ca".into(),
+                    serial: "a1b".into(),
+                    expires_unix: 2_000_000_000,
+                }],
             },
             drops: [("no_route".to_string(), 4)].into(),
             tun_queue_packets: vec![7, 9],
@@ -640,6 +669,10 @@ mod tests {
         );
         assert!(
             m.contains("mpquic_tls_handshakes_total{group=\"X25519MLKEM768\"} 5"),
+            "{m}"
+        );
+        assert!(
+            m.contains("mpquic_tls_certificate_expiry_timestamp_seconds{role=\"ca\",name=\"mpquic-ca\",serial=\"a1b\"} 2000000000"),
             "{m}"
         );
         assert!(

@@ -35,6 +35,20 @@ impl StatusReport {
                 false => format!("; handshakes: {}", nonzero(&self.tls.key_exchanges)),
             }
         );
+        let now = unix_now() as i64;
+        for c in &self.tls.certificates {
+            let days = c.days_left(now);
+            let flag = match days {
+                d if d < 0 => "  EXPIRED",
+                d if d < crate::EXPIRY_WARNING_DAYS => "  EXPIRES SOON",
+                _ => "",
+            };
+            let _ = writeln!(
+                o,
+                "  {} {} serial {}: {} days left{flag}",
+                c.role, c.name, c.serial, days
+            );
+        }
         if let Some(r) = &self.last_reload {
             let _ = writeln!(
                 o,

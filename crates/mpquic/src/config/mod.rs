@@ -224,6 +224,9 @@ struct RawConfig {
     tun_offload: Option<bool>,
     #[serde(default)]
     clients: Vec<RawClient>,
+    /// Server: client certificates refused, by name (CN) or `serial:HEX` (reloadable).
+    #[serde(default)]
+    revoked: Vec<String>,
     /// Client: traffic classes, in priority order (`classes.rs`).
     #[serde(default)]
     classes: Vec<RawClass>,
@@ -319,6 +322,9 @@ pub struct ServerConfig {
     pub routes: Vec<(String, Prefix)>,
     /// `stripe_enabled`: where the stripe transport's socket listens.
     pub stripe: Option<SocketAddr>,
+    /// `revoked`: client certificates refused at the handshake, each a name (the CN) or
+    /// `serial:HEX` (lower case, no colons or leading zeros: `tls::is_revoked` compares).
+    pub revoked: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -924,6 +930,31 @@ multipath_paths:
         );
         let e = parse(&client).unwrap_err().to_string();
         assert!(e.contains("comes from the server"), "{e}");
+    }
+
+    #[test]
+    fn revoked_takes_names_and_serials_and_says_where_one_is_wrong() {
+        const SERVER: &str = "role: server\nremote_port: 45017\ntun_name: mp1\ntun_cidr: 10.200.17.254/24\ntls_cert_file: /s.crt\ntls_key_file: /s.key\n";
+        let c = parse(&format!("{SERVER}revoked:\n- site3\n- 'serial:00:1B:06'\n")).unwrap();
+        let RoleConfig::Server(s) = &c.role else {
+            panic!()
+        };
+        assert_eq!(
+            s.revoked,
+            vec!["site3".to_string(), "serial:1b06".to_string()]
+        );
+        let e = parse(&format!("{SERVER}revoked:\n- site3\n- serial:xyz\n")).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("`serial:xyz` is not a certificate serial"),
+            "{text}"
+        );
+        assert!(text.contains(":9:"), "the line of the bad entry: {text}");
+        let client = "role: client\nremote_addr: 1.2.3.4\ntls_ca_file: ca\nrevoked: [site3]\n";
+        assert!(parse(client)
+            .unwrap_err()
+            .to_string()
+            .contains("`revoked` is a server option"));
     }
 
     #[test]

@@ -422,7 +422,37 @@ fn server(raw: &RawConfig, g: &General, c: &mut Checker) -> ServerConfig {
         clients,
         routes,
         stripe: server_stripe(raw, c, SocketAddr::new(listen_ip, port)),
+        revoked: revoked(raw, c),
     }
+}
+
+/// `revoked`: names as they are, serials normalized (`serial:0A:1b` -> `serial:a1b`).
+fn revoked(raw: &RawConfig, c: &mut Checker) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, r) in raw.revoked.iter().enumerate() {
+        let r = r.trim();
+        match r.strip_prefix("serial:") {
+            Some(hex) => {
+                let digits: String = hex.chars().filter(|ch| *ch != ':').collect();
+                if digits.is_empty() || !digits.chars().all(|ch| ch.is_ascii_hexdigit()) {
+                    c.at(
+                        &format!("revoked[{i}]"),
+                        format!("`{r}` is not a certificate serial"),
+                        Some("write it as `serial:` and the hex digits `openssl x509 -noout -serial` or `mpquic status` shows".into()),
+                    );
+                    continue;
+                }
+                out.push(format!("serial:{}", crate::tls::normal_serial(&digits)));
+            }
+            None if r.is_empty() => c.at(
+                &format!("revoked[{i}]"),
+                "an empty entry".into(),
+                Some("a client's name (its certificate's CN) or `serial:HEX`".into()),
+            ),
+            None => out.push(r.to_string()),
+        }
+    }
+    out
 }
 
 /// `stripe_enabled`, `stripe_port` (default: the QUIC port + 1000, as in the seed: 45017 and
@@ -467,6 +497,9 @@ fn server_stripe(raw: &RawConfig, c: &mut Checker, listen: SocketAddr) -> Option
 fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
     if !raw.clients.is_empty() {
         c.at("clients", "`clients` is a server option".into(), None);
+    }
+    if !raw.revoked.is_empty() {
+        c.at("revoked", "`revoked` is a server option".into(), None);
     }
     if g.tun_cidr6.is_some() {
         c.at(

@@ -12,17 +12,46 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
+pub mod certificate;
 pub mod key_exchange;
+pub mod revocation;
+
+pub use certificate::normal_serial;
 
 /// ALPN of this protocol version; a peer speaking anything else fails the handshake.
 pub const ALPN: &[u8] = b"mpquic/4";
 
-/// What `mpquic status` shows of TLS.
-pub fn status(post_quantum: bool) -> crate::status::TlsStatus {
+/// What `mpquic status` shows of TLS: the key exchange and the certificates in use.
+pub fn status(
+    post_quantum: bool,
+    certificates: Vec<crate::status::CertificateStatus>,
+) -> crate::status::TlsStatus {
     crate::status::TlsStatus {
         post_quantum,
         key_exchanges: key_exchange::negotiated(),
+        certificates,
     }
+}
+
+/// This instance's certificate and its CA as just loaded, for status; one close to its end
+/// (or past it) is logged as a warning.
+pub fn loaded(cert: Option<&Path>, ca: Option<&Path>) -> Vec<crate::status::CertificateStatus> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let mut out = Vec::new();
+    for (role, path) in [("certificate", cert), ("ca", ca)] {
+        let Some(f) = path.and_then(certificate::of_file) else {
+            continue;
+        };
+        let c = f.status(role);
+        let days = c.days_left(now);
+        if days < crate::status::EXPIRY_WARNING_DAYS {
+            tracing::warn!(role, name = %c.name, days_left = days, file = %path.unwrap_or(Path::new("")).display(), "certificate expires soon");
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// aws-lc-rs with the key exchange groups `tls_post_quantum` chooses (`key_exchange.rs`).
@@ -59,17 +88,24 @@ fn roots(ca: &Path) -> Result<RootCertStore> {
     Ok(store)
 }
 
+/// The server's TLS from its files (read now: a reload calls this again, so a rotated
+/// certificate, key or CA takes effect for the next handshakes) and its `revoked:` list.
 pub fn server_crypto(
     cert: &Path,
     key: &Path,
     client_ca: &Path,
     post_quantum: bool,
+    revoked: &[String],
 ) -> Result<rustls::ServerConfig> {
     let provider = provider(post_quantum);
     let verifier =
         WebPkiClientVerifier::builder_with_provider(Arc::new(roots(client_ca)?), provider.clone())
             .build()
             .context("cannot build the client verifier")?;
+    let verifier = Arc::new(revocation::Verifier {
+        inner: verifier,
+        revoked: revoked.to_vec(),
+    });
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(verifier)
@@ -104,21 +140,6 @@ pub fn client_crypto(
     };
     cfg.alpn_protocols = vec![ALPN.to_vec()];
     Ok(cfg)
-}
-
-/// The common name of the first certificate the peer presented: a client's identity.
-pub fn peer_common_name(conn: &quinn::Connection) -> Option<String> {
-    let any = conn.peer_identity()?;
-    let certs = any.downcast::<Vec<CertificateDer<'static>>>().ok()?;
-    let (_, cert) = x509_parser::parse_x509_certificate(certs.first()?.as_ref()).ok()?;
-    let cn = cert
-        .subject()
-        .iter_common_name()
-        .next()?
-        .as_str()
-        .ok()?
-        .to_string();
-    Some(cn)
 }
 
 /// `tls_insecure_skip_verify: true`: any server certificate is accepted, but handshake signatures
@@ -187,7 +208,8 @@ mod tests {
     /// group it negotiated, as each side saw it.
     fn handshake(dir: &Path, client_pq: bool, server_pq: bool) -> (NamedGroup, NamedGroup) {
         let d = |f: &str| dir.join(f);
-        let server = server_crypto(&d("srv.crt"), &d("srv.key"), &d("ca.crt"), server_pq).unwrap();
+        let server =
+            server_crypto(&d("srv.crt"), &d("srv.key"), &d("ca.crt"), server_pq, &[]).unwrap();
         let client = client_crypto(
             Some(&d("ca.crt")),
             false,

@@ -38,6 +38,8 @@ pub mod close {
     pub const REMOVED: u32 = 5;
     /// The server's rules for the client changed (a reload): it rejoins under the new ones.
     pub const RULES_CHANGED: u32 = 6;
+    /// The client's certificate was revoked (a reload added it to `revoked:`).
+    pub const REVOKED: u32 = 7;
 }
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -277,6 +279,8 @@ pub trait Listener: Send + Sync + 'static {
 pub struct Offer {
     /// The identity its certificate proves (the CN).
     pub identity: String,
+    /// That certificate's serial and expiry (revocation by serial, status).
+    pub certificate: crate::tls::certificate::Facts,
     pub remote: SocketAddr,
     pub hello: Hello,
     pub reply: Box<dyn OfferReply>,

@@ -18,7 +18,7 @@ use mpquic_core::recovery::Carry;
 use mpquic_core::sendq::RankedQueues;
 use mpquic_core::{DropReason, PathLoad};
 use tokio::sync::mpsc;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::{
     flow_of, stream_rx, BoxFuture, Dialer, Dropped, Known, LaneCarry, LaneSend, Listener, Offer,
@@ -599,10 +599,24 @@ impl QuicDialer {
             socket,
             Arc::new(quinn::TokioRuntime),
         )?;
+        let started = Instant::now();
         let conn = endpoint
             .connect_with(client.clone(), remote, &self.server_name)?
             .await
             .with_context(|| format!("handshake with {remote} failed"))?;
+        // What the handshake cost, for the operator and bench/handshake.py (post-quantum
+        // against classic key exchange).
+        let stats = conn.stats();
+        let server_cert = tls::certificate::of_peer(&conn);
+        info!(
+            path = %p.name,
+            %remote,
+            server_serial = %server_cert.as_ref().map_or("?", |c| c.serial.as_str()),
+            handshake_ms = format!("{:.1}", started.elapsed().as_secs_f64() * 1e3),
+            sent_bytes = stats.udp_tx.bytes,
+            received_bytes = stats.udp_rx.bytes,
+            "QUIC handshake done"
+        );
         let (mut send, mut recv) = conn.open_bi().await?;
         hello::write(&mut send, h).await?;
         let ack: HelloAck = hello::read(&mut recv)
@@ -663,18 +677,7 @@ impl QuicListener {
         platform: &Platform,
         refused: Refused,
     ) -> Result<QuicListener> {
-        let cert = cfg.cert_file.clone().context("tls_cert_file is required")?;
-        let key = cfg.key_file.clone().context("tls_key_file is required")?;
-        let crypto = tls::server_crypto(&cert, &key, &scfg.client_ca_file, cfg.tls_post_quantum)?;
-        let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(
-            quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(crypto))
-                .context("TLS config unusable for QUIC")?,
-        ));
-        server_config.transport_config(quic::transport(
-            cfg.congestion,
-            quic::DEFAULT_LINK_MTU,
-            None,
-        ));
+        let server_config = server_quic(cfg, scfg)?;
         let endpoint = quinn::Endpoint::new_with_abstract_socket(
             quinn::EndpointConfig::default(),
             Some(server_config),
@@ -716,6 +719,40 @@ impl QuicListener {
     }
 }
 
+/// The listener's QUIC and TLS settings, the TLS files read now.
+pub fn server_quic(
+    cfg: &Config,
+    scfg: &crate::config::ServerConfig,
+) -> Result<quinn::ServerConfig> {
+    let cert = cfg.cert_file.clone().context("tls_cert_file is required")?;
+    let key = cfg.key_file.clone().context("tls_key_file is required")?;
+    let crypto = tls::server_crypto(
+        &cert,
+        &key,
+        &scfg.client_ca_file,
+        cfg.tls_post_quantum,
+        &scfg.revoked,
+    )?;
+    let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(
+        quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(crypto))
+            .context("TLS config unusable for QUIC")?,
+    ));
+    server_config.transport_config(quic::transport(
+        cfg.congestion,
+        quic::DEFAULT_LINK_MTU,
+        None,
+    ));
+    Ok(server_config)
+}
+
+impl QuicListener {
+    /// A reload's settings (`server_quic`: TLS files read again, the new `revoked:` list)
+    /// for the handshakes from now on; running connections keep theirs.
+    pub fn install(&self, settings: quinn::ServerConfig) {
+        self.endpoint.set_server_config(Some(settings));
+    }
+}
+
 impl Listener for QuicListener {
     fn next(&self) -> BoxFuture<'_, Option<Offer>> {
         Box::pin(async move { self.offers.lock().await.recv().await })
@@ -737,18 +774,27 @@ async fn offer(incoming: quinn::Incoming, accepting: Arc<Accepting>) -> Option<O
     let remote = incoming.remote_address();
     let conn = match incoming.await {
         Ok(c) => c,
+        Err(quinn::ConnectionError::TransportError(e))
+            if e.code == quinn_proto::TransportErrorCode::crypto(tls::revocation::ALERT) =>
+        {
+            // Logged with the client's name by the verifier.
+            refused("revoked");
+            return None;
+        }
         Err(e) => {
             warn!(%remote, error = %e, "handshake failed; client refused");
             refused("handshake_failed");
             return None;
         }
     };
-    let Some(identity) = tls::peer_common_name(&conn) else {
+    let certificate = tls::certificate::of_peer(&conn);
+    let Some(identity) = certificate.as_ref().and_then(|c| c.name.clone()) else {
         warn!(%remote, "client certificate has no common name; refused");
         refused("no_common_name");
         conn.close(close::REFUSED.into(), b"certificate has no common name");
         return None;
     };
+    let certificate = certificate.expect("it has a name");
     let hello = tokio::time::timeout(HELLO_TIMEOUT, async {
         let (send, mut recv) = conn.accept_bi().await?;
         let h: Hello = hello::read(&mut recv).await?;
@@ -810,6 +856,7 @@ async fn offer(incoming: quinn::Incoming, accepting: Arc<Accepting>) -> Option<O
     };
     Some(Offer {
         identity,
+        certificate,
         remote,
         reply: Box::new(QuicOffer {
             conn,
