@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -58,6 +59,33 @@ def test_ping_tcp_both_directions_and_udp(make_lab, mode):
     # Every packet is accounted for: the client sent on its paths what the server received.
     assert sum(x["tx_packets"] for x in cli["paths"]) > 0
     assert srv["peer"] == "site1/mpq0" and srv["address"] == "10.200.17.1/24"
+
+
+def test_keys_update_under_traffic_without_a_lost_packet(make_lab):
+    """QUIC changes a connection's keys on its own (the first time after 10-1000 packets, then
+    before the cipher's limit): under a TCP upload both ends count key updates, and pings every
+    10 ms across them all arrive."""
+    lab = make_lab(paths=1, mode=None)
+    lab.pki()
+    lab.start_server()
+    lab.start_client()
+    lab.wait_tunnel()
+    before = {who: lab.status(who)["tls"]["key_updates"] for who in ("client0", "server")}
+    lab.iperf_server()
+    lab.start_ping("ping", interval=0.01)
+    time.sleep(0.5)
+    up = lab.iperf(seconds=3)["end"]["sum_received"]["bits_per_second"] / 1e6
+    time.sleep(0.5)
+    lab.stop("ping", sig=signal.SIGINT)
+    p = labctl.parse_ping(lab.log("ping"))
+    after = {who: lab.status(who)["tls"]["key_updates"] for who in ("client0", "server")}
+    report(f"key updates under a {up:.0f} Mbit/s upload: client {before['client0']} -> "
+           f"{after['client0']}, server {before['server']} -> {after['server']}; pings "
+           f"{len(p['received'])}/{p['sent']}")
+    assert all(after[w] > before[w] for w in after), (before, after)
+    assert p["sent"] and p["sent"] > 300 and len(p["received"]) == p["sent"], p
+    table = labctl.run([labctl.BIN, "status", "--socket", lab.sock("client0")]).stdout
+    assert f"key updates {after['client0']}" in table, table
 
 
 def udp_receive_overflows(lab, ns):

@@ -254,6 +254,9 @@ pub struct TlsStatus {
     /// Handshakes completed since start, by the key exchange group they negotiated.
     #[serde(default)]
     pub key_exchanges: BTreeMap<String, u64>,
+    /// QUIC 1-RTT key updates since start, over all connections (either side's).
+    #[serde(default)]
+    pub key_updates: u64,
     /// The certificates in use: this instance's, its CA, and (server) each connected client's.
     #[serde(default)]
     pub certificates: Vec<CertificateStatus>,

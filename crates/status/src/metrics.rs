@@ -344,6 +344,14 @@ impl StatusReport {
             handshakes,
         );
 
+        let updates = Counter::<u64>::default();
+        updates.inc_by(self.tls.key_updates);
+        registry.register(
+            "mpquic_tls_key_updates",
+            "QUIC 1-RTT key updates over all connections",
+            updates,
+        );
+
         let expiry = Family::<CertificateLabels, Gauge>::default();
         for c in &self.tls.certificates {
             expiry
@@ -580,6 +588,7 @@ mod tests {
             tls: crate::TlsStatus {
                 post_quantum: true,
                 key_exchanges: [("X25519MLKEM768".to_string(), 5)].into(),
+                key_updates: 3,
                 certificates: vec![crate::CertificateStatus {
                     role: "ca".into(),
                     name: "mpquic-ca".into(),
@@ -671,6 +680,7 @@ mod tests {
             m.contains("mpquic_tls_handshakes_total{group=\"X25519MLKEM768\"} 5"),
             "{m}"
         );
+        assert!(m.contains("mpquic_tls_key_updates_total 3"), "{m}");
         assert!(
             m.contains("mpquic_tls_certificate_expiry_timestamp_seconds{role=\"ca\",name=\"mpquic-ca\",serial=\"a1b\"} 2000000000"),
             "{m}"

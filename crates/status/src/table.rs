@@ -25,7 +25,7 @@ impl StatusReport {
         }
         let _ = writeln!(
             o,
-            "tls 1.3, key exchange {}{}",
+            "tls 1.3, key exchange {}{}; key updates {}",
             match self.tls.post_quantum {
                 true => "post-quantum (X25519MLKEM768 first)",
                 false => "classic (tls_post_quantum: false)",
@@ -33,7 +33,8 @@ impl StatusReport {
             match self.tls.key_exchanges.is_empty() {
                 true => String::new(),
                 false => format!("; handshakes: {}", nonzero(&self.tls.key_exchanges)),
-            }
+            },
+            self.tls.key_updates
         );
         let now = unix_now() as i64;
         for c in &self.tls.certificates {

@@ -14,6 +14,7 @@ use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 pub mod certificate;
 pub mod key_exchange;
+pub mod key_update;
 pub mod revocation;
 
 pub use certificate::normal_serial;
@@ -29,6 +30,7 @@ pub fn status(
     crate::status::TlsStatus {
         post_quantum,
         key_exchanges: key_exchange::negotiated(),
+        key_updates: key_update::updates(),
         certificates,
     }
 }

@@ -459,10 +459,11 @@ impl QuicDialer {
             cert_key,
             cfg.tls_post_quantum,
         )?;
-        let mut client = quinn::ClientConfig::new(Arc::new(
-            quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
-                .context("TLS config unusable for QUIC")?,
-        ));
+        let mut client =
+            quinn::ClientConfig::new(Arc::new(tls::key_update::CountedClient(Arc::new(
+                quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
+                    .context("TLS config unusable for QUIC")?,
+            ))));
         client.transport_config(quic::transport(cfg.congestion, link_mtu, None));
         Ok(QuicDialer {
             client,
@@ -733,10 +734,11 @@ pub fn server_quic(
         cfg.tls_post_quantum,
         &scfg.revoked,
     )?;
-    let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(
-        quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(crypto))
-            .context("TLS config unusable for QUIC")?,
-    ));
+    let mut server_config =
+        quinn::ServerConfig::with_crypto(Arc::new(tls::key_update::CountedServer(Arc::new(
+            quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(crypto))
+                .context("TLS config unusable for QUIC")?,
+        ))));
     server_config.transport_config(quic::transport(
         cfg.congestion,
         quic::DEFAULT_LINK_MTU,
