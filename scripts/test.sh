@@ -7,6 +7,7 @@ scripts/install-deps.sh --tests
 echo "== cargo fmt --check"; cargo fmt --all -- --check
 echo "== cargo clippy";      cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== unit, simulator and CLI tests"; cargo test --workspace --quiet
+echo "== fuzz targets, 6 s each (bench/fuzz.sh MINUTES for a real run)"; bench/fuzz.sh 0.1
 echo "== build release";     cargo build --release --quiet
 echo "== end-to-end tests (namespaces)"
 target/release/mpquic-lab down --stale

@@ -11,6 +11,7 @@ pub mod coalesce;
 pub mod drops;
 pub mod fec;
 pub mod flow;
+pub mod harness;
 pub mod health;
 pub mod icmp;
 pub mod loss;

@@ -103,7 +103,8 @@ impl Feedback {
             .map(|c| u16::from_be_bytes([c[0], c[1]]))
             .collect();
         let span: u64 = runs.iter().map(|&r| u64::from(r)).sum();
-        if runs.contains(&0) || span > SPAN || span > largest + 1 {
+        // `largest` is the peer's word: u64::MAX must not overflow the check.
+        if runs.contains(&0) || span > SPAN || span > largest.saturating_add(1) {
             return None;
         }
         Some(Feedback {
@@ -118,7 +119,9 @@ impl Feedback {
         let mut top = self.largest;
         self.runs.iter().enumerate().filter_map(move |(i, &r)| {
             let r = u64::from(r);
-            let range = (top + 1 - r, top);
+            // r >= 1 and the runs reach no lower than counter 0 (`decode`), so this neither
+            // underflows nor, at top = u64::MAX, overflows as `top + 1 - r` would.
+            let range = (top - (r - 1), top);
             top = top.saturating_sub(r);
             (i % 2 == 0).then_some(range)
         })

@@ -1,0 +1,4 @@
+//! Fuzz target: `mpquic_core::harness::inner_packets`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| mpquic_core::harness::inner_packets(data));
