@@ -4,6 +4,7 @@
 
 pub mod ackwatch;
 pub mod addressing;
+pub mod admission;
 pub mod bond;
 pub mod cc;
 pub mod classify;

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context, Result};
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
+use mpquic_core::admission::{self, Admission, Verdict};
 use mpquic_core::pacing::Pacer;
 use mpquic_core::packet::is_pure_tcp_ack;
 use mpquic_core::recovery::Carry;
@@ -666,6 +667,18 @@ struct Accepting {
     congestion: crate::config::Congestion,
     /// `stripe_enabled`: the stripe socket that stripe paths' sessions join.
     stripe: Option<Arc<StripeServer>>,
+    /// Handshakes in flight, bounded (`mpquic_core::admission`).
+    admission: Mutex<Admission>,
+}
+
+/// An accepted handshake's place in `Accepting::admission`, given back when it ends however it
+/// ends (done, failed, timed out, or its task dropped).
+struct InFlight(Arc<Accepting>, std::net::IpAddr);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        (self.0.admission.lock().unwrap_or_else(|e| e.into_inner())).done(self.1);
+    }
 }
 
 /// Counts a refused connection by reason (the server's status and metrics).
@@ -701,12 +714,38 @@ impl QuicListener {
             pipes: PipeSets::default(),
             congestion: cfg.congestion,
             stripe,
+            admission: Mutex::default(),
         });
         tokio::spawn(async move {
             while let Some(incoming) = ep.accept().await {
+                let src = incoming.remote_address().ip();
+                let verdict = (accepting
+                    .admission
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()))
+                .on_initial(src, incoming.remote_address_validated());
+                match verdict {
+                    Verdict::Accept => {}
+                    Verdict::Retry => {
+                        match incoming.retry() {
+                            Ok(()) => (accepting.refused)("retry"),
+                            Err(e) => {
+                                e.into_incoming().ignore();
+                                (accepting.refused)("handshake_overload");
+                            }
+                        }
+                        continue;
+                    }
+                    Verdict::Ignore(reason) => {
+                        incoming.ignore();
+                        (accepting.refused)(reason);
+                        continue;
+                    }
+                }
                 let (tx, accepting) = (tx.clone(), accepting.clone());
                 tokio::spawn(async move {
-                    if let Some(offer) = offer(incoming, accepting).await {
+                    let in_flight = InFlight(accepting.clone(), src);
+                    if let Some(offer) = offer(incoming, accepting, in_flight).await {
                         // The server is gone when the queue is closed; nothing to answer.
                         let _ = tx.send(offer).await;
                     }
@@ -744,6 +783,12 @@ pub fn server_quic(
         quic::DEFAULT_LINK_MTU,
         None,
     ));
+    // Initials waiting for the accept loop (which decides at once): bounded well below
+    // quinn's defaults (65536 of them, 100 MiB), so a flood cannot grow the server's memory.
+    server_config
+        .max_incoming(2 * admission::MAX_HANDSHAKES)
+        .incoming_buffer_size(64 << 10)
+        .incoming_buffer_size_total(8 << 20);
     Ok(server_config)
 }
 
@@ -771,10 +816,16 @@ impl Listener for QuicListener {
 
 /// One incoming connection up to its offer: handshake, identity, hello. A pipe after a path's
 /// first joins that pipe's set here, without an offer (`pipes.rs`).
-async fn offer(incoming: quinn::Incoming, accepting: Arc<Accepting>) -> Option<Offer> {
+async fn offer(
+    incoming: quinn::Incoming,
+    accepting: Arc<Accepting>,
+    in_flight: InFlight,
+) -> Option<Offer> {
     let refused = &accepting.refused;
     let remote = incoming.remote_address();
-    let conn = match incoming.await {
+    let handshake = incoming.await;
+    drop(in_flight);
+    let conn = match handshake {
         Ok(c) => c,
         Err(quinn::ConnectionError::TransportError(e))
             if e.code == quinn_proto::TransportErrorCode::crypto(tls::revocation::ALERT) =>
