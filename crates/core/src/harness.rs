@@ -169,8 +169,11 @@ pub fn stream_frames(data: &[u8]) {
     }
 }
 
+/// A harness: any bytes in, no panic out.
+pub type Harness = fn(&[u8]);
+
 /// Each harness by its fuzz target's name.
-pub const ALL: &[(&str, fn(&[u8]))] = &[
+pub const ALL: &[(&str, Harness)] = &[
     ("tunnel_receive", tunnel_receive),
     ("inner_packets", inner_packets),
     ("stripe_packets", stripe_packets),
