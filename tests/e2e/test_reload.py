@@ -206,6 +206,13 @@ def test_revocation_closes_sessions_and_a_rotated_server_certificate_is_served(m
     assert f"server_serial={new['serial']}" in lab.log("client1"), lab.log("client1")[-2000:]
     # site1's session was not touched by the rotation.
     assert lab.status("client0")["tunnels"][0]["paths"][0]["connects"] == 1
+    # A client's certificate, rotated the same way, is what its next connections present.
+    mine = lambda: [c for c in lab.status("client0")["tls"]["certificates"] if c["role"] == "certificate"][0]  # noqa: E731
+    before = mine()["serial"]
+    labctl.run([labctl.BIN, "pki", "client", "--dir", pki, "--name", "site1"])
+    r = lab.sh(lab.client_ns(0), [labctl.BIN, "reload", "--socket", lab.sock("client0")])
+    assert "TLS certificate, key and CA read again" in r.stdout, r.stdout
+    assert mine()["serial"] != before, mine()
     assert len(lab.ping(count=3, interval=0.1)["received"]) == 3
 
     # Revocation: site1 by name, site2 by the serial status shows (in openssl's spelling).

@@ -81,7 +81,7 @@ struct Client {
     /// The last reload's outcome (status).
     reloads: reload::Record,
     /// This client's certificate and the CA it verifies the server with, as loaded at start.
-    certificates: Vec<crate::status::CertificateStatus>,
+    certificates: std::sync::RwLock<Vec<crate::status::CertificateStatus>>,
     /// The classes' rules (`ccfg.classifier` at start): a reload swaps them, the TUN reader
     /// takes the current ones for each batch.
     classifier: std::sync::RwLock<Arc<Classifier>>,
@@ -203,7 +203,10 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
         link_payload: mpquic_core::mtu::udp_payload(link_mtu),
         paths: Mutex::new(Vec::new()),
         reloads: reload::Record::default(),
-        certificates: crate::tls::loaded(cfg.cert_file.as_deref(), ccfg.ca_file.as_deref()),
+        certificates: std::sync::RwLock::new(crate::tls::loaded(
+            cfg.cert_file.as_deref(),
+            ccfg.ca_file.as_deref(),
+        )),
         platform: platform.clone(),
         classifier: std::sync::RwLock::new(Arc::new(ccfg.classifier.clone())),
         cfg,
@@ -287,7 +290,10 @@ impl Client {
             refused: Default::default(),
             tun_queue_packets: Vec::new(),
             last_reload: self.reloads.last(),
-            tls: crate::tls::status(self.cfg.tls_post_quantum, self.certificates.clone()),
+            tls: crate::tls::status(
+                self.cfg.tls_post_quantum,
+                (self.certificates.read().unwrap_or_else(|e| e.into_inner())).clone(),
+            ),
         }
     }
 
@@ -308,6 +314,16 @@ impl Client {
     /// changed): the paths that differ are removed, reconnected or added; the others are left
     /// alone.
     fn apply(self: &Arc<Self>, new: Config) -> Result<String, String> {
+        let RoleConfig::Client(nc) = &new.role else {
+            return Err("the file is no longer a client's".into());
+        };
+        // TLS first (its files read again: a rotated certificate, key or CA), so an unreadable
+        // one refuses the reload whole.
+        (self.dialer)
+            .reload_tls(&new, nc)
+            .map_err(|e| format!("{e:#}"))?;
+        *self.certificates.write().unwrap_or_else(|e| e.into_inner()) =
+            crate::tls::loaded(new.cert_file.as_deref(), nc.ca_file.as_deref());
         let RoleConfig::Client(nc) = new.role else {
             return Err("the file is no longer a client's".into());
         };
@@ -378,6 +394,7 @@ impl Client {
         if what.is_empty() || !changes.is_empty() {
             what.push(changes.summary());
         }
+        what.push("TLS certificate, key and CA read again".into());
         Ok(what.join("; "))
     }
 

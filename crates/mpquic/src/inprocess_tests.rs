@@ -707,7 +707,10 @@ async fn classes_carry_their_flows_both_ways() {
     std::fs::write(&file, text.replace("port: 5060", "port: 5070")).unwrap();
     let sock = d.join("client.sock");
     let what = tokio::task::spawn_blocking(move || crate::control::reload_over_socket(&sock));
-    assert_eq!(what.await.unwrap().unwrap(), "classes: match rules changed");
+    assert_eq!(
+        what.await.unwrap().unwrap(),
+        "classes: match rules changed; TLS certificate, key and CA read again"
+    );
     let (crit0, dflt0) = {
         let st = status_of(d, "client");
         let c = &st.tunnels[0].classes;
@@ -842,7 +845,10 @@ async fn reload_changes_paths_without_touching_the_others() {
         + "- name: wan3\n  bind_ip: 10.10.3.2\n  remote_addr: 10.10.0.1\n  remote_port: 4433\n  priority: 3\n";
     std::fs::write(&file, &changed).unwrap();
     let what = reload(&d).await.unwrap().unwrap();
-    assert_eq!(what, "paths: added wan3; changed wan2");
+    assert_eq!(
+        what,
+        "paths: added wan3; changed wan2; TLS certificate, key and CA read again"
+    );
     all_arrive_once(&mut cli_host, &mut srv_host).await;
     let st = wait_for("server", "wan3 up, wan2 weight 5", |st| {
         let p = |n: &str| {
@@ -869,7 +875,10 @@ async fn reload_changes_paths_without_touching_the_others() {
         original.replace("  priority: 2\n", "  priority: 2\n  weight: 5\n"),
     )
     .unwrap();
-    assert_eq!(reload(&d).await.unwrap().unwrap(), "paths: removed wan3");
+    assert_eq!(
+        reload(&d).await.unwrap().unwrap(),
+        "paths: removed wan3; TLS certificate, key and CA read again"
+    );
     wait_for("client", "wan3 removed", |st| {
         st.tunnels[0]
             .paths
@@ -892,7 +901,7 @@ async fn reload_changes_paths_without_touching_the_others() {
     std::fs::write(&file, &balanced).unwrap();
     assert_eq!(
         reload(&d).await.unwrap().unwrap(),
-        "multipath_policy failover -> balanced"
+        "multipath_policy failover -> balanced; TLS certificate, key and CA read again"
     );
     wait_for("server", "policy balanced", |st| {
         st.tunnels[0].policy == "balanced"

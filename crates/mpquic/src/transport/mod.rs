@@ -251,6 +251,15 @@ pub trait Dialer: Send + Sync + 'static {
         hello: &'a Hello,
         known: Known,
     ) -> BoxFuture<'a, Result<(Arc<dyn PathTransport>, HelloAck)>>;
+    /// A reload: the TLS files read again for the connections dialled from now on (running
+    /// ones keep theirs). An error leaves the running settings.
+    fn reload_tls(
+        &self,
+        _cfg: &crate::config::Config,
+        _ccfg: &crate::config::ClientConfig,
+    ) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// What the client knows of a path when it dials it again.

@@ -429,10 +429,35 @@ impl PathTransport for QuicTransport {
     }
 }
 
+/// The client's TLS (its files read now) and QUIC settings for links of `link_mtu`.
+fn client_quic(
+    cfg: &Config,
+    ccfg: &crate::config::ClientConfig,
+    link_mtu: u32,
+) -> Result<quinn::ClientConfig> {
+    let cert_key = match (&cfg.cert_file, &cfg.key_file) {
+        (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+        _ => None,
+    };
+    let crypto = tls::client_crypto(
+        ccfg.ca_file.as_deref(),
+        ccfg.insecure_skip_verify,
+        cert_key,
+        cfg.tls_post_quantum,
+    )?;
+    let mut client = quinn::ClientConfig::new(Arc::new(tls::key_update::CountedClient(Arc::new(
+        quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
+            .context("TLS config unusable for QUIC")?,
+    ))));
+    client.transport_config(quic::transport(cfg.congestion, link_mtu, None));
+    Ok(client)
+}
+
 /// The client's QUIC session setup: a socket per path (bound as the path says), the handshake
 /// with the client certificate, then the hello.
 pub struct QuicDialer {
-    client: quinn::ClientConfig,
+    /// TLS and QUIC settings of new connections; a reload rebuilds them (`reload_tls`).
+    client: std::sync::RwLock<quinn::ClientConfig>,
     congestion: crate::config::Congestion,
     /// The smallest MTU of the client's links (the QUIC packet size follows it).
     link_mtu: u32,
@@ -450,24 +475,8 @@ impl QuicDialer {
         link_mtu: u32,
         platform: Platform,
     ) -> Result<QuicDialer> {
-        let cert_key = match (&cfg.cert_file, &cfg.key_file) {
-            (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
-            _ => None,
-        };
-        let crypto = tls::client_crypto(
-            ccfg.ca_file.as_deref(),
-            ccfg.insecure_skip_verify,
-            cert_key,
-            cfg.tls_post_quantum,
-        )?;
-        let mut client =
-            quinn::ClientConfig::new(Arc::new(tls::key_update::CountedClient(Arc::new(
-                quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
-                    .context("TLS config unusable for QUIC")?,
-            ))));
-        client.transport_config(quic::transport(cfg.congestion, link_mtu, None));
         Ok(QuicDialer {
-            client,
+            client: std::sync::RwLock::new(client_quic(cfg, ccfg, link_mtu)?),
             congestion: cfg.congestion,
             link_mtu,
             server_name: ccfg.server_name.clone(),
@@ -492,7 +501,7 @@ impl QuicDialer {
         let link_mtu = known.payload.map_or(self.link_mtu, |p| {
             mpquic_core::mtu::link_mtu_for_payload(p).min(self.link_mtu)
         });
-        let mut client = self.client.clone();
+        let mut client = (self.client.read().unwrap_or_else(|e| e.into_inner())).clone();
         if link_mtu != self.link_mtu || known.rtt.is_some() {
             client.transport_config(quic::transport(self.congestion, link_mtu, known.rtt));
         }
@@ -639,6 +648,12 @@ impl Dialer for QuicDialer {
         known: Known,
     ) -> BoxFuture<'a, Result<(Arc<dyn PathTransport>, HelloAck)>> {
         Box::pin(self.dial_inner(path, hello, known))
+    }
+
+    fn reload_tls(&self, cfg: &Config, ccfg: &crate::config::ClientConfig) -> Result<()> {
+        let client = client_quic(cfg, ccfg, self.link_mtu)?;
+        *self.client.write().unwrap_or_else(|e| e.into_inner()) = client;
+        Ok(())
     }
 }
 
