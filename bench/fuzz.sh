@@ -6,10 +6,11 @@
 # over 10 s) stops the run with the input under fuzz/artifacts/<target>/: fix it, then keep
 # the input in fuzz/regressions/<target>/ so the normal test suite replays it.
 #
-#   sudo bench/fuzz.sh [MINUTES]      # prints per target: runs, coverage, corpus, verdict
+#   sudo bench/fuzz.sh [MINUTES [TARGET...]]   # per target: runs, coverage, corpus, verdict
 set -euo pipefail
 . "$(dirname "$0")/../scripts/env.sh"
 minutes=${1:-10}
+shift || true
 secs=$(awk -v m="$minutes" 'BEGIN { s = int(m * 60); print (s < 1 ? 1 : s) }')
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked --quiet
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
@@ -18,7 +19,9 @@ trap 'rm -rf "$seeds"' EXIT
 FUZZ_SEEDS_DIR="$seeds" cargo test --quiet -p mpquic-core --test fuzz_regressions seeds_run_clean >/dev/null
 cargo +nightly fuzz build --fuzz-dir fuzz 2>&1 | grep -v '^\s*Compiling' || true
 status=0
-for t in $(cargo +nightly fuzz list --fuzz-dir fuzz); do
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cargo +nightly fuzz list --fuzz-dir fuzz)
+for t in "${targets[@]}"; do
   mkdir -p "fuzz/corpus/$t"
   cp "$seeds/$t"/* "fuzz/corpus/$t/" 2>/dev/null || true
   log="fuzz/target/$t.log"
