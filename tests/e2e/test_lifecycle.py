@@ -79,3 +79,28 @@ def test_sigterm_is_fast_and_clean(make_lab):
     report(f"server SIGINT: exited in {took:.3f} s")
     assert took < 1.0
     assert labctl.run(["ip", "netns", "exec", lab.server_ns, "ip", "link", "show", "mpq0"], check=False).returncode != 0
+
+
+def test_server_sigterm_under_load_ends_within_a_second_and_tells_the_clients(make_lab):
+    """SIGTERM to a server carrying two clients' uploads: it exits within 1 s, and each
+    client hears at once that its paths were closed (no idle timeout to wait for)."""
+    lab = make_lab(paths=2, clients=2, mode=None, congestion=None)
+    lab.start_all()
+    lab.iperf_server()
+    lab.iperf_server(port=5202)
+    for c, port in ((0, 5201), (1, 5202)):
+        lab.spawn(f"up{c}", lab.lan_ns(c), ["iperf3", "-c", lab.inet_addr, "-p", str(port), "-t", "30"], log=False)
+    time.sleep(2)
+    took = lab.stop("server", sig=signal.SIGTERM)
+    time.sleep(0.5)
+    heard = {}
+    for c in (0, 1):
+        for line in lab.log(f"client{c}").splitlines():
+            if "path connection closed" in line and "shutting down" in line:
+                heard.setdefault(c, []).append(line)
+    report(f"server SIGTERM under two uploads: exited in {took:.3f} s; clients told on "
+           f"{[len(heard.get(c, [])) for c in (0, 1)]} of 2 paths each")
+    for c in (0, 1):
+        lab.stop(f"up{c}")
+    assert took < 1.0, took
+    assert all(len(heard.get(c, [])) == 2 for c in (0, 1)), {c: lab.log(f"client{c}")[-1500:] for c in (0, 1)}
