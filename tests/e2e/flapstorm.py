@@ -195,12 +195,13 @@ def run(lab, seconds, seed, warmup_s=5.0, inspect=None):
 
 def restarts(lab, n):
     """Restart the client `n` times (SIGKILL and SIGTERM in turn, each time until its tunnel is
-    up and a ping answered), seen from the server: its fds, threads and RSS before the first and
-    10 s after the last."""
+    up and a ping answered), seen from the server: its fds, threads, RSS and runtime tasks (its
+    status) before the first and 10 s after the last."""
     server = lab.procs["server"].pid
     lab.ping(count=3, interval=0.1)
     time.sleep(3.0)
     before = snapshot(server)
+    before["tasks"] = lab.status("server")["process"]["tasks"]
     t0 = time.monotonic()
     for i in range(n):
         lab.stop("client0", sig=signal.SIGKILL if i % 2 == 0 else signal.SIGTERM)
@@ -210,6 +211,7 @@ def restarts(lab, n):
     took = time.monotonic() - t0
     time.sleep(SETTLE_S)
     after = snapshot(server)
+    after["tasks"] = lab.status("server")["process"]["tasks"]
     sessions = len(lab.status("server")["tunnels"])
     return {"restarts": n, "seconds": round(took, 1), "before": before, "after": after,
             "server_sessions": sessions}

@@ -290,6 +290,7 @@ impl Client {
             refused: Default::default(),
             tun_queue_packets: Vec::new(),
             last_reload: self.reloads.last(),
+            process: crate::runtime::process_status(),
             tls: crate::tls::status(
                 self.cfg.tls_post_quantum,
                 (self.certificates.read().unwrap_or_else(|e| e.into_inner())).clone(),

@@ -2,6 +2,24 @@
 
 use crate::config::Config;
 
+/// What the process holds now, for status: runtime tasks, open fds, resident memory.
+pub fn process_status() -> crate::status::ProcessStatus {
+    let tasks =
+        tokio::runtime::Handle::try_current().map_or(0, |h| h.metrics().num_alive_tasks() as u64);
+    let open_fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64);
+    // SAFETY: sysconf reads a constant of the system; no memory is touched.
+    let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let rss_bytes = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * page);
+    crate::status::ProcessStatus {
+        tasks,
+        open_fds,
+        rss_bytes,
+    }
+}
+
 /// TUN MTU: as configured, or derived from the smallest link MTU (`mpquic_core::mtu`).
 pub fn tun_mtu(cfg: &Config, link_mtu: u32) -> u32 {
     cfg.tun_mtu.unwrap_or(mpquic_core::mtu::tun_mtu(link_mtu))

@@ -418,6 +418,7 @@ impl Server {
         let prefix = self.scfg().prefix;
         StatusReport {
             last_reload: self.reloads.last(),
+            process: crate::runtime::process_status(),
             tls: crate::tls::status(self.cfg.tls_post_quantum, {
                 let mut certs = self
                     .certificates

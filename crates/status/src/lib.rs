@@ -244,6 +244,20 @@ pub struct StatusReport {
     /// TLS: the key exchange this instance offers and what its handshakes negotiated.
     #[serde(default)]
     pub tls: TlsStatus,
+    /// What the process holds now (churn and soak tests watch these return to a baseline).
+    #[serde(default)]
+    pub process: ProcessStatus,
+}
+
+/// What the process holds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessStatus {
+    /// Tasks alive in the async runtime.
+    pub tasks: u64,
+    /// Open file descriptors.
+    pub open_fds: u64,
+    /// Resident memory, bytes.
+    pub rss_bytes: u64,
 }
 
 /// What this instance's TLS handshakes use.

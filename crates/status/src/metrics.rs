@@ -330,6 +330,29 @@ impl StatusReport {
             refused,
         );
 
+        // The process collector's standard names, so stock dashboards find them.
+        for (name, help, v) in [
+            (
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes",
+                self.process.rss_bytes,
+            ),
+            (
+                "process_open_fds",
+                "Number of open file descriptors",
+                self.process.open_fds,
+            ),
+            (
+                "mpquic_runtime_tasks",
+                "Tasks alive in the async runtime",
+                self.process.tasks,
+            ),
+        ] {
+            let g = Gauge::<i64>::default();
+            g.set(v as i64);
+            registry.register(name, help, g);
+        }
+
         let handshakes = Family::<GroupLabels, Counter>::default();
         for (group, n) in &self.tls.key_exchanges {
             handshakes

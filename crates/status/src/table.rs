@@ -11,8 +11,16 @@ impl StatusReport {
         let mut o = String::new();
         let _ = writeln!(
             o,
-            "mpquic {} {}  tun {} mtu {}  cc {}  up {:.0}s",
-            self.role, self.version, self.tun_name, self.tun_mtu, self.congestion, self.uptime_s
+            "mpquic {} {}  tun {} mtu {}  cc {}  up {:.0}s  rss {:.1} MiB  fds {}  tasks {}",
+            self.role,
+            self.version,
+            self.tun_name,
+            self.tun_mtu,
+            self.congestion,
+            self.uptime_s,
+            self.process.rss_bytes as f64 / (1 << 20) as f64,
+            self.process.open_fds,
+            self.process.tasks
         );
         if !self.tun_queue_packets.is_empty() {
             let per: Vec<String> = self.tun_queue_packets.iter().map(u64::to_string).collect();
