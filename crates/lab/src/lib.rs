@@ -9,9 +9,11 @@
 //! - `runner`: `mpquic-lab run SCENARIO.yaml --out DIR` (lab, traffic, schedule, sampling);
 //! - `mpquic_conf`: mpquic's PKI and configurations for a lab (`mpquic-lab configs`);
 //! - `sut`: the systems under test started in a lab (mpquic, other VPNs from commands);
-//! - `report`, `plot`: report.md and the PNG plots from results.json (`mpquic-lab plot DIR`).
+//! - `report`, `plot`: report.md and the PNG plots from results.json (`mpquic-lab plot DIR`);
+//! - `flood`: spoofed unauthenticated traffic at a server (`mpquic-lab flood`).
 
 pub mod bridge;
+pub mod flood;
 /// The link model, from its own crate (shared with the core's simulator).
 pub use mpquic_linkmodel as emu;
 pub mod mpquic_conf;

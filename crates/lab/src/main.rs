@@ -124,6 +124,25 @@ enum Cmd {
     },
     /// Redraw the plots and report.md of a finished run (DIR holds its results.json).
     Plot { dir: std::path::PathBuf },
+    /// Unauthenticated traffic at a server's UDP port from spoofed sources (run it inside a lab
+    /// namespace with `ip netns exec`); prints what it sent (JSON).
+    Flood {
+        /// The server's address and port, e.g. 10.99.0.1:45017.
+        #[arg(long)]
+        to: std::net::SocketAddrV4,
+        /// `initial` (genuine QUIC Initials, each a new connection) or `garbage`.
+        #[arg(long, default_value = "initial")]
+        kind: String,
+        #[arg(long, default_value_t = 20_000)]
+        pps: u64,
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+        /// Source addresses, counted up from --first-source.
+        #[arg(long, default_value_t = 1000)]
+        sources: u32,
+        #[arg(long, default_value = "198.18.0.1")]
+        first_source: std::net::Ipv4Addr,
+    },
     /// Remove a lab, or with --stale every leftover of crashed runs.
     Down {
         name: Option<String>,
@@ -212,6 +231,16 @@ fn main() -> ExitCode {
         Cmd::Run { scenario, out } => mpquic_lab::runner::run(&scenario, &out),
         Cmd::Plot { dir } => mpquic_lab::report::redraw(&dir),
         Cmd::Emu { name, seed } => emu(&name, seed),
+        Cmd::Flood {
+            to,
+            kind,
+            pps,
+            seconds,
+            sources,
+            first_source,
+        } => mpquic_lab::flood::run(to, &kind, pps, seconds, sources, first_source).map(|s| {
+            println!("{}", serde_json::to_string(&s).unwrap_or_default());
+        }),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
