@@ -90,6 +90,7 @@ def main():
             "new_client_connect_s": round(connect_s, 3),
             "new_client_ping": len(ping["received"]),
             "during": {"process": mid["process"], "refused": mid["refused"]},
+            "kernel_dropped": after["drops"].get("udp_receive_buffer_full"),
             "after": {"process": after["process"], "refused": after["refused"]},
             "server_peak_rss_mib": round(hwm_kib(server) / 1024, 1),
         })
@@ -98,6 +99,7 @@ def main():
           f"upload {report['upload_alone_mbit']} alone, {report['upload_in_flood_mbit']} in the flood "
           f"({report['upload_ratio']:.2f}x); a new client up and answering in {report['new_client_connect_s']} s; "
           f"server peak RSS {report['server_peak_rss_mib']} MiB; refused {report['after']['refused']}; "
+          f"dropped by the kernel (socket buffer full) {report['kernel_dropped']}; "
           f"process before {report['before']['process']} after {report['after']['process']}", flush=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

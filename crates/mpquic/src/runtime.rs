@@ -20,6 +20,43 @@ pub fn process_status() -> crate::status::ProcessStatus {
     }
 }
 
+/// Datagrams the kernel dropped, socket buffer full, at the UDP sockets bound to local `port`
+/// in this network namespace (the `drops` column of /proc/self/net/udp and udp6).
+pub fn udp_drops(port: u16) -> u64 {
+    ["/proc/self/net/udp", "/proc/self/net/udp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .map(|text| drops_at(&text, port))
+        .sum()
+}
+
+/// The `drops` of the sockets at local `port` in a /proc/net/udp table.
+fn drops_at(table: &str, port: u16) -> u64 {
+    let want = format!(":{port:04X}");
+    (table.lines().skip(1))
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            let local = cols.get(1)?;
+            local
+                .ends_with(&want)
+                .then(|| cols.last()?.parse::<u64>().ok())?
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn udp_drops_are_read_for_the_port_only() {
+        let table = "   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n\
+  123: 0100630A:AFD9 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 9 2 0000000000000000 18686\n\
+  124: 00000000:AFDA 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 9 2 0000000000000000 5\n";
+        assert_eq!(super::drops_at(table, 45017), 18686);
+        assert_eq!(super::drops_at(table, 45018), 5);
+        assert_eq!(super::drops_at(table, 1), 0);
+    }
+}
+
 /// TUN MTU: as configured, or derived from the smallest link MTU (`mpquic_core::mtu`).
 pub fn tun_mtu(cfg: &Config, link_mtu: u32) -> u32 {
     cfg.tun_mtu.unwrap_or(mpquic_core::mtu::tun_mtu(link_mtu))

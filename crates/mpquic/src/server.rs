@@ -452,13 +452,20 @@ impl Server {
                     Some(st)
                 })
                 .collect(),
-            drops: self
-                .drops
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-                .map(|(r, n)| (r.as_str().to_string(), n))
-                .collect(),
+            drops: {
+                let mut d: BTreeMap<String, u64> = (self.drops.lock())
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .map(|(r, n)| (r.as_str().to_string(), n))
+                    .collect();
+                // What the kernel dropped at the listening port before the server read it
+                // (its socket buffer full: a flood, or a burst the server was too slow for).
+                d.insert(
+                    "udp_receive_buffer_full".into(),
+                    crate::runtime::udp_drops(self.scfg().listen.port()),
+                );
+                d
+            },
             refused: self
                 .refused
                 .lock()
