@@ -61,6 +61,9 @@ const RECENT_AGE: Duration = Duration::from_secs(1);
 const STREAM_BATCH: usize = 64 * 1024;
 /// Reliable mode's frame header: the packet's length and its send time (`stream_rx`).
 const STREAM_HEADER: usize = stream_rx::HEADER;
+/// Bound on a client's TLS handshake at the server: a few round trips even on a slow, lossy
+/// path; a stalled handshake holds a place among the bounded few in flight.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on the server's wait for a client's hello after the handshake.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Offers waiting for the server to take them; beyond this, new connections wait in the accept
@@ -838,7 +841,15 @@ async fn offer(
 ) -> Option<Offer> {
     let refused = &accepting.refused;
     let remote = incoming.remote_address();
-    let handshake = incoming.await;
+    // A handshake that does not finish in time gives its place back (`admission.rs`): without
+    // this bound a stalled one held it for the whole idle timeout (15 s).
+    let handshake = match tokio::time::timeout(HANDSHAKE_TIMEOUT, incoming).await {
+        Ok(h) => h,
+        Err(_) => {
+            refused("handshake_timeout");
+            return None;
+        }
+    };
     drop(in_flight);
     let conn = match handshake {
         Ok(c) => c,
