@@ -231,15 +231,21 @@ impl Flow {
     }
 
     /// Hand on the held packets that are next in order, up to the first gap; returns how many.
+    /// A held packet below `next` (the peer's numbers can put one there: a flow's start moved
+    /// back, a far jump) is late by now: it goes on too, so nothing stays held behind `next`
+    /// for ever (and no loop waits on it).
     fn release_in_order(&mut self, ready: &mut VecDeque<(usize, Vec<u8>)>) -> usize {
         let mut n = 0;
         while let Some(e) = self.held.first_entry() {
-            if *e.key() != self.next {
+            let key = *e.key();
+            if key > self.next {
                 break;
             }
             let (_, path, pkt) = e.remove();
             ready.push_back((path, pkt));
-            self.advance(true);
+            if key == self.next {
+                self.advance(true);
+            }
             n += 1;
         }
         n
@@ -431,6 +437,8 @@ impl Resequencer {
                 .filter_map(|(_, h)| *h)
                 .min()
                 .unwrap_or(flow.next + 1);
+            // `first` > `next` here (`release_in_order` took everything up to `next`) and
+            // `passed` > `next` (`gap_passed`), so this moves on.
             let first = flow.held.keys().next().copied().unwrap_or(passed);
             self.counters.skipped += flow.skip_to(passed.min(first));
         }
