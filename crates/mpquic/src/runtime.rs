@@ -44,19 +44,6 @@ fn drops_at(table: &str, port: u16) -> u64 {
         .sum()
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn udp_drops_are_read_for_the_port_only() {
-        let table = "   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n\
-  123: 0100630A:AFD9 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 9 2 0000000000000000 18686\n\
-  124: 00000000:AFDA 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 9 2 0000000000000000 5\n";
-        assert_eq!(super::drops_at(table, 45017), 18686);
-        assert_eq!(super::drops_at(table, 45018), 5);
-        assert_eq!(super::drops_at(table, 1), 0);
-    }
-}
-
 /// TUN MTU: as configured, or derived from the smallest link MTU (`mpquic_core::mtu`).
 pub fn tun_mtu(cfg: &Config, link_mtu: u32) -> u32 {
     cfg.tun_mtu.unwrap_or(mpquic_core::mtu::tun_mtu(link_mtu))
@@ -167,5 +154,18 @@ pub async fn trim_task() {
                 libc::malloc_trim(0);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn udp_drops_are_read_for_the_port_only() {
+        let table = "   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n\
+  123: 0100630A:AFD9 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 9 2 0000000000000000 18686\n\
+  124: 00000000:AFDA 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 9 2 0000000000000000 5\n";
+        assert_eq!(super::drops_at(table, 45017), 18686);
+        assert_eq!(super::drops_at(table, 45018), 5);
+        assert_eq!(super::drops_at(table, 1), 0);
     }
 }
