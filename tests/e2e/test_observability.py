@@ -2,6 +2,7 @@
 clamping, congestion controllers, fixed client addresses."""
 
 import json
+import time
 
 import pytest
 
@@ -151,8 +152,14 @@ def test_status_finds_the_live_instance_and_watches(make_lab):
         report(f"mpquic status after SIGKILL of the server: {r.stdout.splitlines()[:1]} {r.stderr.strip()}")
         assert r.returncode == 0 and r.stdout.startswith("mpquic client"), r
 
-        # A restarted server replaces its stale socket.
+        # A restarted server replaces its stale socket. `start_server` cannot wait for the file
+        # (the stale one is there), and a client may be up again before the new server has
+        # opened its control socket: wait until the server answers on it.
         lab.start_server()
+        t0 = time.monotonic()
+        while labctl.run([labctl.BIN, "status", "--socket", socks["server"]], check=False).returncode != 0:
+            assert time.monotonic() - t0 < 10, "the restarted server does not answer on its socket"
+            time.sleep(0.05)
         lab.wait_tunnel()
         assert "several instances are running" in status().stderr
 
