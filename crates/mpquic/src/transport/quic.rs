@@ -866,14 +866,13 @@ async fn offer(
             return None;
         }
     };
-    let certificate = tls::certificate::of_peer(&conn);
-    let Some(identity) = certificate.as_ref().and_then(|c| c.name.clone()) else {
+    let named = tls::certificate::of_peer(&conn).and_then(|c| Some((c.name.clone()?, c)));
+    let Some((identity, certificate)) = named else {
         warn!(%remote, "client certificate has no common name; refused");
         refused("no_common_name");
         conn.close(close::REFUSED.into(), b"certificate has no common name");
         return None;
     };
-    let certificate = certificate.expect("it has a name");
     let hello = tokio::time::timeout(HELLO_TIMEOUT, async {
         let (send, mut recv) = conn.accept_bi().await?;
         let h: Hello = hello::read(&mut recv).await?;
