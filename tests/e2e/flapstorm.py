@@ -51,9 +51,24 @@ def snapshot(pid):
     }
 
 
+def holdings(lab, key, pid):
+    """`snapshot(pid)` of instance `key` (server or clientN) plus what its status counts: runtime
+    tasks, and for the server its sessions."""
+    out = snapshot(pid)
+    st = lab.status(key)
+    out["tasks"] = st["process"]["tasks"]
+    if key == "server":
+        out["sessions"] = len(st["tunnels"])
+    return out
+
+
+# The lab's process key of each side.
+INSTANCE = {"client": "client0", "server": "server"}
+
+
 def pids(lab):
     # `ip netns exec` execs the command: the spawned process is mpquic itself.
-    return {who: lab.procs[key].pid for who, key in (("client", "client0"), ("server", "server"))}
+    return {who: lab.procs[key].pid for who, key in INSTANCE.items()}
 
 
 def upload(lab, key, seconds):
@@ -155,7 +170,7 @@ def run(lab, seconds, seed, warmup_s=5.0, inspect=None):
     upload(lab, "warmup", warmup_s)
     wait_done(lab, "warmup", warmup_s + 30)
     time.sleep(3.0)
-    before = {k: snapshot(pid) for k, pid in who.items()}
+    before = {k: holdings(lab, INSTANCE[k], pid) for k, pid in who.items()}
     if inspect:
         inspect("before", who)
 
@@ -170,7 +185,7 @@ def run(lab, seconds, seed, warmup_s=5.0, inspect=None):
             break
         time.sleep(0.1)
     time.sleep(max(0.0, SETTLE_S - (time.monotonic() - storm_end)))
-    after = {k: snapshot(pid) for k, pid in who.items()}
+    after = {k: holdings(lab, INSTANCE[k], pid) for k, pid in who.items()}
     if inspect:
         inspect("after", who)
     sizes = path_sizes(lab)
@@ -200,8 +215,7 @@ def restarts(lab, n):
     server = lab.procs["server"].pid
     lab.ping(count=3, interval=0.1)
     time.sleep(3.0)
-    before = snapshot(server)
-    before["tasks"] = lab.status("server")["process"]["tasks"]
+    before = holdings(lab, "server", server)
     t0 = time.monotonic()
     for i in range(n):
         lab.stop("client0", sig=signal.SIGKILL if i % 2 == 0 else signal.SIGTERM)
@@ -210,11 +224,9 @@ def restarts(lab, n):
         lab.ping(count=1, interval=0.1)
     took = time.monotonic() - t0
     time.sleep(SETTLE_S)
-    after = snapshot(server)
-    after["tasks"] = lab.status("server")["process"]["tasks"]
-    sessions = len(lab.status("server")["tunnels"])
+    after = holdings(lab, "server", server)
     return {"restarts": n, "seconds": round(took, 1), "before": before, "after": after,
-            "server_sessions": sessions}
+            "server_sessions": after["sessions"]}
 
 
 def problems(r, rss_slack_kib=2048):
@@ -226,6 +238,8 @@ def problems(r, rss_slack_kib=2048):
             out.append(f"{who}: fds {b['fds']} -> {a['fds']} ({b['fd_kinds']} -> {a['fd_kinds']})")
         if a["threads"] != b["threads"]:
             out.append(f"{who}: threads {b['threads']} -> {a['threads']}")
+        if a.get("tasks") != b.get("tasks"):
+            out.append(f"{who}: runtime tasks {b.get('tasks')} -> {a.get('tasks')}")
         if a["rss_kib"] > b["rss_kib"] + rss_slack_kib:
             out.append(f"{who}: RSS {b['rss_kib']} -> {a['rss_kib']} KiB")
     if r["all_up_after_s"] is None or r["all_up_after_s"] > UP_WITHIN_S:

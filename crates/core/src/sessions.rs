@@ -13,8 +13,20 @@ use std::time::{Duration, Instant};
 use crate::addressing::{self, AddressPlan};
 use crate::classify::Prefix;
 
-/// A session with no connected path for this long is forgotten (its address becomes free).
+/// A session with no connected path for this long is forgotten (its address becomes free):
+/// long enough for a site whose links all dropped to come back to the session it had.
 pub const SESSION_LINGER: Duration = Duration::from_secs(120);
+
+/// Where a session's client is, as the shell sees it (`Registry::expire`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presence {
+    /// At least one path connected.
+    Connected,
+    /// No path connected: an outage or a killed process; kept for `SESSION_LINGER`.
+    Away,
+    /// No path connected, and the client said it was stopping: nothing to wait for.
+    Left,
+}
 /// The session name of a client instance: its identity (certificate CN), and the instance (its
 /// TUN device's name) when the client says which: one certificate per site serves several
 /// instances (seed 000: one per traffic class), each its own session and address.
@@ -169,19 +181,24 @@ impl<S: Clone> Registry<S> {
         v
     }
 
-    /// Forget sessions without a connected path for longer than `SESSION_LINGER`
-    /// (`connected(s)`: whether s has one now). Returns them with their names and addresses.
+    /// Forget the sessions whose client left, and those without a connected path for longer
+    /// than `SESSION_LINGER` (`presence(s)`: where s's client is now). Returns them with their
+    /// names and addresses.
     pub fn expire(
         &mut self,
         now: Instant,
-        connected: impl Fn(&S) -> bool,
+        presence: impl Fn(&S) -> Presence,
     ) -> Vec<(String, Ipv4Addr, S)> {
         let mut stale = Vec::new();
         for (name, e) in self.by_name.iter_mut() {
-            if connected(&e.value) {
-                e.last_connected = now;
-            } else if now.saturating_duration_since(e.last_connected) > SESSION_LINGER {
-                stale.push(name.clone());
+            match presence(&e.value) {
+                Presence::Connected => e.last_connected = now,
+                Presence::Left => stale.push(name.clone()),
+                Presence::Away => {
+                    if now.saturating_duration_since(e.last_connected) > SESSION_LINGER {
+                        stale.push(name.clone());
+                    }
+                }
             }
         }
         stale
@@ -363,14 +380,34 @@ mod tests {
         r.join(&p, "a", "a", 1, None, t0, |_| 1).unwrap();
         r.join(&p, "b", "b", 1, None, t0, |_| 2).unwrap();
         // `a` keeps a path, `b` has none.
-        let connected = |s: &u32| *s == 1;
-        assert!(r.expire(t0 + SESSION_LINGER, connected).is_empty());
-        let gone = r.expire(t0 + SESSION_LINGER + Duration::from_secs(1), connected);
+        let presence = |s: &u32| match *s {
+            1 => Presence::Connected,
+            _ => Presence::Away,
+        };
+        assert!(r.expire(t0 + SESSION_LINGER, presence).is_empty());
+        let gone = r.expire(t0 + SESSION_LINGER + Duration::from_secs(1), presence);
         assert_eq!(gone, vec![("b".to_string(), Ipv4Addr::new(10, 0, 0, 2), 2)]);
         assert!(r.by_addr(Ipv4Addr::new(10, 0, 0, 2)).is_none());
         // A returning client gets its remembered address back.
         let j = r.join(&p, "b", "b", 5, None, t0, |_| 3).unwrap();
         assert_eq!(new_addr(&j), Some((Ipv4Addr::new(10, 0, 0, 2), None)));
+    }
+
+    #[test]
+    fn a_session_whose_client_left_ends_at_once() {
+        let t0 = Instant::now();
+        let mut r: Registry<u32> = Registry::default();
+        let p = plan();
+        r.join(&p, "a", "a", 1, None, t0, |_| 1).unwrap();
+        r.join(&p, "b", "b", 1, None, t0, |_| 2).unwrap();
+        // `b`'s client closed its paths saying it was stopping; `a` is away (no path).
+        let presence = |s: &u32| match *s {
+            2 => Presence::Left,
+            _ => Presence::Away,
+        };
+        let gone = r.expire(t0 + Duration::from_secs(1), presence);
+        assert_eq!(gone, vec![("b".to_string(), Ipv4Addr::new(10, 0, 0, 2), 2)]);
+        assert_eq!(r.sessions().len(), 1);
     }
 
     #[test]

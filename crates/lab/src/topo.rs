@@ -201,7 +201,7 @@ fn no_offloads(ns: &str, dev: &str) -> Result<()> {
 }
 
 /// Clients one lab holds at most.
-pub const MAX_CLIENTS: usize = 32;
+pub const MAX_CLIENTS: usize = 64;
 
 /// Client `c`'s (1..) namespaces: client 1 keeps the plain names.
 fn client_namespaces(name: &str, c: usize) -> (String, String) {
@@ -215,8 +215,8 @@ fn client_namespaces(name: &str, c: usize) -> (String, String) {
 /// Build the namespaces and links (every client gets every spec as its paths); the emulator is
 /// started by the caller.
 pub fn build(name: &str, specs: &[(String, Option<LinkSpec>)], clients: usize) -> Result<LabState> {
-    // Client c's LAN is 192.168.(9 + c).0/24 and its tunnel address 10.200.17.c: 32 leaves
-    // room in both (the many-clients throughput row runs 16).
+    // Client c's LAN is 192.168.(9 + c).0/24 and its tunnel address 10.200.17.c: 64 leaves
+    // room in both (the churn benchmark's many-clients run starts 64 at once).
     if clients == 0 || clients > MAX_CLIENTS {
         bail!("--clients {clients}: use 1 to {MAX_CLIENTS}");
     }

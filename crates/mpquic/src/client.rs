@@ -258,7 +258,7 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
     client.lock_paths().clear();
     client
         .tunnel
-        .close_all(close::SHUTDOWN, "client shutting down");
+        .close_all(close::LEAVING, "client shutting down");
     // Give the close frames a moment to leave; the TUN device goes with the process.
     tokio::time::sleep(Duration::from_millis(50)).await;
     info!("client stopped");

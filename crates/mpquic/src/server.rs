@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use mpquic_core::classify::Prefix;
 use mpquic_core::fec::FecMode;
-use mpquic_core::sessions::{self, Registry};
+use mpquic_core::sessions::{self, Presence, Registry};
 use mpquic_core::{DropReason, Drops, HealthMode, PacketInfo, PathId, PathSpec, Policy};
 use tracing::{info, warn};
 
@@ -86,8 +86,12 @@ impl Session {
         t.as_ref().map(|t| t.tunnel.clone())
     }
 
-    fn connected(&self) -> bool {
-        self.tunnel().is_some_and(|t| t.connected_paths() > 0)
+    fn presence(&self) -> Presence {
+        match self.tunnel() {
+            Some(t) if t.connected_paths() > 0 => Presence::Connected,
+            Some(t) if t.peer_leaving() => Presence::Left,
+            _ => Presence::Away,
+        }
     }
 
     fn close_all(&self, code: u32, reason: &str) {
@@ -490,11 +494,17 @@ impl Server {
         self.drops.lock().unwrap_or_else(|e| e.into_inner()).add(r);
     }
 
-    /// Forget sessions that have been without paths for long (`sessions::SESSION_LINGER`).
+    /// End the sessions whose client left, and forget those that have been without paths for
+    /// long (`sessions::SESSION_LINGER`).
     fn expire_sessions(&self) {
-        let gone = self.write().expire(Instant::now(), |s| s.connected());
-        for (name, addr, _) in gone {
-            info!(client = %name, address = %addr, "session expired");
+        let gone = self.write().expire(Instant::now(), |s| s.presence());
+        for (name, addr, s) in gone {
+            match s.presence() {
+                Presence::Left => {
+                    info!(client = %name, address = %addr, "session ended: the client stopped")
+                }
+                _ => info!(client = %name, address = %addr, "session expired"),
+            }
         }
     }
 

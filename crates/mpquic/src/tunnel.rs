@@ -9,6 +9,7 @@
 //! and resequencer in the core, its rank in every path's send queue and its carriage.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -113,6 +114,8 @@ pub struct Tunnel {
     /// connected, a state changed, a packet woke a quiet tunnel), so it can sleep until that
     /// deadline rather than tick.
     timers_changed: Notify,
+    /// Server: a path of the client was closed with `close::LEAVING` (the process is stopping).
+    peer_leaving: AtomicBool,
 }
 
 /// How a tunnel carries its packets: the client's choices, which the server learns from the
@@ -204,7 +207,13 @@ impl Tunnel {
                 next_generation: 1,
             }),
             timers_changed: Notify::new(),
+            peer_leaving: AtomicBool::new(false),
         })
+    }
+
+    /// Whether the peer said it is stopping (a path closed with `close::LEAVING`).
+    pub fn peer_leaving(&self) -> bool {
+        self.peer_leaving.load(Ordering::Relaxed)
     }
 
     /// The congestion controller of its connections as it runs: `bbr` yields with traffic
@@ -1169,6 +1178,10 @@ impl Sink for LinkSink {
             // The client took the path out of its configuration: so does the server's view
             // (the side that does not probe).
             Some(close::REMOVED) if !prober => self.tunnel.retire(self.path, Some(self.generation)),
+            Some(close::LEAVING) => {
+                self.tunnel.peer_leaving.store(true, Ordering::Relaxed);
+                self.tunnel.remove(self.path, self.generation);
+            }
             _ => self.tunnel.remove(self.path, self.generation),
         }
     }

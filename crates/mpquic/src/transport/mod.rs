@@ -40,6 +40,9 @@ pub mod close {
     pub const RULES_CHANGED: u32 = 6;
     /// The client's certificate was revoked (a reload added it to `revoked:`).
     pub const REVOKED: u32 = 7;
+    /// The client process is stopping: the server ends its session at once rather than keep
+    /// it for a return (`sessions::Presence::Left`). Older servers read it as any close.
+    pub const LEAVING: u32 = 8;
 }
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
