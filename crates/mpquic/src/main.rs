@@ -1,28 +1,7 @@
-//! mpquic: multipath QUIC VPN. See README.md and docs/.
+//! The `mpquic` command: runs an instance from its configuration file, and the tools around it
+//! (check-config, pki, status, reload, man). What it runs is the library (src/lib.rs).
 
-mod batch;
-mod client;
-mod config;
-mod control;
-mod dashboard;
-mod hello;
-#[cfg(test)]
-mod inprocess_tests;
-#[cfg(test)]
-mod memnet;
-mod pki;
-mod platform;
-mod quic;
-mod reload;
-mod runtime;
-mod server;
-/// The status report's types live in their own crate, shared with the lab.
-use mpquic_status as status;
-mod tls;
-mod transport;
-mod tun;
-mod tunnel;
-
+use mpquic::{client, config, control, pki, platform, runtime, server, status};
 use std::path::PathBuf;
 use std::process::ExitCode;
 

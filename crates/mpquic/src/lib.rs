@@ -1,0 +1,29 @@
+//! mpquic: multipath QUIC VPN. See README.md and docs/.
+//!
+//! The library holds everything the `mpquic` command runs (src/main.rs is its command line):
+//! the client and server shells, their transports and I/O, configuration and control. It is a
+//! library so the fuzz targets (fuzz/) reach the parsers that files and peers feed: the
+//! configuration loader, the hello, the control socket and the dashboard.
+
+mod batch;
+pub mod client;
+pub mod config;
+pub mod control;
+pub mod dashboard;
+pub mod hello;
+#[cfg(test)]
+mod inprocess_tests;
+#[cfg(test)]
+mod memnet;
+pub mod pki;
+pub mod platform;
+mod quic;
+mod reload;
+pub mod runtime;
+pub mod server;
+/// The status report's types live in their own crate, shared with the lab.
+pub use mpquic_status as status;
+mod tls;
+mod transport;
+mod tun;
+mod tunnel;
