@@ -2,8 +2,8 @@
 # Coverage-guided fuzzing (cargo-fuzz, libFuzzer, AddressSanitizer with leak checks) of every
 # target in fuzz/: MINUTES each (default 10; decimals work: CI runs 0.1). Each target starts
 # from its corpus in fuzz/corpus/<target>/ (kept between runs, not in git) plus the seeds the
-# product's own encoders write (`mpquic_core::harness::seeds`). A crash, leak or hang (an input
-# over 10 s) stops the run with the input under fuzz/artifacts/<target>/: fix it, then keep
+# product's own encoders and examples give (`mpquic_core::harness::seeds`,
+# `mpquic::harness::seeds`). A crash, leak or hang (an input over 10 s) stops the run with the input under fuzz/artifacts/<target>/: fix it, then keep
 # the input in fuzz/regressions/<target>/ so the normal test suite replays it.
 #
 #   sudo bench/fuzz.sh [MINUTES [TARGET...]]   # per target: runs, coverage, corpus, verdict
@@ -16,7 +16,9 @@ command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked --qui
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 seeds=$(mktemp -d)
 trap 'rm -rf "$seeds"' EXIT
-FUZZ_SEEDS_DIR="$seeds" cargo test --quiet -p mpquic-core --test fuzz_regressions seeds_run_clean >/dev/null
+for crate in mpquic-core mpquic; do
+  FUZZ_SEEDS_DIR="$seeds" cargo test --quiet -p $crate --test fuzz_regressions seeds_run_clean >/dev/null
+done
 cargo +nightly fuzz build --fuzz-dir fuzz 2>&1 | grep -v '^\s*Compiling' || true
 status=0
 targets=("$@")

@@ -56,6 +56,27 @@ impl Drop for ControlSocket {
     }
 }
 
+/// The control socket's endpoints: `/status`, `/metrics` and POST `/reload`.
+pub fn router(status: StatusFn, reload: crate::reload::Trigger) -> Router {
+    let s1 = status.clone();
+    Router::new()
+        .route("/status", get(move || async move { Json(s1()) }))
+        .route(
+            "/metrics",
+            get(move || async move { metrics_text(&status) }),
+        )
+        // Only on the root-only socket: changing the configuration is the operator's.
+        .route(
+            "/reload",
+            post(move || async move {
+                match reload.reload().await {
+                    Ok(what) => (StatusCode::OK, what),
+                    Err(e) => (StatusCode::CONFLICT, e),
+                }
+            }),
+        )
+}
+
 /// Serve the control socket (and the metrics listener) until the runtime stops; keep the
 /// returned guard for as long as the instance runs.
 pub async fn serve(
@@ -87,21 +108,7 @@ pub async fn serve(
             id: (m.dev(), m.ino()),
         }
     };
-    let s1 = status.clone();
-    let s2 = status.clone();
-    let app = Router::new()
-        .route("/status", get(move || async move { Json(s1()) }))
-        .route("/metrics", get(move || async move { metrics_text(&s2) }))
-        // Only on the root-only socket: changing the configuration is the operator's.
-        .route(
-            "/reload",
-            post(move || async move {
-                match reload.reload().await {
-                    Ok(what) => (StatusCode::OK, what),
-                    Err(e) => (StatusCode::CONFLICT, e),
-                }
-            }),
-        );
+    let app = router(status.clone(), reload);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             warn!(error = %e, "control socket stopped");

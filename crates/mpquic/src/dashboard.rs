@@ -39,16 +39,7 @@ pub async fn serve(cfg: &Dashboard, status: StatusFn) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("cannot listen for the dashboard on {}", cfg.listen))?;
-    let st = Arc::new(State {
-        status,
-        token: cfg.token.clone(),
-        streams: AtomicUsize::new(0),
-    });
-    let (s1, s2, s3) = (st.clone(), st.clone(), st);
-    let app = Router::new()
-        .route("/", get(move |u: Uri, h: HeaderMap| page(s1, u, h)))
-        .route("/status", get(move |u: Uri, h: HeaderMap| once(s2, u, h)))
-        .route("/events", get(move |u: Uri, h: HeaderMap| events(s3, u, h)));
+    let app = router(cfg.token.clone(), status);
     info!(addr = %cfg.listen, token = cfg.token.is_some(), "dashboard listening");
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
@@ -56,6 +47,21 @@ pub async fn serve(cfg: &Dashboard, status: StatusFn) -> Result<()> {
         }
     });
     Ok(())
+}
+
+/// The dashboard's endpoints: the page, `/status` once and `/events`, each asking for `token`
+/// when there is one.
+pub fn router(token: Option<String>, status: StatusFn) -> Router {
+    let st = Arc::new(State {
+        status,
+        token,
+        streams: AtomicUsize::new(0),
+    });
+    let (s1, s2, s3) = (st.clone(), st.clone(), st);
+    Router::new()
+        .route("/", get(move |u: Uri, h: HeaderMap| page(s1, u, h)))
+        .route("/status", get(move |u: Uri, h: HeaderMap| once(s2, u, h)))
+        .route("/events", get(move |u: Uri, h: HeaderMap| events(s3, u, h)))
 }
 
 /// With a token configured, the request must carry it (query or bearer header).

@@ -10,6 +10,7 @@ pub mod client;
 pub mod config;
 pub mod control;
 pub mod dashboard;
+pub mod harness;
 pub mod hello;
 #[cfg(test)]
 mod inprocess_tests;

@@ -498,6 +498,10 @@ impl Server {
     /// long (`sessions::SESSION_LINGER`).
     fn expire_sessions(&self) {
         let gone = self.write().expire(Instant::now(), |s| s.presence());
+        if !gone.is_empty() {
+            // Their tunnels' buffers are freed with them: back to the system soon.
+            crate::runtime::released();
+        }
         for (name, addr, s) in gone {
             match s.presence() {
                 Presence::Left => {
@@ -762,7 +766,7 @@ impl Server {
 /// order, each with its policy, carriage and FEC; one lane of the hello's own settings without
 /// classes. A list that is not one (ranks out of order, a name twice, not exactly one default,
 /// too many, carriages that the connection's mode does not carry) is refused.
-fn lanes_of(h: &Hello, policy: Policy, fec: FecMode) -> Result<Vec<LaneSpec>, String> {
+pub(crate) fn lanes_of(h: &Hello, policy: Policy, fec: FecMode) -> Result<Vec<LaneSpec>, String> {
     if h.classes.is_empty() {
         return Ok(vec![LaneSpec {
             name: None,
