@@ -11,10 +11,10 @@ clients restarting, many clients at once and an hour of traffic, against what it
 
 Every run uses mpquic's defaults (mpquic-lab configs without mode, congestion or policy keys).
 The baseline is taken after a warm-up with traffic (first-use allocations are not a leak), the
-final figures 10 s after the load ends. A run passes when RSS is back within 1 MiB of the
-baseline, open fds and runtime tasks (status) are equal to it, the server holds exactly the
-sessions of the clients still running with every path `up` on both ends, and no log says
-`panicked`. Writes bench/results/churn-KIND.json; exit 1 on any problem.
+final figures 20 s after the load ends (beyond the QUIC idle timeout, 15 s). A run passes when
+RSS is back within 1 MiB of the baseline, open fds and runtime tasks (status) are equal to it,
+the server holds exactly the sessions of the clients still running with every path `up` on both
+ends, and no log says `panicked`. Writes bench/results/churn-KIND.json; exit 1 on any problem.
 """
 
 import argparse

@@ -4,7 +4,7 @@
 Two lab paths (100 Mbit/s 5 ms and 50 Mbit/s 10 ms one way), four TCP uploads through the
 tunnel, and the paths black-holed one at a time at random (holes and gaps of 0.2-2 s) for
 `--seconds`; then, on both ends: fds, threads and RSS against the baseline taken before the
-storm (10 s after its end), how soon every path is up again, each path's packet size, and pings
+storm (20 s after its end), how soon every path is up again, each path's packet size, and pings
 through the tunnel on each path alone (tests/e2e/flapstorm.py). One run per variant: mpquic's
 defaults (reliable mode, bbr) under each policy, and with `wlb` datagram mode, `pipes: 2` and
 stripe paths.

@@ -1,6 +1,6 @@
 """Path flaps: the paths black-holed one at a time at random (holes and gaps of 0.2-2 s) under four
-TCP uploads. Afterwards both ends hold what they held before (fds, threads; RSS within 2 MiB 10 s
-after the storm), every path is up within seconds of the last repair at its link's full packet
+TCP uploads. Afterwards both ends hold what they held before (fds, threads, runtime tasks; RSS
+within 2 MiB 20 s after the storm), every path is up within seconds of the last repair at its link's full packet
 size (an outage is not an MTU fall), and each path alone carries pings through the tunnel.
 bench/flap.py runs the same for 300 s per policy and transport (docs/BENCHMARKS.md)."""
 
