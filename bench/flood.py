@@ -6,11 +6,14 @@ garbage) from many spoofed sources at its port, from the lab's internet host, wh
 - client 2 starts in the middle of the flood (the time until its tunnel is up and a ping
   answered),
 
-with the server's RSS (peak), open fds, runtime tasks and refusal counters before, during and
-after. The lab's paths are emulated (100 Mbit/s, 5 ms each way) so the upload has a ceiling that
-does not depend on the flood's CPU.
+with the server's RSS (peak), open fds, runtime tasks, refusal and drop counters before, during
+and after. The lab's paths are emulated (100 Mbit/s, 5 ms each way) so the upload has a ceiling
+that does not depend on the flood's CPU; `--unshaped` makes them plain veth pairs instead, where
+the upload is CPU-bound and the flood's CPU competes with it. `--port stripe` runs the clients'
+paths over stripe and floods the server's stripe port (46017) instead of the QUIC one.
 
     sudo python3 bench/flood.py [--pps 20000] [--seconds 60] [--sources 1000] [--kind initial|garbage]
+                                [--unshaped] [--port quic|stripe]
 """
 
 import argparse
@@ -48,12 +51,19 @@ def main():
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--sources", type=int, default=1000)
     ap.add_argument("--kind", default="initial", choices=["initial", "garbage"])
+    ap.add_argument("--unshaped", action="store_true", help="plain veth paths (a CPU-bound upload)")
+    ap.add_argument("--port", default="quic", choices=["quic", "stripe"])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "flood.json"))
     args = ap.parse_args()
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "host": platform.node(), "cpus": os.cpu_count(), "args": vars(args), "spec": SPEC}
     up_s = max(10, int(args.seconds / 3))
-    with labctl.Lab(paths=1, clients=2, specs=[SPEC], mode=None, congestion=None) as lab:
+    port = {"quic": 45017, "stripe": 46017}[args.port]
+    lab_keys = {"emulated": False} if args.unshaped else {"specs": [SPEC]}
+    if args.port == "stripe":
+        lab_keys["transport"] = ["stripe"]
+    report["spec"] = "direct (veth)" if args.unshaped else SPEC
+    with labctl.Lab(paths=1, clients=2, mode=None, congestion=None, **lab_keys) as lab:
         lab.pki()
         lab.start_server()
         lab.start_client(0)
@@ -61,13 +71,13 @@ def main():
         lab.iperf_server()
         server = lab.procs["server"].pid
         base = lab.status("server")
-        report["before"] = {"process": base["process"], "refused": base["refused"]}
+        report["before"] = {"process": base["process"], "refused": base["refused"], "drops": base["drops"]}
         report["upload_alone_mbit"] = round(upload(lab, up_s), 1)
         print(f"upload alone: {report['upload_alone_mbit']} Mbit/s", flush=True)
 
         flood = {}
         t = threading.Thread(target=lambda: flood.update(json.loads(lab.sh(
-            lab.inet_ns, [labctl.LAB, "flood", "--to", f"{labctl.SERVER_IP}:45017", "--kind", args.kind,
+            lab.inet_ns, [labctl.LAB, "flood", "--to", f"{labctl.SERVER_IP}:{port}", "--kind", args.kind,
                           "--pps", str(args.pps), "--seconds", str(args.seconds),
                           "--sources", str(args.sources)], timeout=args.seconds + 120).stdout)))
         t.start()
@@ -91,15 +101,16 @@ def main():
             "new_client_ping": len(ping["received"]),
             "during": {"process": mid["process"], "refused": mid["refused"]},
             "kernel_dropped": after["drops"].get("udp_receive_buffer_full"),
-            "after": {"process": after["process"], "refused": after["refused"]},
+            "after": {"process": after["process"], "refused": after["refused"], "drops": after["drops"]},
             "server_peak_rss_mib": round(hwm_kib(server) / 1024, 1),
         })
-    print(f"flood {args.kind}: sent {flood.get('packets')} in {flood.get('seconds', 0):.1f} s "
+    print(f"flood {args.kind} at the {args.port} port ({report['spec']}): sent {flood.get('packets')} in {flood.get('seconds', 0):.1f} s "
           f"({flood.get('packets', 0) / max(flood.get('seconds', 1), 1e-9):.0f}/s) from {args.sources} sources; "
           f"upload {report['upload_alone_mbit']} alone, {report['upload_in_flood_mbit']} in the flood "
           f"({report['upload_ratio']:.2f}x); a new client up and answering in {report['new_client_connect_s']} s; "
           f"server peak RSS {report['server_peak_rss_mib']} MiB; refused {report['after']['refused']}; "
           f"dropped by the kernel (socket buffer full) {report['kernel_dropped']}; "
+          f"drops {report['before']['drops']} -> {report['after']['drops']}; "
           f"process before {report['before']['process']} after {report['after']['process']}", flush=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

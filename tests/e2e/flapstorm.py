@@ -61,6 +61,7 @@ def holdings(lab, key, pid):
     out = snapshot(pid)
     st = lab.status(key)
     out["tasks"] = st["process"]["tasks"]
+    out["heap_in_use_kib"] = st["process"].get("heap_in_use_bytes", 0) // 1024
     if key == "server":
         out["sessions"] = len(st["tunnels"])
     return out

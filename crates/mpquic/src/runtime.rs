@@ -13,11 +13,26 @@ pub fn process_status() -> crate::status::ProcessStatus {
         .ok()
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
         .map_or(0, |pages| pages * page);
+    let (heap_in_use_bytes, heap_free_bytes) = heap();
     crate::status::ProcessStatus {
         tasks,
         open_fds,
         rss_bytes,
+        heap_in_use_bytes,
+        heap_free_bytes,
     }
+}
+
+/// The allocator's bytes in use (heap and its own mappings) and free.
+fn heap() -> (u64, u64) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's statistics.
+        let m = unsafe { libc::mallinfo2() };
+        (m.uordblks as u64 + m.hblkhd as u64, m.fordblks as u64)
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    (0, 0)
 }
 
 /// Datagrams the kernel dropped, socket buffer full, at the UDP sockets bound to local `port`
@@ -140,20 +155,39 @@ pub fn released() {
     RELEASED.notify_one();
 }
 
+/// Between releases: a tunnel that carries traffic for hours without a connection ending frees
+/// its buffers into the heap too (an hour's soak: RSS 1.6 MiB above its start, never trimmed).
+const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+/// Free memory in the heap worth a trim between releases.
+const TRIM_FREE: u64 = 1 << 20;
+
 /// The instance's housekeeping: trims the heap `TRIM_AFTER` after connections were released,
 /// and `TRIM_AGAIN` after that (a closed QUIC connection drains for three probe timeouts
-/// before the engine frees its state).
+/// before the engine frees its state); otherwise every `TRIM_EVERY` when the heap holds more
+/// than `TRIM_FREE` free (a trim of a heap of tens of MiB takes about a millisecond).
 pub async fn trim_task() {
     loop {
-        RELEASED.notified().await;
-        for wait in [TRIM_AFTER, TRIM_AGAIN] {
-            tokio::time::sleep(wait).await;
-            #[cfg(all(target_os = "linux", target_env = "gnu"))]
-            // SAFETY: malloc_trim only returns free pages of the heap to the system.
-            unsafe {
-                libc::malloc_trim(0);
+        let released = tokio::time::timeout(TRIM_EVERY, RELEASED.notified())
+            .await
+            .is_ok();
+        match released {
+            true => {
+                for wait in [TRIM_AFTER, TRIM_AGAIN] {
+                    tokio::time::sleep(wait).await;
+                    trim();
+                }
             }
+            false if heap().1 > TRIM_FREE => trim(),
+            false => {}
         }
+    }
+}
+
+fn trim() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free pages of the heap to the system.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

@@ -258,6 +258,13 @@ pub struct ProcessStatus {
     pub open_fds: u64,
     /// Resident memory, bytes.
     pub rss_bytes: u64,
+    /// The allocator's blocks in use, bytes: what the process's data takes. RSS can stay above
+    /// it after a peak (free blocks between live ones), so a leak shows here first.
+    #[serde(default)]
+    pub heap_in_use_bytes: u64,
+    /// Free memory the allocator holds (part of it already given back to the system).
+    #[serde(default)]
+    pub heap_free_bytes: u64,
 }
 
 /// What this instance's TLS handshakes use.

@@ -347,6 +347,11 @@ impl StatusReport {
                 "Tasks alive in the async runtime",
                 self.process.tasks,
             ),
+            (
+                "mpquic_heap_in_use_bytes",
+                "Bytes of the allocator's blocks in use",
+                self.process.heap_in_use_bytes,
+            ),
         ] {
             let g = Gauge::<i64>::default();
             g.set(v as i64);

@@ -11,7 +11,7 @@ impl StatusReport {
         let mut o = String::new();
         let _ = writeln!(
             o,
-            "mpquic {} {}  tun {} mtu {}  cc {}  up {:.0}s  rss {:.1} MiB  fds {}  tasks {}",
+            "mpquic {} {}  tun {} mtu {}  cc {}  up {:.0}s  rss {:.1} MiB (heap in use {:.1})  fds {}  tasks {}",
             self.role,
             self.version,
             self.tun_name,
@@ -19,6 +19,7 @@ impl StatusReport {
             self.congestion,
             self.uptime_s,
             self.process.rss_bytes as f64 / (1 << 20) as f64,
+            self.process.heap_in_use_bytes as f64 / (1 << 20) as f64,
             self.process.open_fds,
             self.process.tasks
         );
