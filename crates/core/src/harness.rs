@@ -180,6 +180,19 @@ pub const ALL: &[(&str, Harness)] = &[
     ("stream_frames", stream_frames),
 ];
 
+/// With FUZZ_SEEDS_DIR set (`bench/fuzz.sh`), write `seeds` there, one directory per target
+/// (used for this crate's seeds and the binary's).
+pub fn write_seeds(seeds: &[(&str, Vec<u8>)]) {
+    let Ok(dir) = std::env::var("FUZZ_SEEDS_DIR") else {
+        return;
+    };
+    for (i, (target, input)) in seeds.iter().enumerate() {
+        let d = std::path::Path::new(&dir).join(target);
+        std::fs::create_dir_all(&d).expect("the seeds directory can be made");
+        std::fs::write(d.join(format!("seed-{i}")), input).expect("a seed can be written");
+    }
+}
+
 /// Starting inputs for the fuzzers, one file each (`bench/fuzz.sh` writes them into the
 /// targets' corpora): every wire frame as the product's own encoders write it, real inner
 /// packets, a stripe feedback, a stream frame. From these the fuzzers mutate toward what the

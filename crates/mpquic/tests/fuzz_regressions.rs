@@ -79,11 +79,5 @@ fn seeds_run_clean_and_are_written_on_request() {
         let (_, run) = harness::ALL.iter().find(|(t, _)| t == target).unwrap();
         run(input);
     }
-    if let Ok(dir) = std::env::var("FUZZ_SEEDS_DIR") {
-        for (i, (target, input)) in seeds.iter().enumerate() {
-            let d = Path::new(&dir).join(target);
-            std::fs::create_dir_all(&d).unwrap();
-            std::fs::write(d.join(format!("seed-{i}")), input).unwrap();
-        }
-    }
+    mpquic_core::harness::write_seeds(&seeds);
 }
