@@ -37,6 +37,8 @@ SETTLE_S = flapstorm.SETTLE_S
 # A stopped client's session ends within the server's housekeeping second; a killed one's paths
 # at the QUIC idle timeout (15 s), its session after the linger for a return (120 s).
 GONE_WITHIN_S = 150.0
+# Soak cycles before its baseline: every event of the cycle (a hole, a restart) once.
+WARMUP_CYCLES = 10
 
 
 def defaults_lab(**kw):
@@ -248,8 +250,8 @@ def soak(a):
     """Two clients, two emulated paths each, for `--seconds`: a one-minute cycle of TCP up and
     down at once (20 s; paced at 20 Mbit/s each, so the hour is a long uptime with traffic,
     not a CPU benchmark), UDP 5 Mbit/s both ways (20 s) and idle (20 s); every 5th cycle one
-    path of client0 black-holed for 3 s, every 10th client1 restarted (SIGTERM). The server and
-    client0 sampled every cycle."""
+    path of client0 black-holed for 3 s, every 10th client1 restarted (SIGTERM). The baseline
+    after `WARMUP_CYCLES`; the server and client0 sampled every cycle."""
     rng = random.Random(a.seed)
     with defaults_lab(paths=2, clients=2, specs=flapstorm.SPECS) as lab:
         lab.start_all()
@@ -278,12 +280,15 @@ def soak(a):
             time.sleep(max(0.0, 20 - (3 if i % 10 == 9 else 0)))
 
         who = {"server": "server", "client": "client0"}
-        cycle(0)
+        # Warm-up: ten cycles, so the baseline has seen a hole and a restart too (a one-cycle
+        # warm-up gave a baseline ~1 MiB below the hour's level, reached in its first minutes).
+        for i in range(WARMUP_CYCLES):
+            cycle(i)
         time.sleep(3.0)
         before = {k: flapstorm.holdings(lab, key, lab.procs[key].pid) for k, key in who.items()}
         samples = []
         t0 = time.monotonic()
-        i = 1
+        i = WARMUP_CYCLES
         while time.monotonic() - t0 < a.seconds:
             cycle(i)
             h = {k: flapstorm.holdings(lab, key, lab.procs[key].pid) for k, key in who.items()}
@@ -301,9 +306,9 @@ def soak(a):
             problems.append(f"server holds {after['server']['sessions']} sessions, 2 clients run")
         problems += stuck_paths(lab, ["client0", "client1"]) + panics(lab)
     peak = max(s["server_rss_kib"] for s in samples)
-    r = {"seconds": a.seconds, "cycles": i - 1, "before": before, "after": after, "samples": samples,
+    r = {"seconds": a.seconds, "cycles": i - WARMUP_CYCLES, "warmup_cycles": WARMUP_CYCLES, "before": before, "after": after, "samples": samples,
          "server_peak_rss_kib": peak, "problems": problems}
-    print(line(f"soak ({i - 1} cycles in {a.seconds:.0f} s)", r)
+    print(line(f"soak ({i - WARMUP_CYCLES} cycles in {a.seconds:.0f} s)", r)
           + f"; client0 RSS {before['client']['rss_kib'] / 1024:.1f} -> {after['client']['rss_kib'] / 1024:.1f} MiB",
           flush=True)
     return r

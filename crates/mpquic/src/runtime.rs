@@ -156,7 +156,8 @@ pub fn released() {
 }
 
 /// Between releases: a tunnel that carries traffic for hours without a connection ending frees
-/// its buffers into the heap too (an hour's soak: RSS 1.6 MiB above its start, never trimmed).
+/// its buffers into the heap too (an hour's soak ended 1.6 MiB above its start with no trim
+/// in between).
 const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 /// Free memory in the heap worth a trim between releases.
 const TRIM_FREE: u64 = 1 << 20;
