@@ -68,16 +68,7 @@ def stuck_paths(lab, clients):
 
 def compare(who, before, after):
     """What differs between two `flapstorm.holdings` beyond the allowed RSS slack."""
-    out = []
-    if after["fds"] != before["fds"]:
-        out.append(f"{who}: fds {before['fds']} -> {after['fds']} ({before['fd_kinds']} -> {after['fd_kinds']})")
-    if after["tasks"] != before["tasks"]:
-        out.append(f"{who}: runtime tasks {before['tasks']} -> {after['tasks']}")
-    if after["threads"] != before["threads"]:
-        out.append(f"{who}: threads {before['threads']} -> {after['threads']}")
-    if after["rss_kib"] > before["rss_kib"] + RSS_SLACK_KIB:
-        out.append(f"{who}: RSS {before['rss_kib']} -> {after['rss_kib']} KiB")
-    return out
+    return flapstorm.differences(who, before, after, RSS_SLACK_KIB)
 
 
 def server_holdings(lab):

@@ -234,19 +234,26 @@ def restarts(lab, n):
             "server_sessions": after["sessions"]}
 
 
+def differences(who, b, a, rss_slack_kib):
+    """What process `who` holds after (`a`) that it did not before (`b`), two `holdings`: fds,
+    threads, runtime tasks, or RSS beyond the slack; as readable lines."""
+    out = []
+    if a["fds"] != b["fds"]:
+        out.append(f"{who}: fds {b['fds']} -> {a['fds']} ({b['fd_kinds']} -> {a['fd_kinds']})")
+    if a["threads"] != b["threads"]:
+        out.append(f"{who}: threads {b['threads']} -> {a['threads']}")
+    if a.get("tasks") != b.get("tasks"):
+        out.append(f"{who}: runtime tasks {b.get('tasks')} -> {a.get('tasks')}")
+    if a["rss_kib"] > b["rss_kib"] + rss_slack_kib:
+        out.append(f"{who}: RSS {b['rss_kib']} -> {a['rss_kib']} KiB")
+    return out
+
+
 def problems(r, rss_slack_kib=2048):
     """What the figures of `run` show wrong, as readable lines (none: the storm left no trace)."""
     out = []
     for who in ("client", "server"):
-        b, a = r["before"][who], r["after"][who]
-        if a["fds"] != b["fds"]:
-            out.append(f"{who}: fds {b['fds']} -> {a['fds']} ({b['fd_kinds']} -> {a['fd_kinds']})")
-        if a["threads"] != b["threads"]:
-            out.append(f"{who}: threads {b['threads']} -> {a['threads']}")
-        if a.get("tasks") != b.get("tasks"):
-            out.append(f"{who}: runtime tasks {b.get('tasks')} -> {a.get('tasks')}")
-        if a["rss_kib"] > b["rss_kib"] + rss_slack_kib:
-            out.append(f"{who}: RSS {b['rss_kib']} -> {a['rss_kib']} KiB")
+        out += differences(who, r["before"][who], r["after"][who], rss_slack_kib)
     if r["all_up_after_s"] is None or r["all_up_after_s"] > UP_WITHIN_S:
         out.append(f"paths not all up within {UP_WITHIN_S} s of the storm's end: {r['all_up_after_s']}")
     for path, s in r["sizes"].items():

@@ -372,13 +372,20 @@ mod tests {
         assert_eq!(r.by_addr(Ipv4Addr::new(10, 0, 0, 50)), Some(&1));
     }
 
-    #[test]
-    fn sessions_without_paths_expire_after_the_linger() {
+    /// Sessions `a` (value 1, address .1) and `b` (value 2, address .2), joined at the returned
+    /// instant.
+    fn a_and_b(p: &AddressPlan) -> (Registry<u32>, Instant) {
         let t0 = Instant::now();
         let mut r: Registry<u32> = Registry::default();
+        r.join(p, "a", "a", 1, None, t0, |_| 1).unwrap();
+        r.join(p, "b", "b", 1, None, t0, |_| 2).unwrap();
+        (r, t0)
+    }
+
+    #[test]
+    fn sessions_without_paths_expire_after_the_linger() {
         let p = plan();
-        r.join(&p, "a", "a", 1, None, t0, |_| 1).unwrap();
-        r.join(&p, "b", "b", 1, None, t0, |_| 2).unwrap();
+        let (mut r, t0) = a_and_b(&p);
         // `a` keeps a path, `b` has none.
         let presence = |s: &u32| match *s {
             1 => Presence::Connected,
@@ -395,11 +402,7 @@ mod tests {
 
     #[test]
     fn a_session_whose_client_left_ends_at_once() {
-        let t0 = Instant::now();
-        let mut r: Registry<u32> = Registry::default();
-        let p = plan();
-        r.join(&p, "a", "a", 1, None, t0, |_| 1).unwrap();
-        r.join(&p, "b", "b", 1, None, t0, |_| 2).unwrap();
+        let (mut r, t0) = a_and_b(&plan());
         // `b`'s client closed its paths saying it was stopping; `a` is away (no path).
         let presence = |s: &u32| match *s {
             2 => Presence::Left,

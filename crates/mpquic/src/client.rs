@@ -27,7 +27,7 @@ use tracing::{info, warn};
 use crate::config::{
     parse_cidr, parse_cidr6, ClassConfig, ClientConfig, Config, PathConfig, RoleConfig,
 };
-use crate::hello::{ClassOf, Hello};
+use crate::hello::{ClassOf, Hello, HelloAck};
 use crate::platform::Platform;
 use crate::reload::{self, PathChanges};
 use crate::status::StatusReport;
@@ -89,9 +89,27 @@ struct Client {
 
 /// The tunnel addresses the server gave: IPv4, and IPv6 when its tunnel is dual-stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Assigned {
+pub(crate) struct Assigned {
     v4: (Ipv4Addr, u8),
     v6: Option<(Ipv6Addr, u8)>,
+}
+
+impl Assigned {
+    /// The addresses in the server's answer to a hello; an answer without a usable one is an
+    /// error.
+    pub(crate) fn from_answer(ack: &HelloAck) -> Result<Assigned> {
+        let v4 = (ack.addr.as_deref())
+            .and_then(parse_cidr)
+            .ok_or_else(|| anyhow!("server sent no usable address"))?;
+        let v6 = match ack.addr6.as_deref() {
+            Some(s) => Some(
+                parse_cidr6(s)
+                    .ok_or_else(|| anyhow!("server sent an unusable IPv6 address `{s}`"))?,
+            ),
+            None => None,
+        };
+        Ok(Assigned { v4, v6 })
+    }
 }
 
 /// A configured path: its configuration, watched by its task, which ends with it.
@@ -670,17 +688,7 @@ impl Client {
                 .try_send(format!("server refused this client: {msg}"));
             bail!("server refused: {msg}");
         }
-        let v4 = (ack.addr.as_deref())
-            .and_then(parse_cidr)
-            .ok_or_else(|| anyhow!("server sent no usable address"))?;
-        let v6 = match ack.addr6.as_deref() {
-            Some(s) => Some(
-                parse_cidr6(s)
-                    .ok_or_else(|| anyhow!("server sent an unusable IPv6 address `{s}`"))?,
-            ),
-            None => None,
-        };
-        self.set_address(Assigned { v4, v6 })?;
+        self.set_address(Assigned::from_answer(&ack)?)?;
         Ok(transport.keep())
     }
 

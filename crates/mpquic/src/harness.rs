@@ -17,7 +17,7 @@ use mpquic_core::fec::FecMode;
 use mpquic_core::Policy;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::config::{parse_cidr, parse_cidr6, Config, RoleConfig, TransportMode};
+use crate::config::{parse_cidr, Config, RoleConfig, TransportMode};
 use crate::control::StatusFn;
 use crate::hello::{self, Hello, HelloAck};
 use crate::status::{PathStatus, StatusReport, TunnelStatus};
@@ -44,9 +44,10 @@ pub fn config_file(data: &[u8]) {
 pub fn hello(data: &[u8]) {
     let rt = runtime();
     if let Ok(h) = rt.block_on(hello::read::<Hello>(&mut &data[..])) {
-        let policy = Policy::parse(&h.policy).unwrap_or(Policy::Failover);
-        let fec = h.fec.as_deref().map_or(Ok(FecMode::Off), FecMode::parse);
-        let _ = crate::server::lanes_of(&h, policy, fec.unwrap_or(FecMode::Off));
+        // Past a refused policy or FEC mode, the lanes are checked anyway (the fuzzer should
+        // reach them without guessing both).
+        let (policy, fec) = crate::server::terms(&h).unwrap_or((Policy::Failover, FecMode::Off));
+        let _ = crate::server::lanes_of(&h, policy, fec);
         let _ = h.addr.as_deref().map(parse_cidr);
         let _ = h.previous.as_deref().map(parse_cidr);
         for r in &h.routes {
@@ -54,8 +55,7 @@ pub fn hello(data: &[u8]) {
         }
     }
     if let Ok(ack) = rt.block_on(hello::read::<HelloAck>(&mut &data[..])) {
-        let _ = ack.addr.as_deref().map(parse_cidr);
-        let _ = ack.addr6.as_deref().map(parse_cidr6);
+        let _ = crate::client::Assigned::from_answer(&ack);
     }
 }
 

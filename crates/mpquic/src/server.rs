@@ -615,12 +615,7 @@ impl Server {
         certificate: Facts,
         h: &Hello,
     ) -> Result<(Arc<Tunnel>, std::net::Ipv4Addr, PathId), String> {
-        let policy =
-            Policy::parse(&h.policy).ok_or_else(|| format!("unknown policy `{}`", h.policy))?;
-        let fec = match h.fec.as_deref() {
-            Some(f) => FecMode::parse(f)?,
-            None => FecMode::Off,
-        };
+        let (policy, fec) = terms(h)?;
         let name = sessions::session_name(identity, h.instance.as_deref());
         let lans = self.allowed_lans(&name, identity, &h.routes)?;
         let plan = self.scfg().address_plan();
@@ -760,6 +755,17 @@ impl Server {
         });
         Ok(tunnel)
     }
+}
+
+/// The policy and FEC mode a hello asks for (an unknown one refuses it).
+pub(crate) fn terms(h: &Hello) -> Result<(Policy, FecMode), String> {
+    let policy =
+        Policy::parse(&h.policy).ok_or_else(|| format!("unknown policy `{}`", h.policy))?;
+    let fec = match h.fec.as_deref() {
+        Some(f) => FecMode::parse(f)?,
+        None => FecMode::Off,
+    };
+    Ok((policy, fec))
 }
 
 /// The lanes of a session's tunnel from its first hello: one per class it lists, in rank
