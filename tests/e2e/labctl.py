@@ -348,8 +348,12 @@ class Lab:
                     check=False, timeout=timeout or count * interval + 10)
         return parse_ping(r.stdout)
 
-    def start_ping(self, key, interval=0.01, c=0, dst=None):
-        return self.spawn(key, self.lan_ns(c), ["ping", "-n", "-i", str(interval), "-W", "1", dst or self.inet_addr])
+    def start_ping(self, key, interval=0.01, c=0, dst=None, count=None):
+        """Ping from client `c`'s LAN until stopped, or `count` times (then ping waits up to 1 s
+        for the last reply and exits)."""
+        counted = ["-c", str(count)] if count else []
+        return self.spawn(key, self.lan_ns(c), ["ping", "-n", "-i", str(interval), "-W", "1", *counted,
+                                                dst or self.inet_addr])
 
     # -- teardown ---------------------------------------------------------------------------
     def down(self):

@@ -7,15 +7,71 @@
 //!   which is always served before bulk, as fq_codel's new-flow queue is; a flow with more
 //!   than `SPARSE_PACKETS` waiting is bulk. A flow's packets never overtake each other: one
 //!   goes to the sparse queue only while the flow has none in bulk, and sparse ones leave first.
-//! - **it is bounded**: `limit` packets; a packet beyond is refused (the caller counts it).
+//! - **it is bounded**: `limit` packets; a packet beyond is refused (the caller counts it),
+//!   except a sparse flow's, which takes the place of the oldest bulk packet instead (fq_codel
+//!   drops from the fattest flow too): a ping behind a saturating upload is not lost to the
+//!   upload's backlog.
+//!
+//! A sender that hands packets to the queue's owner across threads keeps `WaitingFlows` beside
+//! it, so the hand-over can let a sparse flow's packet past its own bounds too.
 //! - **nothing waits longer than `max_wait`**: older packets are dropped when they reach the
 //!   head (the inner flow's loss signal, rather than the delay of everything behind them).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Packets a flow may have in the sparse queue; more and it is bulk.
 pub const SPARSE_PACKETS: u32 = 2;
+
+/// Counters of `WaitingFlows`, shared by flows by their hash.
+const FLOW_BUCKETS: usize = 256;
+
+/// How many packets each flow has on their way through a sender (handed over to the task that
+/// owns its `SendQueue`, and not yet sent or dropped), for the thread that hands them over:
+/// before refusing a packet for a bound of its own it asks `is_sparse`, since the queue will
+/// serve a sparse flow's packet first. The hand-over `add`s before it passes a packet on, the
+/// owner `sub`s when the packet leaves its hands whichever way. Flows share counters by hash: a
+/// collision makes a sparse flow look busy (refused as before), never a busy one sparse.
+pub struct WaitingFlows {
+    counts: [AtomicU32; FLOW_BUCKETS],
+}
+
+impl Default for WaitingFlows {
+    fn default() -> WaitingFlows {
+        WaitingFlows {
+            counts: std::array::from_fn(|_| AtomicU32::new(0)),
+        }
+    }
+}
+
+impl WaitingFlows {
+    fn bucket(&self, flow: u64) -> &AtomicU32 {
+        &self.counts[(flow % FLOW_BUCKETS as u64) as usize]
+    }
+
+    /// Whether a packet of `flow` would join the sparse queue now (`None`: no flow key, bulk).
+    pub fn is_sparse(&self, flow: Option<u64>) -> bool {
+        flow.is_some_and(|f| self.bucket(f).load(Ordering::Relaxed) < SPARSE_PACKETS)
+    }
+
+    pub fn add(&self, flow: Option<u64>) {
+        if let Some(f) = flow {
+            self.bucket(f).fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn sub(&self, flow: Option<u64>) {
+        if let Some(f) = flow {
+            self.bucket(f).fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether nothing is on its way.
+    pub fn is_empty(&self) -> bool {
+        self.counts.iter().all(|c| c.load(Ordering::Relaxed) == 0)
+    }
+}
 
 struct Entry<T> {
     flow: Option<u64>,
@@ -67,16 +123,26 @@ impl<T> SendQueue<T> {
         self.len() == 0
     }
 
-    /// Queue `item` of `flow` (`None`: a packet without a flow key, treated as bulk). Refused
-    /// (returned) when the queue is full.
+    /// Queue `item` of `flow` (`None`: a packet without a flow key, treated as bulk). When the
+    /// queue is full a bulk packet is refused (returned); a sparse flow's packet is queued in
+    /// place of the oldest bulk one, which is returned instead (refused only when nothing bulk
+    /// waits). Either way the caller counts what comes back as dropped.
     pub fn push(&mut self, now: Instant, flow: Option<u64>, item: T) -> Result<(), T> {
-        if self.len() >= self.limit {
-            return Err(item);
-        }
         let sparse = flow.is_some_and(|f| {
             !self.in_bulk.contains_key(&f)
                 && self.in_sparse.get(&f).copied().unwrap_or(0) < SPARSE_PACKETS
         });
+        let displaced = match self.len() >= self.limit {
+            false => None,
+            true if sparse => match self.bulk.pop_front() {
+                Some(e) => {
+                    self.forget(false, e.flow);
+                    Some(e.item)
+                }
+                None => return Err(item),
+            },
+            true => return Err(item),
+        };
         let (queue, counts) = if sparse {
             (&mut self.sparse, &mut self.in_sparse)
         } else {
@@ -90,7 +156,23 @@ impl<T> SendQueue<T> {
             at: now,
             item,
         });
-        Ok(())
+        displaced.map_or(Ok(()), Err)
+    }
+
+    /// A packet of `flow` left the sparse or the bulk queue.
+    fn forget(&mut self, from_sparse: bool, flow: Option<u64>) {
+        let counts = match from_sparse {
+            true => &mut self.in_sparse,
+            false => &mut self.in_bulk,
+        };
+        if let Some(f) = flow {
+            if let Some(n) = counts.get_mut(&f) {
+                *n -= 1;
+                if *n == 0 {
+                    counts.remove(&f);
+                }
+            }
+        }
     }
 
     /// The next packet to send: sparse first. Packets that waited longer than `max_wait` go to
@@ -98,20 +180,12 @@ impl<T> SendQueue<T> {
     pub fn pop(&mut self, now: Instant, stale: &mut impl FnMut(T)) -> Option<T> {
         loop {
             let from_sparse = !self.sparse.is_empty();
-            let (queue, counts) = if from_sparse {
-                (&mut self.sparse, &mut self.in_sparse)
-            } else {
-                (&mut self.bulk, &mut self.in_bulk)
+            let queue = match from_sparse {
+                true => &mut self.sparse,
+                false => &mut self.bulk,
             };
             let e = queue.pop_front()?;
-            if let Some(f) = e.flow {
-                if let Some(n) = counts.get_mut(&f) {
-                    *n -= 1;
-                    if *n == 0 {
-                        counts.remove(&f);
-                    }
-                }
-            }
+            self.forget(from_sparse, e.flow);
             if now.saturating_duration_since(e.at) > self.max_wait {
                 stale(e.item);
                 continue;
@@ -288,7 +362,7 @@ mod tests {
         q.push(now, Some(1), (1, 2)).unwrap();
         q.push(now, Some(1), (1, 3)).unwrap();
         q.set_limit(1);
-        assert!(q.push(now, Some(2), (2, 0)).is_err());
+        assert!(q.push(now, Some(1), (1, 4)).is_err());
         assert_eq!(q.len(), 4);
         assert_eq!(pop_all(&mut q, now).len(), 4);
         q.push(now, Some(2), (2, 0)).unwrap();
@@ -301,7 +375,10 @@ mod tests {
         for i in 0..3 {
             q.push(t0, Some(1), (1, i)).unwrap();
         }
-        assert_eq!(q.push(t0, Some(2), (2, 0)), Err((2, 0)));
+        // Full: a sparse flow's packet takes the oldest bulk packet's place (the third of
+        // flow 1; its first two were sparse), a bulk one is refused.
+        assert_eq!(q.push(t0, Some(2), (2, 0)), Err((1, 2)));
+        assert_eq!(q.push(t0, Some(1), (1, 9)), Err((1, 9)));
         let mut stale = Vec::new();
         let later = t0 + WAIT + Duration::from_millis(1);
         q.push(t0 + WAIT, None, (9, 9)).ok();
@@ -311,5 +388,42 @@ mod tests {
         q.push(later, Some(1), (1, 3)).unwrap();
         assert_eq!(q.pop(later, &mut |_| {}), Some((1, 3)));
         assert!(q.is_empty());
+    }
+
+    /// A full queue of one bulk flow: a sparse packet displaces the bulk backlog's oldest, and
+    /// a sparse packet finding nothing bulk to displace is refused.
+    #[test]
+    fn a_sparse_packet_is_not_lost_to_a_full_bulk_backlog() {
+        let now = Instant::now();
+        let mut q = SendQueue::new(4, WAIT);
+        for i in 0..4 {
+            q.push(now, Some(1), (1, i)).unwrap();
+        }
+        assert_eq!(q.push(now, Some(1), (1, 4)), Err((1, 4)));
+        assert_eq!(q.push(now, Some(2), (2, 0)), Err((1, 2)));
+        assert_eq!(pop_all(&mut q, now), [(1, 0), (1, 1), (2, 0), (1, 3)]);
+        let mut q = SendQueue::new(2, WAIT);
+        q.push(now, Some(1), (1, 0)).unwrap();
+        q.push(now, Some(2), (2, 0)).unwrap();
+        assert_eq!(q.push(now, Some(3), (3, 0)), Err((3, 0)));
+    }
+
+    /// `WaitingFlows`: a flow is sparse below `SPARSE_PACKETS` on their way, busy at it, and
+    /// sparse again once they have left.
+    #[test]
+    fn waiting_flows_count_what_is_on_its_way() {
+        let w = WaitingFlows::default();
+        assert!(w.is_sparse(Some(1)) && !w.is_sparse(None) && w.is_empty());
+        w.add(Some(1));
+        assert!(w.is_sparse(Some(1)));
+        w.add(Some(1));
+        w.add(None);
+        assert!(!w.is_sparse(Some(1)) && w.is_sparse(Some(2)));
+        // A flow sharing flow 1's counter looks busy with it.
+        assert!(!w.is_sparse(Some(1 + FLOW_BUCKETS as u64)));
+        w.sub(Some(1));
+        w.sub(None);
+        w.sub(Some(1));
+        assert!(w.is_sparse(Some(1)) && w.is_empty());
     }
 }
