@@ -178,6 +178,7 @@ pub const ALL: &[(&str, Harness)] = &[
     ("inner_packets", inner_packets),
     ("stripe_packets", stripe_packets),
     ("stream_frames", stream_frames),
+    ("connect_ip", connect_ip),
 ];
 
 /// With FUZZ_SEEDS_DIR set (`bench/fuzz.sh`), write `seeds` there, one directory per target
@@ -279,7 +280,82 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     out.push(("stripe_packets", cat(&[&[0], &udp4])));
     let frame = cat(&[&reassembly::header(udp4.len() as u16, 1000), &udp4]);
     out.push(("stream_frames", cat(&[&[0, 0, frame.len() as u8], &frame])));
+    out.extend(connect_ip_seeds().into_iter().map(|s| ("connect_ip", s)));
     out
+}
+
+/// CONNECT-IP's parsers, as a client or server could feed them: the bytes as a request stream's
+/// capsules, arriving in pieces the first byte sizes (every capsule read is written again and
+/// must read back the same), as an HTTP Datagram's prefix, and as a request path against the
+/// default template and as a configured template.
+pub fn connect_ip(data: &[u8]) {
+    use crate::connect_ip::{datagram, CapsuleReader, Template};
+    let Some((&piece, rest)) = data.split_first() else {
+        return;
+    };
+    let mut reader = CapsuleReader::default();
+    for chunk in rest.chunks(usize::from(piece).max(1)) {
+        reader.push(chunk);
+        loop {
+            match reader.read() {
+                Ok(Some(c)) => {
+                    let mut again = Vec::new();
+                    c.encode(&mut again);
+                    let mut r = CapsuleReader::default();
+                    r.push(&again);
+                    assert_eq!(r.read(), Ok(Some(c)), "a capsule reads back as written");
+                }
+                Ok(None) => break,
+                Err(_) => return,
+            }
+        }
+    }
+    let _ = reader.finish();
+    let _ = datagram::parse(rest);
+    let text = String::from_utf8_lossy(rest);
+    let _ = Template::default().matches(&text);
+    if let Ok(t) = Template::parse(&text) {
+        let _ = t.matches(&text);
+    }
+}
+
+/// Starting inputs for `connect_ip`: each capsule as this end writes it, a datagram prefix,
+/// request paths.
+fn connect_ip_seeds() -> Vec<Vec<u8>> {
+    use crate::connect_ip::{datagram, AddressEntry, Capsule, IpRange, Scope, Template};
+    let assign = Capsule::AddressAssign(vec![AddressEntry {
+        request_id: 1,
+        addr: Ipv4Addr::new(10, 200, 17, 1).into(),
+        prefix_len: 32,
+    }]);
+    let request = Capsule::AddressRequest(vec![AddressEntry {
+        request_id: 1,
+        addr: std::net::Ipv6Addr::UNSPECIFIED.into(),
+        prefix_len: 128,
+    }]);
+    let routes =
+        Capsule::RouteAdvertisement(vec![IpRange::everything(false), IpRange::everything(true)]);
+    let dgram = Capsule::Datagram {
+        context: 0,
+        payload: ipv4(17, &[0, 1, 0, 2, 0, 8, 0, 0]),
+    };
+    let mut all = vec![7u8];
+    for c in [&assign, &request, &routes, &dgram] {
+        c.encode(&mut all);
+    }
+    let t = Template::default();
+    let scoped = Scope {
+        target: Some((Ipv4Addr::new(192, 0, 2, 0).into(), 24)),
+        protocol: Some(17),
+    };
+    let mut prefixed = datagram::ip_prefix(4);
+    prefixed.extend_from_slice(&ipv4(17, &[0; 8]));
+    vec![
+        all,
+        [&[0u8][..], t.expand(scoped).as_bytes()].concat(),
+        [&[0u8][..], b"/vpn?t={target}&i={ipproto}"].concat(),
+        [&[0u8][..], &prefixed].concat(),
+    ]
 }
 
 /// A minimal IPv4 packet of `proto` around `l4` (10.200.17.1 -> 10.99.0.1).

@@ -9,6 +9,7 @@ pub mod bond;
 pub mod cc;
 pub mod classify;
 pub mod coalesce;
+pub mod connect_ip;
 pub mod drops;
 pub mod fec;
 pub mod flow;
