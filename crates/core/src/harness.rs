@@ -284,15 +284,37 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     out
 }
 
-/// CONNECT-IP's parsers, as a client or server could feed them: the bytes as a request stream's
-/// capsules, arriving in pieces the first byte sizes (every capsule read is written again and
-/// must read back the same), as an HTTP Datagram's prefix, and as a request path against the
-/// default template and as a configured template.
+/// CONNECT-IP's parsers and the HTTP/3 under them, as a client or server could feed them: the
+/// bytes as an HTTP/3 stream (a request stream, or a control stream when the first byte is odd:
+/// frames, every HEADERS frame's QPACK field section), as a request stream's capsules, arriving
+/// in pieces the first byte sizes (every capsule read is written again and must read back the
+/// same), as an HTTP Datagram's prefix, and as a request path against the default template and
+/// as a configured template.
 pub fn connect_ip(data: &[u8]) {
     use crate::connect_ip::{datagram, CapsuleReader, Template};
+    use crate::http3::{qpack, Frame, FrameReader, On};
     let Some((&piece, rest)) = data.split_first() else {
         return;
     };
+    let mut frames = FrameReader::new(match piece % 2 {
+        0 => On::Request,
+        _ => On::Control,
+    });
+    'stream: for chunk in rest.chunks(usize::from(piece).max(1)) {
+        frames.push(chunk);
+        loop {
+            match frames.read() {
+                Ok(Some(Frame::Headers(section))) => {
+                    let _ = qpack::decode(&section, crate::http3::frame::MAX_FRAME);
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(_) => break 'stream,
+            }
+        }
+    }
+    let _ = frames.finish();
+    let _ = qpack::decode(rest, 4096);
     let mut reader = CapsuleReader::default();
     for chunk in rest.chunks(usize::from(piece).max(1)) {
         reader.push(chunk);
@@ -350,8 +372,27 @@ fn connect_ip_seeds() -> Vec<Vec<u8>> {
     };
     let mut prefixed = datagram::ip_prefix(4);
     prefixed.extend_from_slice(&ipv4(17, &[0; 8]));
+    // A request stream: HEADERS (a CONNECT-IP request), then DATA holding the capsules.
+    let mut stream = vec![16u8];
+    stream.extend(crate::http3::frame::frame(
+        crate::http3::frame::HEADERS,
+        &crate::http3::qpack::encode([
+            (":method", "CONNECT"),
+            (":protocol", "connect-ip"),
+            (":scheme", "https"),
+            (":authority", "vpn.example"),
+            (":path", "/.well-known/masque/ip/*/*/"),
+            ("capsule-protocol", "?1"),
+        ]),
+    ));
+    stream.extend(crate::http3::frame::data_header(all.len() - 1));
+    stream.extend_from_slice(&all[1..]);
+    let mut control = vec![1u8];
+    control.extend(crate::http3::Settings::ours().encode());
     vec![
         all,
+        stream,
+        control,
         [&[0u8][..], t.expand(scoped).as_bytes()].concat(),
         [&[0u8][..], b"/vpn?t={target}&i={ipproto}"].concat(),
         [&[0u8][..], &prefixed].concat(),

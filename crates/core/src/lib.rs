@@ -15,6 +15,7 @@ pub mod fec;
 pub mod flow;
 pub mod harness;
 pub mod health;
+pub mod http3;
 pub mod icmp;
 pub mod loss;
 pub mod mtu;
@@ -34,6 +35,7 @@ pub mod sendq;
 pub mod sessions;
 pub mod stripe;
 pub mod tunnel;
+pub mod varint;
 pub mod wire;
 
 pub use bond::{Bond, Route};

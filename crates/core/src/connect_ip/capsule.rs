@@ -7,7 +7,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::varint;
+use crate::varint;
 
 pub const DATAGRAM: u64 = 0x00;
 pub const ADDRESS_ASSIGN: u64 = 0x01;

@@ -3,7 +3,7 @@
 //! streams), then, for CONNECT-IP, a context ID (RFC 9484 section 6); context 0 carries one full
 //! IP packet, other contexts are extensions this end did not negotiate (dropped, counted).
 
-use super::varint;
+use crate::varint;
 
 /// The context whose payload is an IP packet.
 pub const IP_CONTEXT: u64 = 0;

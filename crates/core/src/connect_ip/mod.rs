@@ -1,8 +1,6 @@
 //! IP proxying over HTTP/3 (CONNECT-IP, RFC 9484), the parts that decide and parse, for the
 //! server that serves standard clients and the client that dials standard servers:
 //!
-//! - `varint`: QUIC's variable-length integers (RFC 9000 section 16), which every field of the
-//!   protocol's framing uses.
 //! - `capsule`: the capsules on a request's stream (RFC 9297 section 3.2): ADDRESS_ASSIGN,
 //!   ADDRESS_REQUEST, ROUTE_ADVERTISEMENT and DATAGRAM parsed and written, unknown ones skipped
 //!   without being buffered, malformed ones an error (the caller aborts the request's stream).
@@ -16,7 +14,6 @@ pub mod capsule;
 pub mod datagram;
 pub mod template;
 pub mod token;
-pub mod varint;
 
 pub use capsule::{AddressEntry, Capsule, CapsuleError, CapsuleReader, IpRange};
 pub use template::{Scope, Template};

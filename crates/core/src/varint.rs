@@ -1,5 +1,6 @@
-//! QUIC variable-length integers (RFC 9000 section 16): the two high bits of the first byte give
-//! the length (1, 2, 4 or 8 bytes), the rest is the value, big-endian.
+//! QUIC variable-length integers (RFC 9000 section 16), which HTTP/3's framing and CONNECT-IP's
+//! capsules and datagrams use for every field: the two high bits of the first byte give the
+//! length (1, 2, 4 or 8 bytes), the rest is the value, big-endian.
 
 /// The largest value a varint holds (2^62 - 1).
 pub const MAX: u64 = (1 << 62) - 1;

@@ -1,0 +1,13 @@
+//! The HTTP/3 that CONNECT-IP needs (RFC 9114), sans I/O: frames on a stream, the settings
+//! (Extended CONNECT, HTTP Datagrams), QPACK field sections with the static table only. The
+//! binary's shell moves the bytes between these and QUIC streams.
+//!
+//! - `frame`: frames read as a stream's bytes arrive, and written; stream types; error codes.
+//! - `qpack`: field sections decoded (static table, literals, Huffman) and encoded.
+//! - `tables`: the static table and the Huffman code, as the RFCs give them.
+
+pub mod frame;
+pub mod qpack;
+pub mod tables;
+
+pub use frame::{Frame, FrameReader, H3Error, On, Settings};
