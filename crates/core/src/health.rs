@@ -28,6 +28,11 @@ pub enum HealthMode {
     /// Send no probes; adopt the view carried by the peer's probes, and take the path down when
     /// they stop arriving (the server).
     Follow,
+    /// Send no probes and expect none: the path is up while its connection is (a standard
+    /// CONNECT-IP client, whose QUIC stack is all there is to hear from). A silence does not
+    /// take it down, nor its ACK watch: such a peer has one path, and QUIC's own recovery
+    /// carries it through a black hole that ends before its idle timeout.
+    Transport,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,7 +167,11 @@ impl PathHealth {
     pub fn new(cfg: HealthConfig, now: Instant) -> Self {
         PathHealth {
             cfg,
-            state: PathState::Probing,
+            // A connection's handshake has proven the path; the other modes wait for a probe.
+            state: match cfg.mode {
+                HealthMode::Transport => PathState::Up,
+                _ => PathState::Probing,
+            },
             since: now,
             next_seq: 0,
             next_probe_at: now,
@@ -278,6 +287,9 @@ impl PathHealth {
     /// one fast interval, if that is later (the prober may not have woken: its wake-up packet
     /// was lost), so a healthy path is not taken down in between.
     pub fn set_quiet(&mut self, quiet: bool, now: Instant) {
+        if self.cfg.mode == HealthMode::Transport {
+            return;
+        }
         if self.cfg.mode == HealthMode::Follow {
             self.awake = !quiet;
             if !quiet && self.interval > self.cfg.probe_interval {
@@ -299,6 +311,9 @@ impl PathHealth {
     /// When the shell must call `poll` again at the latest: the next probe, or the moment the
     /// silence since the last reply takes the path down, whichever comes first.
     pub fn next_deadline(&self) -> Instant {
+        if self.cfg.mode == HealthMode::Transport {
+            return self.since + NOTHING_DUE;
+        }
         let follow = self.cfg.mode == HealthMode::Follow;
         if self.state == PathState::Down {
             // A follower has nothing to do until the peer's next probe arrives.
@@ -341,6 +356,9 @@ impl PathHealth {
 
     /// Advance time. Returns a probe sequence number when a probe is due (never for a follower).
     pub fn poll(&mut self, now: Instant) -> Option<u32> {
+        if self.cfg.mode == HealthMode::Transport {
+            return None;
+        }
         self.check_silence(now);
         self.expire_probes(now);
         if self.cfg.mode == HealthMode::Follow || now < self.next_probe_at {
@@ -461,9 +479,10 @@ impl PathHealth {
     }
 
     /// The path stopped acknowledging the data it carries (`ackwatch.rs`): down now, as a
-    /// probe silence would take it, and back up the same way.
+    /// probe silence would take it, and back up the same way (not in `Transport` mode: there
+    /// is no way back up but a new connection, and QUIC's own recovery outlasts a short hole).
     pub fn declare_down(&mut self, now: Instant, silent_for: Duration) {
-        if self.state != PathState::Down {
+        if self.state != PathState::Down && self.cfg.mode != HealthMode::Transport {
             self.consecutive = 0;
             self.set_state(PathState::Down, now);
             self.silent_for = Some(silent_for);
@@ -608,6 +627,38 @@ mod tests {
             t += ms(1);
         }
         t
+    }
+
+    /// `Transport`: up from the connection on, with nothing to send, nothing due, and no
+    /// silence (a minute of it, an ACK watch's verdict, a forged probe) taking it down.
+    #[test]
+    fn a_transport_judged_path_is_up_while_connected() {
+        let cfg = HealthConfig {
+            mode: HealthMode::Transport,
+            ..Default::default()
+        };
+        let t0 = Instant::now();
+        let mut h = PathHealth::new(cfg, t0);
+        assert_eq!(h.state(), PathState::Up);
+        let later = t0 + Duration::from_secs(60);
+        assert_eq!(h.poll(later), None);
+        h.set_quiet(true, later);
+        h.declare_down(later, Duration::from_secs(60));
+        h.on_peer_probe(
+            1,
+            Some(&PeerView {
+                state: PathState::Down,
+                srtt: None,
+                rttvar: Duration::ZERO,
+                min_rtt: None,
+                loss_permille: 1000,
+                probe_interval: None,
+            }),
+            later,
+        );
+        assert_eq!(h.state(), PathState::Up);
+        assert_eq!((h.probes_sent, h.transitions), (0, 0));
+        assert!(h.next_deadline() >= t0 + NOTHING_DUE);
     }
 
     #[test]

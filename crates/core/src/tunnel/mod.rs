@@ -97,6 +97,9 @@ pub struct TunnelCore {
     adaptive: bool,
     /// The watch over each path's ACKs (`ackwatch.rs`), by `PathId::index()`.
     acks: Vec<AckWatch>,
+    /// The peer speaks IP only (`HealthMode::Transport`: a standard CONNECT-IP client): every
+    /// datagram must be a bare IP packet, a control frame of ours from it is malformed.
+    plain: bool,
 }
 
 impl TunnelCore {
@@ -123,6 +126,7 @@ impl TunnelCore {
             recovery: Vec::new(),
             adaptive: false,
             acks: Vec::new(),
+            plain: health == HealthMode::Transport,
         }
     }
 
@@ -345,6 +349,7 @@ impl TunnelCore {
 mod tests {
     use super::*;
     use crate::packet::tests::tcp4;
+    use crate::wire;
 
     fn server_core() -> (TunnelCore, PathId) {
         let sources = Sources {
@@ -366,6 +371,39 @@ mod tests {
         let id = core.path(spec, 4).unwrap();
         core.connected(id, LinkStats::default(), Instant::now());
         (core, id)
+    }
+
+    /// A standard CONNECT-IP peer's tunnel (`HealthMode::Transport`): its path up from the
+    /// connection, its IP packets delivered, anything that reads as one of our control frames
+    /// (a probe, a bonded or FEC frame) dropped as malformed and not answered.
+    #[test]
+    fn a_plain_peer_gets_ip_packets_through_and_nothing_else() {
+        let mut core = TunnelCore::new(Policy::Failover, HealthMode::Transport, FecMode::Off, None);
+        let spec = PathSpec {
+            name: "masque".into(),
+            priority: 1,
+            weight: 1,
+        };
+        let id = core.path(spec, 1).unwrap();
+        let now = Instant::now();
+        core.connected(id, LinkStats::default(), now);
+        assert_eq!(
+            core.router().paths().get(id).state(),
+            Some(crate::PathState::Up)
+        );
+        let mut out = Recorded::default();
+        let p = tcp4([10, 9, 0, 2], [1, 1, 1, 1], 1000, 80, None);
+        let _ = core.on_datagram(id, &p, now, &mut out);
+        let probe = wire::encode_probe(wire::PROBE, 1);
+        let bonded = [&wire::encode_bonded(0, 1)[..], &p].concat();
+        for frame in [&probe[..], &bonded] {
+            let got = core.on_datagram(id, frame, now, &mut out);
+            assert!(got.transition.is_none());
+        }
+        assert_eq!(out.delivered.len(), 1);
+        assert!(out.answers.is_empty(), "{:?}", out.answers);
+        let drops = &core.router().paths().get(id).drops;
+        assert_eq!(drops.get(DropReason::Malformed), 2);
     }
 
     #[test]

@@ -75,9 +75,12 @@ impl TunnelCore {
     ) -> Received {
         let mut got = Received::default();
         match wire::decode(bytes) {
-            Some(
-                d @ (Datagram::Packet(_) | Datagram::Bonded { .. } | Datagram::Classed { .. }),
-            ) => self.deliver_inner(path, d, now, out, &mut got),
+            Some(d @ Datagram::Packet(_)) => self.deliver_inner(path, d, now, out, &mut got),
+            // A peer that speaks IP only sends nothing else.
+            Some(_) if self.plain => self.router.drop_on(path, DropReason::Malformed, 1),
+            Some(d @ (Datagram::Bonded { .. } | Datagram::Classed { .. })) => {
+                self.deliver_inner(path, d, now, out, &mut got)
+            }
             Some(Datagram::Probe { seq, view }) => {
                 out.answer(&wire::encode_probe(wire::PROBE_REPLY, seq));
                 got.transition = self.router.on_peer_probe(path, seq, view.as_ref(), now);
