@@ -286,12 +286,13 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
 
 /// CONNECT-IP's parsers and the HTTP/3 under them, as a client or server could feed them: the
 /// bytes as an HTTP/3 stream (a request stream, or a control stream when the first byte is odd:
-/// frames, every HEADERS frame's QPACK field section), as a request stream's capsules, arriving
+/// frames, every HEADERS frame's QPACK field section judged as a request and checked as an
+/// answer), as a request stream's capsules, arriving
 /// in pieces the first byte sizes (every capsule read is written again and must read back the
 /// same), as an HTTP Datagram's prefix, and as a request path against the default template and
 /// as a configured template.
 pub fn connect_ip(data: &[u8]) {
-    use crate::connect_ip::{datagram, CapsuleReader, Template};
+    use crate::connect_ip::{datagram, request, CapsuleReader, Template, TokenHash};
     use crate::http3::{qpack, Frame, FrameReader, On};
     let Some((&piece, rest)) = data.split_first() else {
         return;
@@ -305,7 +306,11 @@ pub fn connect_ip(data: &[u8]) {
         loop {
             match frames.read() {
                 Ok(Some(Frame::Headers(section))) => {
-                    let _ = qpack::decode(&section, crate::http3::frame::MAX_FRAME);
+                    if let Ok(fields) = qpack::decode(&section, crate::http3::frame::MAX_FRAME) {
+                        let tokens = [("t".to_string(), TokenHash::new("mpq_t", &[0; 16]))];
+                        let _ = request::judge(&fields, &Template::default(), None, &tokens);
+                        let _ = request::check_answer(&fields);
+                    }
                 }
                 Ok(Some(_)) => {}
                 Ok(None) => break,

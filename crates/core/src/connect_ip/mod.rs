@@ -8,10 +8,13 @@
 //!   stream ID, then the context ID; context 0 carries a full IP packet).
 //! - `template`: the URI template a request's path is matched against (`{target}`,
 //!   `{ipproto}`), and the scope it asks for.
+//! - `request`: a request judged (who asks, for what, or the status that refuses it), a
+//!   client's request written and the answer checked.
 //! - `token`: the salted hashes of the bearer tokens clients without a certificate present.
 
 pub mod capsule;
 pub mod datagram;
+pub mod request;
 pub mod template;
 pub mod token;
 
