@@ -287,7 +287,8 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
 /// CONNECT-IP's parsers and the HTTP/3 under them, as a client or server could feed them: the
 /// bytes as an HTTP/3 stream (a request stream, or a control stream when the first byte is odd:
 /// frames, every HEADERS frame's QPACK field section judged as a request and checked as an
-/// answer), as a request stream's capsules, arriving
+/// answer; and as records for the server's side of a connection, `http3::server`), as a request
+/// stream's capsules, arriving
 /// in pieces the first byte sizes (every capsule read is written again and must read back the
 /// same), as an HTTP Datagram's prefix, and as a request path against the default template and
 /// as a configured template.
@@ -320,6 +321,29 @@ pub fn connect_ip(data: &[u8]) {
     }
     let _ = frames.finish();
     let _ = qpack::decode(rest, 4096);
+    // The server's side of a connection: records [stream, len, bytes...], the stream byte
+    // picking a unidirectional (odd) or request stream, its number, its end (0x80) and whether
+    // the shell then forgets it (0x40); every request answered 200 or 401.
+    let (mut conn, _) = crate::http3::server::ServerConn::new();
+    let mut at = rest;
+    while let [s, len, tail @ ..] = at {
+        let (n, tail) = tail.split_at(usize::from(*len).min(tail.len()));
+        let stream = u64::from(s & 0x3e) << 1;
+        let fin = s & 0x80 != 0;
+        let events = match s & 1 {
+            1 => conn.on_uni(stream | 2, n, fin),
+            _ => conn.on_request(stream, n, fin),
+        };
+        for e in events {
+            if let crate::http3::server::Event::Request { stream, .. } = e {
+                let _ = conn.answer(stream, if stream % 8 == 0 { 200 } else { 401 });
+            }
+        }
+        if s & 0x40 != 0 {
+            conn.forget(stream);
+        }
+        at = tail;
+    }
     let mut reader = CapsuleReader::default();
     for chunk in rest.chunks(usize::from(piece).max(1)) {
         reader.push(chunk);
@@ -394,10 +418,20 @@ fn connect_ip_seeds() -> Vec<Vec<u8>> {
     stream.extend_from_slice(&all[1..]);
     let mut control = vec![1u8];
     control.extend(crate::http3::Settings::ours().encode());
+    // The same as records for the server's connection: its control stream, then the request.
+    let mut conn = vec![0u8];
+    let ctl = [&[0u8][..], &crate::http3::Settings::ours().encode()].concat();
+    conn.extend([1, ctl.len() as u8]);
+    conn.extend(&ctl);
+    for piece in stream[1..].chunks(200) {
+        conn.extend([0, piece.len() as u8]);
+        conn.extend(piece);
+    }
     vec![
         all,
         stream,
         control,
+        conn,
         [&[0u8][..], t.expand(scoped).as_bytes()].concat(),
         [&[0u8][..], b"/vpn?t={target}&i={ipproto}"].concat(),
         [&[0u8][..], &prefixed].concat(),

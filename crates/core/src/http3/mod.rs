@@ -4,10 +4,13 @@
 //!
 //! - `frame`: frames read as a stream's bytes arrive, and written; stream types; error codes.
 //! - `qpack`: field sections decoded (static table, literals, Huffman) and encoded.
+//! - `server`: the server's side of one connection: stream events in, requests, capsules and
+//!   stream or connection errors out.
 //! - `tables`: the static table and the Huffman code, as the RFCs give them.
 
 pub mod frame;
 pub mod qpack;
+pub mod server;
 pub mod tables;
 
 pub use frame::{Frame, FrameReader, H3Error, On, Settings};
