@@ -344,6 +344,17 @@ pub fn connect_ip(data: &[u8]) {
         }
         at = tail;
     }
+    // The client's side, fed the same records as the server's streams (one request stream).
+    let (mut client, _) = crate::http3::client::ClientConn::new();
+    let mut at = rest;
+    while let [s, len, tail @ ..] = at {
+        let (n, tail) = tail.split_at(usize::from(*len).min(tail.len()));
+        let _ = match s & 1 {
+            1 => client.on_uni(u64::from(s & 0x3e) << 1 | 3, n, s & 0x80 != 0),
+            _ => client.on_request(n, s & 0x80 != 0),
+        };
+        at = tail;
+    }
     let mut reader = CapsuleReader::default();
     for chunk in rest.chunks(usize::from(piece).max(1)) {
         reader.push(chunk);

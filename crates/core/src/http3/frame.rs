@@ -36,6 +36,7 @@ pub mod code {
     pub const FRAME_UNEXPECTED: u64 = 0x105;
     pub const FRAME_ERROR: u64 = 0x106;
     pub const EXCESSIVE_LOAD: u64 = 0x107;
+    pub const ID_ERROR: u64 = 0x108;
     pub const SETTINGS_ERROR: u64 = 0x109;
     pub const MISSING_SETTINGS: u64 = 0x10a;
     pub const REQUEST_REJECTED: u64 = 0x10b;

@@ -5,12 +5,15 @@
 //! - `frame`: frames read as a stream's bytes arrive, and written; stream types; error codes.
 //! - `qpack`: field sections decoded (static table, literals, Huffman) and encoded.
 //! - `server`: the server's side of one connection: stream events in, requests, capsules and
-//!   stream or connection errors out.
+//!   stream or connection errors out. `client`: the client's side, one request.
+//! - `uni`: the peer's unidirectional streams, the same rules at both ends.
 //! - `tables`: the static table and the Huffman code, as the RFCs give them.
 
+pub mod client;
 pub mod frame;
 pub mod qpack;
 pub mod server;
 pub mod tables;
+pub mod uni;
 
 pub use frame::{Frame, FrameReader, H3Error, On, Settings};

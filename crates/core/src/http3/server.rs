@@ -9,8 +9,8 @@ use std::collections::HashMap;
 
 use super::frame::{self, code, Frame, FrameReader, H3Error, On, Settings};
 use super::qpack::{self, Field};
+use super::uni::{our_control_stream, UniNews, UniStreams};
 use crate::connect_ip::{Capsule, CapsuleReader};
-use crate::varint;
 
 /// Streams of the peer this end keeps state for at most (requests and unidirectional ones
 /// whose type has not arrived): beyond, new ones are refused (H3_EXCESSIVE_LOAD on the stream).
@@ -33,14 +33,6 @@ pub enum Event {
     Goaway,
 }
 
-enum Uni {
-    /// The stream type has not arrived whole yet.
-    Opening(Vec<u8>),
-    Control(FrameReader),
-    /// QPACK streams (nothing to do with a table capacity of 0), push and unknown types.
-    Ignored,
-}
-
 enum Request {
     /// Waiting for the HEADERS frame.
     Headers(FrameReader),
@@ -55,9 +47,7 @@ enum Request {
 }
 
 pub struct ServerConn {
-    peer_settings: Option<Settings>,
-    control: Option<u64>,
-    uni: HashMap<u64, Uni>,
+    uni: UniStreams,
     requests: HashMap<u64, Request>,
     closed: bool,
 }
@@ -66,22 +56,17 @@ impl ServerConn {
     /// A new connection, and the bytes of this end's control stream (its type, then SETTINGS)
     /// to send on a unidirectional stream at once.
     pub fn new() -> (ServerConn, Vec<u8>) {
-        let mut control = Vec::new();
-        varint::write(frame::CONTROL_STREAM, &mut control);
-        control.extend(Settings::ours().encode());
         let conn = ServerConn {
-            peer_settings: None,
-            control: None,
-            uni: HashMap::new(),
+            uni: UniStreams::default(),
             requests: HashMap::new(),
             closed: false,
         };
-        (conn, control)
+        (conn, our_control_stream())
     }
 
     /// The peer's SETTINGS, once they arrived.
     pub fn peer_settings(&self) -> Option<Settings> {
-        self.peer_settings
+        self.uni.settings()
     }
 
     /// Bytes on the peer's unidirectional `stream` (`fin`: its end).
@@ -90,85 +75,33 @@ impl ServerConn {
         if self.closed {
             return out;
         }
-        if !self.uni.contains_key(&stream) && self.busy() {
+        if !self.uni.knows(stream) && self.busy() {
             out.push(Event::ResetStream {
                 stream,
                 error: err(code::EXCESSIVE_LOAD, "too many streams"),
             });
             return out;
         }
-        let state = self.uni.entry(stream).or_insert(Uni::Opening(Vec::new()));
-        let data = match state {
-            Uni::Opening(head) => {
-                head.extend_from_slice(data);
-                let Some((kind, n)) = varint::read(head) else {
-                    if fin {
-                        self.uni.remove(&stream);
+        let push = err(code::STREAM_CREATION_ERROR, "a push stream from a client");
+        match self.uni.on_bytes(stream, data, fin, push) {
+            Err(e) => return self.fail(e),
+            Ok(news) => {
+                for n in news {
+                    match n {
+                        UniNews::Goaway => out.push(Event::Goaway),
+                        // Requests that waited for the settings.
+                        UniNews::Settings => {
+                            let waiting: Vec<u64> = (self.requests.iter())
+                                .filter(|(_, r)| matches!(r, Request::Pending(..)))
+                                .map(|(s, _)| *s)
+                                .collect();
+                            for s in waiting {
+                                self.release(s, &mut out);
+                            }
+                        }
+                        UniNews::Nothing => {}
                     }
-                    return out;
-                };
-                let after = head.split_off(n);
-                *state = match kind {
-                    frame::CONTROL_STREAM if self.control.is_some() => {
-                        return self
-                            .fail(err(code::STREAM_CREATION_ERROR, "a second control stream"));
-                    }
-                    frame::CONTROL_STREAM => {
-                        self.control = Some(stream);
-                        Uni::Control(FrameReader::new(On::Control))
-                    }
-                    frame::PUSH_STREAM => {
-                        return self.fail(err(
-                            code::STREAM_CREATION_ERROR,
-                            "a push stream from a client",
-                        ));
-                    }
-                    _ => Uni::Ignored,
-                };
-                after
-            }
-            _ => data.to_vec(),
-        };
-        self.control_bytes(stream, &data, fin, out)
-    }
-
-    fn control_bytes(
-        &mut self,
-        stream: u64,
-        data: &[u8],
-        fin: bool,
-        mut out: Vec<Event>,
-    ) -> Vec<Event> {
-        let Some(Uni::Control(reader)) = self.uni.get_mut(&stream) else {
-            if fin {
-                self.uni.remove(&stream);
-            }
-            return out;
-        };
-        reader.push(data);
-        loop {
-            match reader.read() {
-                Ok(Some(Frame::Settings(s))) => self.peer_settings = Some(s),
-                Ok(Some(Frame::Goaway(_))) => out.push(Event::Goaway),
-                Ok(Some(_)) => {}
-                Ok(None) => break,
-                Err(e) => return self.fail(e),
-            }
-        }
-        if fin {
-            return self.fail(err(
-                code::CLOSED_CRITICAL_STREAM,
-                "the control stream closed",
-            ));
-        }
-        // Requests that waited for the settings.
-        if self.peer_settings.is_some() {
-            let waiting: Vec<u64> = (self.requests.iter())
-                .filter(|(_, r)| matches!(r, Request::Pending(..)))
-                .map(|(s, _)| *s)
-                .collect();
-            for s in waiting {
-                self.release(s, &mut out);
+                }
             }
         }
         out
@@ -272,7 +205,7 @@ impl ServerConn {
 
     /// A request whose headers are read goes up once the peer's settings allow it.
     fn release(&mut self, stream: u64, out: &mut Vec<Event>) {
-        let Some(settings) = self.peer_settings else {
+        let Some(settings) = self.uni.settings() else {
             return;
         };
         let Some(state) = self.requests.get_mut(&stream) else {
@@ -358,21 +291,13 @@ impl ServerConn {
     /// not hold a place among `MAX_STREAMS`.
     pub fn forget(&mut self, stream: u64) {
         self.requests.remove(&stream);
-        if !matches!(self.uni.get(&stream), Some(Uni::Control(_))) {
-            self.uni.remove(&stream);
-        }
+        self.uni.forget(stream);
     }
 
     /// The peer's request streams and unopened streams held: a bound against a peer that opens
     /// many and sends nothing.
     fn busy(&self) -> bool {
-        self.requests.len()
-            + self
-                .uni
-                .values()
-                .filter(|u| matches!(u, Uni::Opening(_)))
-                .count()
-            >= MAX_STREAMS
+        self.requests.len() + self.uni.opening() >= MAX_STREAMS
     }
 
     fn fail(&mut self, error: H3Error) -> Vec<Event> {
