@@ -41,7 +41,7 @@ pub struct IpRange {
 }
 
 impl IpRange {
-    /// Every destination of `addr`'s family, every protocol.
+    /// Every destination of one IP version (`v6`), every protocol.
     pub fn everything(v6: bool) -> IpRange {
         match v6 {
             false => IpRange {
