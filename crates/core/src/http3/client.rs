@@ -4,10 +4,11 @@
 //! HEADERS on a new request stream, and hands over what arrives; the answer, then the
 //! server's capsules, come back as events.
 
-use super::frame::{self, code, Frame, FrameReader, H3Error, On};
+use super::body::CapsuleBody;
+use super::frame::{self, code, err, Frame, FrameReader, H3Error, On};
 use super::qpack;
 use super::uni::{our_control_stream, UniNews, UniStreams};
-use crate::connect_ip::{request, Capsule, CapsuleReader};
+use crate::connect_ip::{request, Capsule};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
@@ -34,7 +35,7 @@ pub enum Event {
 
 enum Answer {
     Waiting(FrameReader),
-    Open(FrameReader, CapsuleReader),
+    Open(CapsuleBody),
     Closed,
 }
 
@@ -103,11 +104,8 @@ impl ClientConn {
         }
         if fin {
             match &self.answer {
-                Answer::Open(r, c) => {
-                    let ended = r
-                        .finish()
-                        .and(c.finish().map_err(|e| err(code::MESSAGE_ERROR, e.0)));
-                    if let Err(error) = ended {
+                Answer::Open(body) => {
+                    if let Err(error) = body.finish() {
                         out.push(Event::ResetStream { error });
                     }
                     out.push(Event::Finished);
@@ -127,7 +125,8 @@ impl ClientConn {
 
     fn read(&mut self, data: &[u8], out: &mut Vec<Event>) -> Result<(), H3Error> {
         match &mut self.answer {
-            Answer::Waiting(r) | Answer::Open(r, _) => r.push(data),
+            Answer::Waiting(r) => r.push(data),
+            Answer::Open(body) => body.push(data),
             Answer::Closed => return Ok(()),
         }
         loop {
@@ -155,7 +154,7 @@ impl ClientConn {
                             }
                         };
                         let r = std::mem::replace(r, FrameReader::new(On::Request));
-                        self.answer = Answer::Open(r, CapsuleReader::default());
+                        self.answer = Answer::Open(CapsuleBody::new(r));
                         out.push(Event::Answer { status });
                     }
                     Some(_) => {
@@ -166,23 +165,7 @@ impl ClientConn {
                     }
                     None => return Ok(()),
                 },
-                Answer::Open(r, capsules) => match r.read()? {
-                    Some(Frame::Data(d)) => {
-                        capsules.push(&d);
-                        while let Some(c) =
-                            capsules.read().map_err(|e| err(code::MESSAGE_ERROR, e.0))?
-                        {
-                            out.push(Event::Capsule(c));
-                        }
-                    }
-                    Some(_) => {
-                        return Err(err(
-                            code::FRAME_UNEXPECTED,
-                            "a frame other than DATA in a CONNECT-IP body",
-                        ))
-                    }
-                    None => return Ok(()),
-                },
+                Answer::Open(body) => return body.read(|c| out.push(Event::Capsule(c))),
                 Answer::Closed => return Ok(()),
             }
         }
@@ -194,10 +177,6 @@ fn status_of(fields: &[qpack::Field]) -> Option<u16> {
         .iter()
         .find(|(n, _)| n == b":status")
         .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse().ok())
-}
-
-const fn err(code: u64, why: &'static str) -> H3Error {
-    H3Error { code, why }
 }
 
 #[cfg(test)]

@@ -66,7 +66,8 @@ impl std::fmt::Display for H3Error {
 
 impl std::error::Error for H3Error {}
 
-const fn err(code: u64, why: &'static str) -> H3Error {
+/// An `H3Error` (one helper for every module here).
+pub(crate) const fn err(code: u64, why: &'static str) -> H3Error {
     H3Error { code, why }
 }
 

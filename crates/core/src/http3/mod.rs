@@ -6,9 +6,11 @@
 //! - `qpack`: field sections decoded (static table, literals, Huffman) and encoded.
 //! - `server`: the server's side of one connection: stream events in, requests, capsules and
 //!   stream or connection errors out. `client`: the client's side, one request.
-//! - `uni`: the peer's unidirectional streams, the same rules at both ends.
+//! - `uni`: the peer's unidirectional streams, and `body`: an answered request's capsules,
+//!   each the same at both ends.
 //! - `tables`: the static table and the Huffman code, as the RFCs give them.
 
+pub mod body;
 pub mod client;
 pub mod frame;
 pub mod qpack;

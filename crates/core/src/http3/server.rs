@@ -7,10 +7,11 @@
 
 use std::collections::HashMap;
 
-use super::frame::{self, code, Frame, FrameReader, H3Error, On, Settings};
+use super::body::CapsuleBody;
+use super::frame::{self, code, err, Frame, FrameReader, H3Error, On, Settings};
 use super::qpack::{self, Field};
 use super::uni::{our_control_stream, UniNews, UniStreams};
-use crate::connect_ip::{Capsule, CapsuleReader};
+use crate::connect_ip::Capsule;
 
 /// Streams of the peer this end keeps state for at most (requests and unidirectional ones
 /// whose type has not arrived): beyond, new ones are refused (H3_EXCESSIVE_LOAD on the stream).
@@ -41,7 +42,7 @@ enum Request {
     /// Handed up, not answered yet: its bytes wait in the reader.
     Asked(FrameReader),
     /// Answered 2xx: DATA carries capsules.
-    Open(FrameReader, CapsuleReader),
+    Open(CapsuleBody),
     /// Refused or failed: whatever else arrives is dropped.
     Closed,
 }
@@ -126,10 +127,8 @@ impl ServerConn {
         }
         let state = self.requests.get_mut(&stream).expect("inserted above");
         match state {
-            Request::Headers(r)
-            | Request::Pending(r, _)
-            | Request::Asked(r)
-            | Request::Open(r, _) => r.push(data),
+            Request::Headers(r) | Request::Pending(r, _) | Request::Asked(r) => r.push(data),
+            Request::Open(body) => body.push(data),
             Request::Closed => return out,
         }
         self.read_request(stream, fin, &mut out);
@@ -140,56 +139,37 @@ impl ServerConn {
         let Some(state) = self.requests.get_mut(&stream) else {
             return;
         };
-        let result: Result<(), H3Error> = (|| {
-            loop {
-                match state {
-                    Request::Headers(r) => match r.read()? {
-                        Some(Frame::Headers(section)) => {
-                            let fields =
-                                qpack::decode(&section, frame::MAX_FRAME).map_err(|e| {
-                                    err(
-                                        match e {
-                                            qpack::QpackError::TooLarge => code::EXCESSIVE_LOAD,
-                                            _ => code::QPACK_DECOMPRESSION_FAILED,
-                                        },
-                                        "a request's field section did not decode",
-                                    )
-                                })?;
+        let result: Result<(), H3Error> = match state {
+            Request::Headers(r) => match r.read() {
+                Ok(Some(Frame::Headers(section))) => {
+                    match qpack::decode(&section, frame::MAX_FRAME) {
+                        Ok(fields) => {
                             let r = std::mem::replace(r, FrameReader::new(On::Request));
                             *state = Request::Pending(r, fields);
-                            return Ok(());
+                            Ok(())
                         }
-                        Some(_) => {
-                            return Err(err(
-                                code::FRAME_UNEXPECTED,
-                                "a request that does not start with HEADERS",
-                            ))
-                        }
-                        None => return Ok(()),
-                    },
-                    Request::Open(r, capsules) => match r.read()? {
-                        Some(Frame::Data(d)) => {
-                            capsules.push(&d);
-                            while let Some(c) =
-                                capsules.read().map_err(|e| err(code::MESSAGE_ERROR, e.0))?
-                            {
-                                out.push(Event::Capsule { stream, capsule: c });
-                            }
-                        }
-                        // Trailers, or anything else after the body began: not CONNECT-IP's.
-                        Some(_) => {
-                            return Err(err(
-                                code::FRAME_UNEXPECTED,
-                                "a frame other than DATA in a CONNECT-IP body",
-                            ))
-                        }
-                        None => return Ok(()),
-                    },
-                    // Bytes wait in the reader until the request is answered.
-                    _ => return Ok(()),
+                        Err(e) => Err(err(
+                            match e {
+                                qpack::QpackError::TooLarge => code::EXCESSIVE_LOAD,
+                                _ => code::QPACK_DECOMPRESSION_FAILED,
+                            },
+                            "a request's field section did not decode",
+                        )),
+                    }
                 }
+                Ok(Some(_)) => Err(err(
+                    code::FRAME_UNEXPECTED,
+                    "a request that does not start with HEADERS",
+                )),
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            },
+            Request::Open(body) => {
+                body.read(|capsule| out.push(Event::Capsule { stream, capsule }))
             }
-        })();
+            // Bytes wait in the reader until the request is answered.
+            _ => Ok(()),
+        };
         if let Err(e) = result {
             *state = Request::Closed;
             out.push(Event::ResetStream { stream, error: e });
@@ -234,11 +214,8 @@ impl ServerConn {
 
     fn end_request(&mut self, stream: u64, out: &mut Vec<Event>) {
         let done = match self.requests.get(&stream) {
-            Some(Request::Open(r, c)) => {
-                if let Err(e) = r
-                    .finish()
-                    .and(c.finish().map_err(|e| err(code::MESSAGE_ERROR, e.0)))
-                {
+            Some(Request::Open(body)) => {
+                if let Err(e) = body.finish() {
                     out.push(Event::ResetStream { stream, error: e });
                 }
                 true
@@ -266,7 +243,7 @@ impl ServerConn {
                 let Request::Asked(r) = std::mem::replace(state, Request::Closed) else {
                     unreachable!("matched above")
                 };
-                *state = Request::Open(r, CapsuleReader::default());
+                *state = Request::Open(CapsuleBody::new(r));
                 self.read_request(stream, false, &mut out);
             }
             Some(state) => *state = Request::Closed,
@@ -304,10 +281,6 @@ impl ServerConn {
         self.closed = true;
         vec![Event::Close { error }]
     }
-}
-
-const fn err(code: u64, why: &'static str) -> H3Error {
-    H3Error { code, why }
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use super::frame::{self, code, Frame, FrameReader, H3Error, On, Settings};
+use super::frame::{self, code, err, Frame, FrameReader, H3Error, On, Settings};
 use crate::varint;
 
 enum Uni {
@@ -129,8 +129,4 @@ pub fn our_control_stream() -> Vec<u8> {
     varint::write(frame::CONTROL_STREAM, &mut control);
     control.extend(Settings::ours().encode());
     control
-}
-
-const fn err(code: u64, why: &'static str) -> H3Error {
-    H3Error { code, why }
 }
