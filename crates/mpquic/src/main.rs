@@ -95,6 +95,12 @@ enum PkiCmd {
         #[arg(long)]
         name: String,
     },
+    /// Make a bearer token for a CONNECT-IP client without a certificate: prints the token
+    /// (for the client) and the server's `masque_tokens` entry (a salted hash of it).
+    Token {
+        /// The client's name (its identity in status and logs).
+        name: String,
+    },
 }
 
 /// Logs on stderr (journald takes them from there): text, or with `json` one JSON object per
@@ -247,6 +253,10 @@ fn main() -> ExitCode {
                 pki::issue(&dir, &name, pki::Kind::Server { sans: san }).map(|_| ())
             }
             PkiCmd::Client { dir, name } => pki::issue(&dir, &name, pki::Kind::Client).map(|_| ()),
+            PkiCmd::Token { name } => pki::token(&name).map(|(token, entry)| {
+                println!("token (give it to the client; it is not stored anywhere):\n{token}\n");
+                println!("server file, under masque_tokens:\n{entry}");
+            }),
         },
         (
             Some(Cmd::Status {

@@ -134,3 +134,20 @@ pub fn issue(dir: &Path, name: &str, kind: Kind) -> Result<(PathBuf, PathBuf)> {
     println!("wrote {} and {}", crt_path.display(), key_path.display());
     Ok((crt_path, key_path))
 }
+
+/// `mpquic pki token NAME`: a bearer token for a CONNECT-IP client that has no certificate
+/// (32 random bytes, `mpq_` and hex), and the server's `masque_tokens` entry for it (a salted
+/// hash: the server's file never holds the token). Returns (token, entry).
+pub fn token(name: &str) -> Result<(String, String)> {
+    check_name(name)?;
+    let rand = rustls::crypto::aws_lc_rs::default_provider().secure_random;
+    let mut secret = [0u8; 32];
+    let mut salt = [0u8; mpquic_core::connect_ip::token::SALT_LEN];
+    rand.fill(&mut secret)
+        .and_then(|()| rand.fill(&mut salt))
+        .map_err(|_| anyhow::anyhow!("no random numbers from the system"))?;
+    let token = format!("mpq_{}", mpquic_core::connect_ip::token::hex(&secret));
+    let hash = mpquic_core::connect_ip::token::TokenHash::new(&token, &salt);
+    let entry = format!("- name: {name}\n  hash: {hash}");
+    Ok((token, entry))
+}

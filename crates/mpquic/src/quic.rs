@@ -56,6 +56,11 @@ const MIN_INITIAL_RTT: Duration = Duration::from_millis(10);
 /// instead of quinn's one second, so a dial that went out during an outage is answered within
 /// a fraction of a second of the path's return rather than after the next of its 1 s, 2 s waits.
 pub fn transport(cc: Congestion, link_mtu: u32, rtt: Option<Duration>) -> Arc<TransportConfig> {
+    Arc::new(transport_config(cc, link_mtu, rtt))
+}
+
+/// `transport`'s settings, for an endpoint that changes a few (the CONNECT-IP one's streams).
+pub fn transport_config(cc: Congestion, link_mtu: u32, rtt: Option<Duration>) -> TransportConfig {
     let mut t = TransportConfig::default();
     if let Some(rtt) = rtt {
         t.initial_rtt(rtt.max(MIN_INITIAL_RTT));
@@ -89,7 +94,7 @@ pub fn transport(cc: Congestion, link_mtu: u32, rtt: Option<Duration>) -> Arc<Tr
     t.max_concurrent_bidi_streams(4u32.into());
     t.max_concurrent_uni_streams(((mpquic_core::wire::MAX_LANES - 1) as u32).into());
     t.congestion_controller_factory(Arc::new(Tracked(factory(cc))));
-    Arc::new(t)
+    t
 }
 
 /// A kind of controller: the QUIC engine's own, or one of the core's (`mpquic_core::cc`), which

@@ -224,6 +224,9 @@ fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
             );
             differ("tls_ca_file", &a.client_ca_file, &b.client_ca_file);
             differ("stripe_enabled / stripe_port", &a.stripe, &b.stripe);
+            // The template and the tokens change live; the endpoint does not.
+            let masque = |c: &crate::config::ServerConfig| c.masque.as_ref().map(|m| m.listen);
+            differ("masque_listen", &masque(a), &masque(b));
         }
         _ => keys.push("role"),
     }

@@ -31,6 +31,7 @@ use crate::reload;
 use crate::status::StatusReport;
 use crate::tls::certificate::Facts;
 use crate::tls::revocation;
+use crate::transport::masque::MasqueListener;
 use crate::transport::quic::QuicListener;
 use crate::transport::{Listener, Offer};
 use crate::tun::Tun;
@@ -111,6 +112,12 @@ impl Session {
         }
     }
 
+    /// A client known by a token only (no certificate) whose token is not among `tokens`.
+    fn token_gone(&self, tokens: &[&str]) -> bool {
+        let certs = self.certificates.lock().unwrap_or_else(|e| e.into_inner());
+        certs.is_empty() && !tokens.contains(&self.identity.as_str())
+    }
+
     fn revoked_by(&self, list: &[String]) -> bool {
         let certs = self.certificates.lock().unwrap_or_else(|e| e.into_inner());
         certs.iter().any(|c| revocation::is_revoked(list, c))
@@ -169,12 +176,17 @@ struct Server {
 pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<()> {
     let refused: Arc<Mutex<BTreeMap<String, u64>>> = Arc::default();
     let count = refused.clone();
-    let listener = QuicListener::start(
-        &cfg,
-        &scfg,
-        &platform,
-        Arc::new(move |reason| count_refused(&count, reason)),
-    )?;
+    let counter: crate::transport::quic::Refused =
+        Arc::new(move |reason| count_refused(&count, reason));
+    let listener = QuicListener::start(&cfg, &scfg, &platform, counter.clone())?;
+    let masque = match &scfg.masque {
+        Some(m) => {
+            let l = MasqueListener::start(&cfg, &scfg, m, &platform, counter)?;
+            info!(listen = %m.listen, tokens = m.tokens.len(), "CONNECT-IP (MASQUE) listening");
+            Some(Arc::new(l))
+        }
+        None => None,
+    };
 
     let mtu = runtime::tun_mtu(&cfg, quic::DEFAULT_LINK_MTU);
     // One queue per runtime thread: that many readers can run at once.
@@ -241,16 +253,12 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
         tokio::spawn(async move { s.tun_reader(q).await });
     }
     let listener = Arc::new(listener);
-    let l = listener.clone();
-    let s = server.clone();
-    tokio::spawn(async move {
-        while let Some(offer) = l.next().await {
-            let s = s.clone();
-            tokio::spawn(async move { s.handle(offer).await });
-        }
-    });
+    take_offers(&server, listener.clone());
+    if let Some(m) = &masque {
+        take_offers(&server, m.clone());
+    }
 
-    let apply = |new| server.apply(new, &listener);
+    let apply = |new| server.apply(new, &listener, masque.as_deref());
     let stopped = platform.stopped();
     reload::serve_until(reloads, &server.cfg, &server.reloads, apply, stopped).await;
     info!("server shutting down");
@@ -261,8 +269,22 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
     listener
         .close(close::SHUTDOWN, "server shutting down")
         .await;
+    if let Some(m) = &masque {
+        m.close(close::SHUTDOWN, "server shutting down").await;
+    }
     info!("server stopped");
     Ok(())
+}
+
+/// Each offer of `listener` handled in its own task, for as long as it offers.
+fn take_offers(server: &Arc<Server>, listener: Arc<impl Listener>) {
+    let s = server.clone();
+    tokio::spawn(async move {
+        while let Some(offer) = listener.next().await {
+            let s = s.clone();
+            tokio::spawn(async move { s.handle(offer).await });
+        }
+    });
 }
 
 /// Route site LAN `lan` into the TUN device (`add`), or take the route out.
@@ -303,13 +325,25 @@ impl Server {
     /// Apply a reloaded configuration (`reload::read` has checked that only `clients:`
     /// differs): new LAN routes into the device first (a failure changes nothing), then the new
     /// rules, then the old routes out, and the sessions whose rules changed closed.
-    fn apply(&self, new: Config, listener: &QuicListener) -> Result<String, String> {
+    fn apply(
+        &self,
+        new: Config,
+        listener: &QuicListener,
+        masque: Option<&MasqueListener>,
+    ) -> Result<String, String> {
         let RoleConfig::Server(snew) = &new.role else {
             return Err("the file is no longer a server's".into());
         };
         // TLS built before anything changes (its files read again: a rotated certificate, key
         // or CA), so an unreadable one refuses the reload whole.
-        let tls = crate::transport::quic::server_quic(&new, snew).map_err(|e| format!("{e:#}"))?;
+        let tls = crate::transport::quic::server_quic(&new, snew, crate::tls::Served::Native)
+            .map_err(|e| format!("{e:#}"))?;
+        let masque_tls = match (masque, &snew.masque) {
+            (Some(_), Some(_)) => {
+                Some(crate::transport::masque::settings(&new, snew).map_err(|e| format!("{e:#}"))?)
+            }
+            _ => None,
+        };
         let new = snew.clone();
         let old = self.scfg();
         let lans = |c: &ServerConfig| -> Vec<Prefix> {
@@ -338,6 +372,9 @@ impl Server {
         }
         *self.scfg.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(new.clone());
         listener.install(tls);
+        if let (Some(l), Some(settings), Some(m)) = (masque, masque_tls, &new.masque) {
+            l.install(settings, m);
+        }
         *self.certificates.write().unwrap_or_else(|e| e.into_inner()) =
             crate::tls::loaded(self.cfg.cert_file.as_deref(), Some(&new.client_ca_file));
         for p in &gone {
@@ -353,9 +390,13 @@ impl Server {
             (fixed, routes)
         };
         let mut registry = self.write();
-        // Revoked: closed now; their next handshake is refused.
+        // Revoked: closed now; their next handshake is refused. A CONNECT-IP client's token
+        // taken out of `masque_tokens` is revoked likewise (its next request is refused).
+        let tokens: Vec<&str> = (new.masque.iter())
+            .flat_map(|m| m.tokens.iter().map(|(n, _)| n.as_str()))
+            .collect();
         let revoked: Vec<String> = (registry.sessions().into_iter())
-            .filter(|(_, _, s)| s.revoked_by(&new.revoked))
+            .filter(|(_, _, s)| s.revoked_by(&new.revoked) || s.token_gone(&tokens))
             .map(|(name, _, _)| name.to_string())
             .collect();
         let revoked_sessions: Vec<Arc<Session>> =
@@ -570,9 +611,10 @@ impl Server {
             certificate,
             remote,
             hello: h,
+            plain,
             reply,
         } = offer;
-        match self.join(&name, certificate, &h) {
+        match self.join(&name, certificate, &h, plain) {
             Ok((tunnel, addr, path)) => {
                 let scfg = self.scfg();
                 let ack = HelloAck {
@@ -612,8 +654,9 @@ impl Server {
     fn join(
         &self,
         identity: &str,
-        certificate: Facts,
+        certificate: Option<Facts>,
         h: &Hello,
+        plain: bool,
     ) -> Result<(Arc<Tunnel>, std::net::Ipv4Addr, PathId), String> {
         let (policy, fec) = terms(h)?;
         let name = sessions::session_name(identity, h.instance.as_deref());
@@ -646,7 +689,9 @@ impl Server {
             info!(client = %name, lans = %h.routes.join(","), "site LAN routed to the client");
         }
         drop(registry);
-        joined.value.remember(certificate);
+        if let Some(c) = certificate {
+            joined.value.remember(c);
+        }
         if let Some(old) = &joined.replaced {
             info!(client = %name, "client restarted; replacing its old session");
             old.close_all(close::REPLACED, "replaced by a new session");
@@ -654,7 +699,8 @@ impl Server {
         if joined.created {
             info!(client = %name, address = %joined.addr, policy = policy.as_str(), mode = h.mode.as_str(), "client session started");
         }
-        let tunnel = self.session_tunnel(&joined.value, &name, joined.addr, h, policy, fec)?;
+        let tunnel =
+            self.session_tunnel(&joined.value, &name, joined.addr, h, (policy, fec), plain)?;
         let spec = PathSpec {
             name: h.path.clone(),
             priority: h.priority,
@@ -708,8 +754,8 @@ impl Server {
         name: &str,
         addr: std::net::Ipv4Addr,
         h: &Hello,
-        policy: Policy,
-        fec: FecMode,
+        (policy, fec): (Policy, FecMode),
+        plain: bool,
     ) -> Result<Arc<Tunnel>, String> {
         let mut slot = session.tunnel.write().unwrap_or_else(|e| e.into_inner());
         if let Some(st) = slot.as_ref() {
@@ -735,7 +781,12 @@ impl Server {
                 addr6: self.ipv6.map(|p| p.v6_of(addr)),
                 lans: session.lans.clone(),
             }),
-            HealthMode::Follow,
+            // A standard CONNECT-IP client neither probes nor answers probes: its one path is
+            // up while its connection is.
+            match plain {
+                true => HealthMode::Transport,
+                false => HealthMode::Follow,
+            },
             self.cfg.congestion,
             Carriage {
                 fec,

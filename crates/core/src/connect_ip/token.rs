@@ -63,7 +63,8 @@ fn digest(salt: &[u8], token: &str) -> [u8; SHA256_OUTPUT_LEN] {
     out
 }
 
-fn hex(b: &[u8]) -> String {
+/// Lower-case hex, as the hashes are written (and `mpquic pki token` writes tokens).
+pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 

@@ -234,9 +234,7 @@ impl ServerConn {
     /// opens the stream's capsules (any that arrived meanwhile come back as events); any other
     /// status ends the request.
     pub fn answer(&mut self, stream: u64, status: u16) -> (Vec<u8>, Vec<Event>) {
-        let fields = crate::connect_ip::request::answer(status);
-        let section = qpack::encode(fields.iter().map(|(n, v)| (*n, v.as_str())));
-        let headers = frame::frame(frame::HEADERS, &section);
+        let headers = Self::headers(status);
         let mut out = Vec::new();
         match self.requests.get_mut(&stream) {
             Some(state @ Request::Asked(_)) if (200..300).contains(&status) => {
@@ -250,6 +248,14 @@ impl ServerConn {
             None => {}
         }
         (headers, out)
+    }
+
+    /// An answer's HEADERS frame with `status`. A shell that opened a request with `answer`
+    /// (to read the capsules that came with it) and then refused it sends this instead.
+    pub fn headers(status: u16) -> Vec<u8> {
+        let fields = crate::connect_ip::request::answer(status);
+        let section = qpack::encode(fields.iter().map(|(n, v)| (*n, v.as_str())));
+        frame::frame(frame::HEADERS, &section)
     }
 
     /// Capsules for the client, framed as a DATA frame for the request stream.

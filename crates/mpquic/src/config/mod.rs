@@ -16,7 +16,9 @@ use mpquic_core::Policy;
 use serde::Deserialize;
 
 mod classes;
+mod masque;
 pub use classes::MAX_CLASSES;
+pub use masque::MasqueServer;
 mod positions;
 mod validate;
 
@@ -230,6 +232,11 @@ struct RawConfig {
     /// Client: traffic classes, in priority order (`classes.rs`).
     #[serde(default)]
     classes: Vec<RawClass>,
+    /// Server: CONNECT-IP for standard MASQUE clients (`masque.rs`).
+    masque_listen: Option<SocketAddr>,
+    masque_template: Option<String>,
+    #[serde(default)]
+    masque_tokens: Vec<masque::RawToken>,
 }
 
 /// Where a path's UDP socket is bound.
@@ -325,6 +332,8 @@ pub struct ServerConfig {
     /// `revoked`: client certificates refused at the handshake, each a name (the CN) or
     /// `serial:HEX` (lower case, no colons or leading zeros: `tls::is_revoked` compares).
     pub revoked: Vec<String>,
+    /// `masque_listen`: CONNECT-IP served to standard clients.
+    pub masque: Option<MasqueServer>,
 }
 
 #[derive(Debug, Clone)]
@@ -930,6 +939,45 @@ multipath_paths:
         );
         let e = parse(&client).unwrap_err().to_string();
         assert!(e.contains("comes from the server"), "{e}");
+    }
+
+    #[test]
+    fn masque_keys_take_a_listen_address_a_template_and_tokens_and_say_where_one_is_wrong() {
+        const SERVER: &str = "role: server\nremote_port: 45017\ntun_name: mp1\ntun_cidr: 10.200.17.254/24\ntls_cert_file: /s.crt\ntls_key_file: /s.key\n";
+        let hash = mpquic_core::connect_ip::TokenHash::new("mpq_x", &[3; 16]).to_string();
+        let c = parse(&format!(
+            "{SERVER}masque_listen: 0.0.0.0:443\nmasque_template: /vpn\nmasque_tokens:\n- name: phone1\n  hash: {hash}\n"
+        ))
+        .unwrap();
+        let RoleConfig::Server(s) = &c.role else {
+            panic!()
+        };
+        let m = s.masque.as_ref().unwrap();
+        assert_eq!(m.listen.port(), 443);
+        assert_eq!(m.tokens.len(), 1);
+        assert!(m.tokens[0].1.verify("mpq_x"));
+        assert!(m.template.matches("/vpn").is_ok());
+        // Without CONNECT-IP: off.
+        let RoleConfig::Server(s) = parse(SERVER).unwrap().role else {
+            panic!()
+        };
+        assert!(s.masque.is_none());
+        for (yaml, line, says) in [
+            (format!("{SERVER}masque_tokens:\n- name: a\n  hash: {hash}\n"), 7, "`masque_listen` is not"),
+            (format!("{SERVER}masque_listen: 0.0.0.0:45017\n"), 7, "is the QUIC port"),
+            (format!("{SERVER}masque_listen: 0.0.0.0:443\nmasque_tokens:\n- name: a\n  hash: sha256:zz\n"), 10, "sha256:SALT:DIGEST"),
+            (format!("{SERVER}masque_listen: 0.0.0.0:443\nmasque_tokens:\n- name: a\n  hash: {hash}\n- name: a\n  hash: {hash}\n"), 11, "duplicate name"),
+            (format!("{SERVER}masque_listen: 0.0.0.0:443\nmasque_template: vpn{{x}}\n"), 8, "masque_template"),
+        ] {
+            let e = parse(&yaml).unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains(&format!(".yaml:{line}:")), "{yaml}\n{e}");
+        }
+        let client =
+            "role: client\nremote_addr: 1.2.3.4\ntls_ca_file: ca\nmasque_listen: 0.0.0.0:443\n";
+        assert!(parse(client)
+            .unwrap_err()
+            .to_string()
+            .contains("`masque_listen` is a server option"));
     }
 
     #[test]

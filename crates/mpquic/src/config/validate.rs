@@ -413,16 +413,19 @@ fn server(raw: &RawConfig, g: &General, c: &mut Checker) -> ServerConfig {
             Some("on the server, list each client's allowed prefixes as `routes:` in its `clients:` entry".into()),
         );
     }
+    let listen = SocketAddr::new(listen_ip, port);
+    let stripe = server_stripe(raw, c, listen);
     ServerConfig {
-        listen: SocketAddr::new(listen_ip, port),
+        listen,
         tun_addr,
         prefix,
         ipv6,
         client_ca_file,
         clients,
         routes,
-        stripe: server_stripe(raw, c, SocketAddr::new(listen_ip, port)),
+        stripe,
         revoked: revoked(raw, c),
+        masque: super::masque::server(raw, c, listen, stripe),
     }
 }
 
@@ -501,6 +504,7 @@ fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
     if !raw.revoked.is_empty() {
         c.at("revoked", "`revoked` is a server option".into(), None);
     }
+    super::masque::not_on_client(raw, c);
     if g.tun_cidr6.is_some() {
         c.at(
             "tun_cidr",

@@ -26,6 +26,8 @@ pub use certificate::normal_serial;
 
 /// ALPN of this protocol version; a peer speaking anything else fails the handshake.
 pub const ALPN: &[u8] = b"mpquic/4";
+/// HTTP/3's (RFC 9114), on the CONNECT-IP endpoint.
+pub const ALPN_H3: &[u8] = b"h3";
 
 /// What `mpquic status` shows of TLS: the key exchange and the certificates in use.
 pub fn status(
@@ -112,12 +114,20 @@ pub fn server_crypto(
     client_ca: &Path,
     post_quantum: bool,
     revoked: &[String],
+    served: Served,
 ) -> Result<rustls::ServerConfig> {
     let provider = provider(post_quantum);
     let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(roots(client_ca)?), provider.clone())
-            .build()
-            .context("cannot build the client verifier")?;
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots(client_ca)?), provider.clone());
+    let verifier = match served {
+        Served::Native => verifier,
+        // A certificate, when one is presented, is still verified (and checked against
+        // `revoked`); without one the request's bearer token must name the client.
+        Served::Http3 => verifier.allow_unauthenticated(),
+    };
+    let verifier = verifier
+        .build()
+        .context("cannot build the client verifier")?;
     let verifier = Arc::new(revocation::Verifier {
         inner: verifier,
         revoked: revoked.to_vec(),
@@ -127,8 +137,19 @@ pub fn server_crypto(
         .with_client_cert_verifier(verifier)
         .with_single_cert(load_certs(cert)?, load_key(key)?)
         .context("server certificate and key do not match")?;
-    cfg.alpn_protocols = vec![ALPN.to_vec()];
+    cfg.alpn_protocols = vec![match served {
+        Served::Native => ALPN.to_vec(),
+        Served::Http3 => ALPN_H3.to_vec(),
+    }];
     Ok(cfg)
+}
+
+/// What a server endpoint speaks: the native protocol (a client certificate required), or
+/// HTTP/3 for standard CONNECT-IP clients (a certificate optional: a bearer token instead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    Native,
+    Http3,
 }
 
 pub fn client_crypto(
@@ -224,8 +245,15 @@ mod tests {
     /// group it negotiated, as each side saw it.
     fn handshake(dir: &Path, client_pq: bool, server_pq: bool) -> (NamedGroup, NamedGroup) {
         let d = |f: &str| dir.join(f);
-        let server =
-            server_crypto(&d("srv.crt"), &d("srv.key"), &d("ca.crt"), server_pq, &[]).unwrap();
+        let server = server_crypto(
+            &d("srv.crt"),
+            &d("srv.key"),
+            &d("ca.crt"),
+            server_pq,
+            &[],
+            Served::Native,
+        )
+        .unwrap();
         let client = client_crypto(
             Some(&d("ca.crt")),
             false,

@@ -22,6 +22,8 @@ use mpquic_core::DropReason;
 use crate::batch::PacketBatch;
 use crate::hello::{Hello, HelloAck};
 
+pub(crate) mod admit;
+pub mod masque;
 pub mod quic;
 mod stream_rx;
 pub mod stripe;
@@ -289,12 +291,17 @@ pub trait Listener: Send + Sync + 'static {
 /// A path offered by an authenticated client: who it is, where from, and its hello. The server
 /// decides (session registry) and answers through `reply`.
 pub struct Offer {
-    /// The identity its certificate proves (the CN).
+    /// The identity its certificate proves (the CN), or a CONNECT-IP client's token names.
     pub identity: String,
-    /// That certificate's serial and expiry (revocation by serial, status).
-    pub certificate: crate::tls::certificate::Facts,
+    /// That certificate's serial and expiry (revocation by serial, status); none for a
+    /// CONNECT-IP client with a token.
+    pub certificate: Option<crate::tls::certificate::Facts>,
     pub remote: SocketAddr,
+    /// What the client asks for (a standard CONNECT-IP client's is made up by its listener).
     pub hello: Hello,
+    /// The client speaks IP only (a standard CONNECT-IP client): no probes, no bond headers;
+    /// its path is up while its connection is (`HealthMode::Transport`).
+    pub plain: bool,
     pub reply: Box<dyn OfferReply>,
 }
 

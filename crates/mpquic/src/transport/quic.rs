@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context, Result};
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
-use mpquic_core::admission::{self, Admission, Verdict};
+use mpquic_core::admission;
 use mpquic_core::pacing::Pacer;
 use mpquic_core::packet::is_pure_tcp_ack;
 use mpquic_core::recovery::Carry;
@@ -21,6 +21,8 @@ use mpquic_core::{DropReason, PathLoad};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+pub use super::admit::Refused;
+use super::admit::{self, InFlight};
 use super::{
     flow_of, stream_rx, BoxFuture, Dialer, Dropped, Known, LaneCarry, LaneSend, Listener, Offer,
     OfferReply, PathTransport, Sink, TransportStats, Unfinished,
@@ -68,9 +70,6 @@ const RECENT_AGE: Duration = Duration::from_secs(1);
 const STREAM_BATCH: usize = 64 * 1024;
 /// Reliable mode's frame header: the packet's length and its send time (`stream_rx`).
 const STREAM_HEADER: usize = stream_rx::HEADER;
-/// Bound on a client's TLS handshake at the server: a few round trips even on a slow, lossy
-/// path; a stalled handshake holds a place among the bounded few in flight.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on the server's wait for a client's hello after the handshake.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Offers waiting for the server to take them; beyond this, new connections wait in the accept
@@ -113,11 +112,16 @@ pub struct QuicTransport {
     link_payload: Option<u16>,
     /// The controller's window and bytes in flight (`load`).
     meter: Option<Arc<quic::WindowMeter>>,
+    /// CONNECT-IP (`transport/masque`): the HTTP Datagram prefix (the request's quarter stream
+    /// ID, context 0) in front of every datagram each way. Empty on the native protocol.
+    prefix: Vec<u8>,
 }
 
+/// What `start` takes. The hello stream is missing on a CONNECT-IP connection, whose request
+/// stream belongs to its HTTP/3 driver (datagram mode: the writer never needs it).
 struct StartParts {
-    send: quinn::SendStream,
-    recv: quinn::RecvStream,
+    send: Option<quinn::SendStream>,
+    recv: Option<quinn::RecvStream>,
     queue_rx: mpsc::Receiver<Queued>,
 }
 
@@ -144,7 +148,40 @@ impl QuicTransport {
         mode: TransportMode,
         link_payload: Option<u16>,
     ) -> Arc<QuicTransport> {
+        Self::with_parts(
+            conn,
+            Some((send, recv)),
+            endpoint,
+            mode,
+            link_payload,
+            Vec::new(),
+        )
+    }
+
+    /// A CONNECT-IP connection whose request stream `stream_id` was answered 2xx: inner packets
+    /// are HTTP Datagrams of that request (datagram mode; the stream stays with the HTTP/3
+    /// driver). `endpoint`: the client's per-path socket, as for `new`.
+    pub(crate) fn http_datagrams(
+        conn: quinn::Connection,
+        stream_id: u64,
+        endpoint: Option<quinn::Endpoint>,
+        link_payload: Option<u16>,
+    ) -> Arc<QuicTransport> {
+        let prefix = mpquic_core::connect_ip::datagram::ip_prefix(stream_id);
+        let mode = TransportMode::Datagram;
+        Self::with_parts(conn, None, endpoint, mode, link_payload, prefix)
+    }
+
+    fn with_parts(
+        conn: quinn::Connection,
+        streams: Option<(quinn::SendStream, quinn::RecvStream)>,
+        endpoint: Option<quinn::Endpoint>,
+        mode: TransportMode,
+        link_payload: Option<u16>,
+        prefix: Vec<u8>,
+    ) -> Arc<QuicTransport> {
         let (queue_tx, queue_rx) = mpsc::channel(WRITER_CHANNEL + SPARSE_CHANNEL);
+        let (send, recv) = streams.unzip();
         Arc::new(QuicTransport {
             meter: quic::window_meter(&conn),
             conn,
@@ -164,6 +201,7 @@ impl QuicTransport {
             })),
             endpoint,
             link_payload,
+            prefix,
         })
     }
 }
@@ -225,6 +263,9 @@ impl PathTransport for QuicTransport {
         // Every mode: the writer decides the carriage when a packet leaves its queue, and a
         // datagram is the frame without its header (`path_writer`).
         for &i in which {
+            if !self.prefix.is_empty() {
+                batch.push_header(i, &self.prefix);
+            }
             // The frame carries the packet with the headers in front of it (the bond's).
             let len = (batch.header_len(i) + batch.packet(i).len()) as u16;
             batch.push_header(i, &stream_rx::header(len, 0));
@@ -254,12 +295,12 @@ impl PathTransport for QuicTransport {
         let max_datagram = self.conn.max_datagram_size();
         for &i in which {
             if is_pure_tcp_ack(batch.packet(i)) {
-                if let Err(reason) = send_datagram(&self.conn, unframed(batch, i)) {
+                if let Err(reason) = send_datagram(&self.conn, unframed(batch, i, &self.prefix)) {
                     refused(i, reason);
                 }
                 continue;
             }
-            let frame = stream_frame(batch, i);
+            let frame = stream_frame(batch, i, &self.prefix);
             let len = (frame.len() - STREAM_HEADER) as u64;
             if !self.has_stream && max_datagram.is_some_and(|m| len > m as u64) {
                 refused(i, DropReason::Oversized);
@@ -290,7 +331,7 @@ impl PathTransport for QuicTransport {
     }
 
     fn send_control(&self, msg: &[u8]) -> Result<(), DropReason> {
-        send_datagram(&self.conn, Bytes::copy_from_slice(msg))
+        send_datagram(&self.conn, [&self.prefix[..], msg].concat().into())
     }
 
     fn set_yielding(&self) {
@@ -370,6 +411,13 @@ impl PathTransport for QuicTransport {
     /// while the path was dark and sends them once it answers again (the demo's pings came back
     /// up to 5.8 s late with our bbr), and a stream would deliver its backlog (again, and late).
     /// The client dials the path anew.
+    fn kind(&self) -> &'static str {
+        match self.prefix.is_empty() {
+            true => "quic",
+            false => "masque",
+        }
+    }
+
     fn abandon(&self, since: Instant) -> Vec<Bytes> {
         let packets = match self.has_stream {
             true => self
@@ -392,7 +440,13 @@ impl PathTransport for QuicTransport {
         };
         // Datagrams: probes always, inner packets in datagram mode.
         let c = self.conn.clone();
-        let s = sink.clone();
+        let s = match self.prefix.is_empty() {
+            true => sink.clone(),
+            false => Arc::new(HttpDatagrams {
+                inner: sink.clone(),
+                prefix: self.prefix.clone(),
+            }),
+        };
         tokio::spawn(async move {
             while let Ok(d) = c.read_datagram().await {
                 s.on_datagram(&d);
@@ -418,24 +472,29 @@ impl PathTransport for QuicTransport {
             recv,
             queue_rx,
         } = parts;
-        if self.has_stream {
-            let (s, c, d) = (sink.clone(), self.conn.clone(), self.playout_us.clone());
-            tokio::spawn(stream_rx::run(s, recv, c, d));
-            // The peer's streams of its other traffic classes (`LaneStreams`): each read as the
-            // first one is (its frames carry their lane's header).
-            let (s, c, d) = (sink.clone(), self.conn.clone(), self.playout_us.clone());
-            tokio::spawn(async move {
-                while let Ok(recv) = c.accept_uni().await {
-                    tokio::spawn(stream_rx::run(s.clone(), recv, c.clone(), d.clone()));
-                }
-            });
-        } else {
-            // Keep the control stream's receiving half open for the connection's life.
-            let conn = self.conn.clone();
-            tokio::spawn(async move {
-                let _keep = recv;
-                conn.closed().await;
-            });
+        match (self.has_stream, recv) {
+            (true, Some(recv)) => {
+                let (s, c, d) = (sink.clone(), self.conn.clone(), self.playout_us.clone());
+                tokio::spawn(stream_rx::run(s, recv, c, d));
+                // The peer's streams of its other traffic classes (`LaneStreams`): each read as the
+                // first one is (its frames carry their lane's header).
+                let (s, c, d) = (sink.clone(), self.conn.clone(), self.playout_us.clone());
+                tokio::spawn(async move {
+                    while let Ok(recv) = c.accept_uni().await {
+                        tokio::spawn(stream_rx::run(s.clone(), recv, c.clone(), d.clone()));
+                    }
+                });
+            }
+            (false, Some(recv)) => {
+                // Keep the control stream's receiving half open for the connection's life.
+                let conn = self.conn.clone();
+                tokio::spawn(async move {
+                    let _keep = recv;
+                    conn.closed().await;
+                });
+            }
+            // CONNECT-IP: the request stream is its HTTP/3 driver's.
+            (_, None) => {}
         }
         let writer = Writer {
             sink,
@@ -706,22 +765,7 @@ struct Accepting {
     congestion: crate::config::Congestion,
     /// `stripe_enabled`: the stripe socket that stripe paths' sessions join.
     stripe: Option<Arc<StripeServer>>,
-    /// Handshakes in flight, bounded (`mpquic_core::admission`).
-    admission: Mutex<Admission>,
 }
-
-/// An accepted handshake's place in `Accepting::admission`, given back when it ends however it
-/// ends (done, failed, timed out, or its task dropped).
-struct InFlight(Arc<Accepting>, std::net::IpAddr);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        (self.0.admission.lock().unwrap_or_else(|e| e.into_inner())).done(self.1);
-    }
-}
-
-/// Counts a refused connection by reason (the server's status and metrics).
-pub type Refused = Arc<dyn Fn(&'static str) + Send + Sync>;
 
 impl QuicListener {
     pub fn start(
@@ -730,7 +774,7 @@ impl QuicListener {
         platform: &Platform,
         refused: Refused,
     ) -> Result<QuicListener> {
-        let server_config = server_quic(cfg, scfg)?;
+        let server_config = server_quic(cfg, scfg, tls::Served::Native)?;
         let endpoint = quinn::Endpoint::new_with_abstract_socket(
             quinn::EndpointConfig::default(),
             Some(server_config),
@@ -749,47 +793,19 @@ impl QuicListener {
             None => None,
         };
         let accepting = Arc::new(Accepting {
-            refused,
+            refused: refused.clone(),
             pipes: PipeSets::default(),
             congestion: cfg.congestion,
             stripe,
-            admission: Mutex::default(),
         });
-        tokio::spawn(async move {
-            while let Some(incoming) = ep.accept().await {
-                let src = incoming.remote_address().ip();
-                let verdict = (accepting
-                    .admission
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()))
-                .on_initial(src, incoming.remote_address_validated());
-                match verdict {
-                    Verdict::Accept => {}
-                    Verdict::Retry => {
-                        match incoming.retry() {
-                            Ok(()) => (accepting.refused)("retry"),
-                            Err(e) => {
-                                e.into_incoming().ignore();
-                                (accepting.refused)("handshake_overload");
-                            }
-                        }
-                        continue;
-                    }
-                    Verdict::Ignore(reason) => {
-                        incoming.ignore();
-                        (accepting.refused)(reason);
-                        continue;
-                    }
+        admit::serve(ep, admit::Gate::new(refused), move |incoming, in_flight| {
+            let (tx, accepting) = (tx.clone(), accepting.clone());
+            tokio::spawn(async move {
+                if let Some(offer) = offer(incoming, accepting, in_flight).await {
+                    // The server is gone when the queue is closed; nothing to answer.
+                    let _ = tx.send(offer).await;
                 }
-                let (tx, accepting) = (tx.clone(), accepting.clone());
-                tokio::spawn(async move {
-                    let in_flight = InFlight(accepting.clone(), src);
-                    if let Some(offer) = offer(incoming, accepting, in_flight).await {
-                        // The server is gone when the queue is closed; nothing to answer.
-                        let _ = tx.send(offer).await;
-                    }
-                });
-            }
+            });
         });
         Ok(QuicListener {
             endpoint,
@@ -802,6 +818,7 @@ impl QuicListener {
 pub fn server_quic(
     cfg: &Config,
     scfg: &crate::config::ServerConfig,
+    served: tls::Served,
 ) -> Result<quinn::ServerConfig> {
     let cert = cfg.cert_file.clone().context("tls_cert_file is required")?;
     let key = cfg.key_file.clone().context("tls_key_file is required")?;
@@ -811,6 +828,7 @@ pub fn server_quic(
         &scfg.client_ca_file,
         cfg.tls_post_quantum,
         &scfg.revoked,
+        served,
     )?;
     let mut server_config =
         quinn::ServerConfig::with_crypto(Arc::new(tls::key_update::CountedServer(Arc::new(
@@ -862,31 +880,7 @@ async fn offer(
 ) -> Option<Offer> {
     let refused = &accepting.refused;
     let remote = incoming.remote_address();
-    // A handshake that does not finish in time gives its place back (`admission.rs`): without
-    // this bound a stalled one held it for the whole idle timeout (15 s).
-    let handshake = match tokio::time::timeout(HANDSHAKE_TIMEOUT, incoming).await {
-        Ok(h) => h,
-        Err(_) => {
-            refused("handshake_timeout");
-            return None;
-        }
-    };
-    drop(in_flight);
-    let conn = match handshake {
-        Ok(c) => c,
-        Err(quinn::ConnectionError::TransportError(e))
-            if e.code == quinn_proto::TransportErrorCode::crypto(tls::revocation::ALERT) =>
-        {
-            // Logged with the client's name by the verifier.
-            refused("revoked");
-            return None;
-        }
-        Err(e) => {
-            warn!(%remote, error = %e, "handshake failed; client refused");
-            refused("handshake_failed");
-            return None;
-        }
-    };
+    let conn = admit::handshake(incoming, in_flight, refused).await?;
     let named = tls::certificate::of_peer(&conn).and_then(|c| Some((c.name.clone()?, c)));
     let Some((identity, certificate)) = named else {
         warn!(%remote, "client certificate has no common name; refused");
@@ -955,7 +949,8 @@ async fn offer(
     };
     Some(Offer {
         identity,
-        certificate,
+        certificate: Some(certificate),
+        plain: false,
         remote,
         reply: Box::new(QuicOffer {
             conn,
@@ -1087,29 +1082,63 @@ fn stream_framed(batch: &PacketBatch, i: usize) -> bool {
             == stream_rx::header((h - STREAM_HEADER + len) as u16, 0)
 }
 
-/// Packet `i` as a datagram carries it: with the headers in front, without the stream's frame
-/// header if `prepare` wrote one. A view of the batch's buffer: no copy, no allocation.
-fn unframed(batch: &mut PacketBatch, i: usize) -> Bytes {
-    let skip = if stream_framed(batch, i) {
-        STREAM_HEADER
-    } else {
-        0
-    };
-    batch.framed_from(i, skip)
+/// Packet `i` as a datagram carries it: with the headers in front (the CONNECT-IP `prefix`
+/// among them), without the stream's frame header if `prepare` wrote one. A view of the
+/// batch's buffer when `prepare` framed it: no copy, no allocation.
+fn unframed(batch: &mut PacketBatch, i: usize, prefix: &[u8]) -> Bytes {
+    match (stream_framed(batch, i), prefix.is_empty()) {
+        (true, _) => batch.framed_from(i, STREAM_HEADER),
+        (false, true) => batch.framed_from(i, 0),
+        (false, false) => [prefix, batch.headed(i, 0)].concat().into(),
+    }
 }
 
 /// A packet with its header in front, as the stream carries it (the send time is stamped by
 /// the writer): framed in the batch's headroom by `prepare` (no copy), or copied when it was
-/// not.
-fn stream_frame(batch: &mut PacketBatch, i: usize) -> Bytes {
+/// not, with the datagrams' `prefix` (CONNECT-IP) as `prepare` puts it.
+fn stream_frame(batch: &mut PacketBatch, i: usize, prefix: &[u8]) -> Bytes {
     if stream_framed(batch, i) {
         return batch.framed(i);
     }
     let p = batch.headed(i, 0);
-    let mut b = BytesMut::with_capacity(STREAM_HEADER + p.len());
-    b.extend_from_slice(&stream_rx::header(p.len() as u16, 0));
+    let mut b = BytesMut::with_capacity(STREAM_HEADER + prefix.len() + p.len());
+    b.extend_from_slice(&stream_rx::header((prefix.len() + p.len()) as u16, 0));
+    b.extend_from_slice(prefix);
     b.extend_from_slice(p);
     b.freeze()
+}
+
+/// A CONNECT-IP connection's receive side: each datagram must start with its request's prefix
+/// (`QuicTransport::prefix`); the rest goes to the tunnel. Another request's datagram or a
+/// context this end did not negotiate (RFC 9484 section 6: an extension's) is dropped and
+/// counted `malformed`.
+struct HttpDatagrams {
+    inner: Arc<dyn Sink>,
+    prefix: Vec<u8>,
+}
+
+impl Sink for HttpDatagrams {
+    fn on_datagram(&self, d: &[u8]) {
+        match d.strip_prefix(&self.prefix[..]) {
+            Some(packet) => self.inner.on_datagram(packet),
+            None => self.inner.on_received_dropped(DropReason::Malformed),
+        }
+    }
+    fn on_batch_end(&self) {
+        self.inner.on_batch_end()
+    }
+    fn on_stream_packet(&self, pkt: Option<&[u8]>) {
+        self.inner.on_stream_packet(pkt)
+    }
+    fn on_send_dropped(&self, reason: DropReason, packets: u64, bytes: u64) {
+        self.inner.on_send_dropped(reason, packets, bytes)
+    }
+    fn on_received_dropped(&self, reason: DropReason) {
+        self.inner.on_received_dropped(reason)
+    }
+    fn on_closed(&self, peer_code: Option<u32>) {
+        self.inner.on_closed(peer_code)
+    }
 }
 
 /// The chunks a stream writer wrote lately, with when: bounded by `RECENT_BYTES` and
@@ -1170,7 +1199,8 @@ impl Recent {
 struct Writer {
     sink: Arc<dyn Sink>,
     conn: quinn::Connection,
-    send: quinn::SendStream,
+    /// The first lane's stream (none on a CONNECT-IP connection: datagrams only).
+    send: Option<quinn::SendStream>,
     rx: mpsc::Receiver<Queued>,
     /// Bytes waiting, shared with `send_batch`'s bound: the writer takes off what leaves.
     waiting: Arc<AtomicU64>,
@@ -1418,13 +1448,13 @@ async fn path_writer(w: Writer) {
 /// lower class's retransmissions (scenario 01: critical pings on a 30%-loss link waited
 /// behind bulk's on one shared stream, median 45.6 ms against 16.8 on a stream of their own).
 struct LaneStreams {
-    first: quinn::SendStream,
+    first: Option<quinn::SendStream>,
     /// By rank - 1.
     others: Vec<Option<quinn::SendStream>>,
 }
 
 impl LaneStreams {
-    fn new(first: quinn::SendStream) -> LaneStreams {
+    fn new(first: Option<quinn::SendStream>) -> LaneStreams {
         LaneStreams {
             first,
             others: Vec::new(),
@@ -1434,7 +1464,7 @@ impl LaneStreams {
     /// The stream of lane `rank`; `None` when the connection takes no more streams (closed).
     async fn get(&mut self, conn: &quinn::Connection, rank: u8) -> Option<&mut quinn::SendStream> {
         let Some(i) = usize::from(rank).checked_sub(1) else {
-            return Some(&mut self.first);
+            return self.first.as_mut();
         };
         if self.others.len() <= i {
             self.others.resize_with(i + 1, || None);

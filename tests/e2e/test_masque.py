@@ -1,0 +1,153 @@
+"""Standard MASQUE CONNECT-IP (RFC 9484) against an independent implementation: quic-go's
+connect-ip-go, built here from tests/interop/connectip (Go modules through the Go proxy). Its
+client against the mpquic server: an address assigned (IPv4 and IPv6), ping, TCP and UDP both
+ways, bad tokens refused with 401, counted and logged once."""
+
+import os
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from conftest import report
+import labctl
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+INTEROP = os.path.join(HERE, "..", "interop", "connectip")
+MASQUE_PORT = 8443
+SERVER_TUN6 = "fd00:17::fe"
+
+
+@pytest.fixture(scope="session")
+def connectip():
+    """The connect-ip-go client and server, built once per run."""
+    go = shutil.which("go")
+    assert go, "the CONNECT-IP interop tests need Go (https://go.dev/dl) to build connect-ip-go"
+    out = os.path.join(labctl.REPO, "target", "interop", "connectip")
+    env = dict(os.environ, CGO_ENABLED="0")
+    subprocess.run([go, "build", "-o", out, "."], cwd=INTEROP, check=True, env=env, timeout=600)
+    return out
+
+
+def new_token(name):
+    """`mpquic pki token NAME`: the token and the server's `masque_tokens` entry."""
+    out = labctl.run([labctl.BIN, "pki", "token", name]).stdout
+    token = re.search(r"^(mpq_[0-9a-f]+)$", out, re.M).group(1)
+    entry = out[out.index("- name:"):].strip()
+    return token, entry
+
+
+def masque_server(lab, entries, dual_stack=True):
+    """The lab's server with CONNECT-IP on MASQUE_PORT and these `masque_tokens` entries."""
+    lab.pki()
+    yaml = lab.server_yaml()
+    if dual_stack:
+        yaml = re.sub(r"^tun_cidr: (.*)$", rf"tun_cidr: \1, {SERVER_TUN6}/64", yaml, flags=re.M)
+    yaml += f"masque_listen: 0.0.0.0:{MASQUE_PORT}\nmasque_tokens:\n"
+    yaml += "".join("\n".join("  " + l for l in e.splitlines()) + "\n" for e in entries)
+    lab.write("server-run.yaml", yaml)
+    lab.spawn("server", lab.server_ns, [labctl.BIN, "--config", os.path.join(lab.dir, "server-run.yaml")])
+    lab._wait_file(lab.sock("server"), "server", 10)
+
+
+def url():
+    return f"https://{labctl.SERVER_IP}:{MASQUE_PORT}/.well-known/masque/ip/*/*/"
+
+
+def go_client(lab, binary, key, token=None, tun="cip0", routes=(), extra=()):
+    """connect-ip-go's client in the client namespace; returns its process."""
+    cmd = [binary, "client", "-url", url(), "-ca", os.path.join(lab.files["pki"], "ca.crt"),
+           "-sni", "mpquic-server", "-tun", tun]
+    if token:
+        cmd += ["-token", token]
+    for r in routes:
+        cmd += ["-route", r]
+    return lab.spawn(key, lab.client_ns(0), cmd + list(extra))
+
+
+def wait_ready(lab, key, timeout=15):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        text = lab.log(key)
+        if "READY" in text:
+            return text
+        p = lab.procs.get(key)
+        if p is not None and p.poll() is not None:
+            raise AssertionError(f"{key} exited {p.returncode}:\n{text}\n--- server\n{lab.log('server')}")
+        time.sleep(0.1)
+    raise AssertionError(f"{key} not ready in {timeout}s:\n{lab.log(key)}\n--- server\n{lab.log('server')}")
+
+
+def assigned(text):
+    return [l.split()[1] for l in text.splitlines() if l.startswith("ASSIGNED ")]
+
+
+def iperf(lab, ns, args, timeout=30):
+    r = lab.sh(ns, ["iperf3", "-J"] + args, timeout=timeout)
+    import json
+    j = json.loads(r.stdout)
+    end = j["end"]
+    s = end.get("sum_received") or end.get("sum")
+    return s["bits_per_second"] / 1e6, end
+
+
+def test_a_standard_client_gets_its_addresses_and_traffic_both_ways(make_lab, connectip):
+    """connect-ip-go's client with a token: 200, ADDRESS_ASSIGN (IPv4 and IPv6 of the
+    dual-stack tunnel), ROUTE_ADVERTISEMENT of both whole spaces; ping both ways in both
+    families; one TCP flow each way and UDP; the session in the server's status under the
+    token's name."""
+    lab = make_lab(paths=1)
+    token, entry = new_token("phone1")
+    masque_server(lab, [entry])
+    tun4 = lab.files["server"]["tun_addr"].split("/")[0]
+    go_client(lab, connectip, "cip", token=token, routes=[f"{tun4}/32", f"{SERVER_TUN6}/128"])
+    text = wait_ready(lab, "cip")
+    addrs = assigned(text)
+    report(f"connect-ip-go client: {addrs}; {[l for l in text.splitlines() if l.startswith('ROUTE')]}")
+    v4 = [a for a in addrs if "." in a]
+    v6 = [a for a in addrs if ":" in a]
+    assert len(v4) == 1 and v4[0].endswith("/32"), addrs
+    assert len(v6) == 1 and v6[0].endswith("/128"), addrs
+    assert "ROUTE 0.0.0.0-255.255.255.255" in text and "ROUTE ::-ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff" in text, text
+    mine4, mine6 = v4[0].split("/")[0], v6[0].split("/")[0]
+
+    # Ping both ways, both families.
+    for ns, dst in ((lab.client_ns(0), tun4), (lab.client_ns(0), SERVER_TUN6),
+                    (lab.server_ns, mine4), (lab.server_ns, mine6)):
+        r = lab.sh(ns, ["ping", "-c", "5", "-i", "0.2", "-W", "2", dst], check=False)
+        assert " 0% packet loss" in r.stdout, (dst, r.stdout, lab.log("server"))
+
+    # TCP both ways and UDP, to an iperf3 server on the server's tunnel address.
+    lab.spawn("iperf-s", lab.server_ns, ["iperf3", "-s", "-B", tun4, "-p", "5302"])
+    time.sleep(0.5)
+    up, _ = iperf(lab, lab.client_ns(0), ["-c", tun4, "-p", "5302", "-t", "3"])
+    down, _ = iperf(lab, lab.client_ns(0), ["-c", tun4, "-p", "5302", "-t", "3", "-R"])
+    udp, end = iperf(lab, lab.client_ns(0), ["-c", tun4, "-p", "5302", "-t", "3", "-u", "-b", "20M", "-l", "1200"])
+    lost = end["sum"]["lost_percent"]
+    report(f"through connect-ip-go's client and the mpquic server: TCP up {up:.0f}, down {down:.0f} Mbit/s, UDP 20 Mbit/s lost {lost:.2f}%")
+    assert up > 10 and down > 10, (up, down)
+    assert lost < 1.0, end["sum"]
+
+    st = lab.status("server")
+    t = [t for t in st["tunnels"] if t["peer"] == "phone1"]
+    assert t and t[0]["address"].startswith(mine4 + "/"), st["tunnels"]
+    assert t[0]["paths"][0]["transport"] == "masque", t[0]["paths"]
+
+
+def test_wrong_and_missing_tokens_are_refused_with_401_counted_and_logged_once(make_lab, connectip):
+    lab = make_lab(paths=1)
+    _, entry = new_token("phone1")
+    masque_server(lab, [entry], dual_stack=False)
+    for i, token in enumerate(["mpq_wrong", None, "mpq_wrong"]):
+        key = f"bad{i}"
+        p = go_client(lab, connectip, key, token=token, tun=f"cipb{i}")
+        p.wait(timeout=15)
+        assert p.returncode == 3 and "REFUSED 401" in lab.log(key), (p.returncode, lab.log(key))
+    refused = lab.status("server")["refused"]
+    report(f"refused: {refused}")
+    assert refused.get("wrong_token") == 2 and refused.get("no_token") == 1, refused
+    log = lab.log("server")
+    assert log.count("reason=\"wrong_token\"") + log.count("reason=wrong_token") == 1, log
+    assert not lab.status("server")["tunnels"], "a refused client has no session"
