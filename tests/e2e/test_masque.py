@@ -151,3 +151,62 @@ def test_wrong_and_missing_tokens_are_refused_with_401_counted_and_logged_once(m
     log = lab.log("server")
     assert log.count("reason=\"wrong_token\"") + log.count("reason=wrong_token") == 1, log
     assert not lab.status("server")["tunnels"], "a refused client has no session"
+
+
+def probe(lab, binary, key, *args, token=None, url_=None):
+    """connectip probe (requests and packets a standard client would not send); its output."""
+    cmd = [binary, "probe", "-url", url_ or url(), "-ca", os.path.join(lab.files["pki"], "ca.crt"),
+           "-sni", "mpquic-server"] + (["-token", token] if token else []) + list(args)
+    p = lab.spawn(key, lab.client_ns(0), cmd)
+    p.wait(timeout=20)
+    return lab.log(key)
+
+
+def test_bad_requests_capsules_addresses_and_sources_are_refused_and_counted(make_lab, connectip):
+    """An unknown :protocol (501), a path outside the template (404), a malformed capsule (the
+    request stream aborted, the session gone), an ADDRESS_REQUEST for another client's address
+    (refused in ADDRESS_ASSIGN, the client keeps its own), datagrams from a source that is not
+    the session's (dropped, counted): each counted by reason and logged once; another
+    client's session goes on untouched."""
+    lab = make_lab(paths=1)
+    tokens = [new_token(f"phone{i}") for i in (1, 2, 3)]
+    masque_server(lab, [e for _, e in tokens], dual_stack=False)
+    tun4 = lab.files["server"]["tun_addr"].split("/")[0]
+    go_client(lab, connectip, "cip1", token=tokens[0][0], tun="cip1", routes=[f"{tun4}/32"])
+    first = assigned(wait_ready(lab, "cip1"))[0]
+
+    # Another client asks for phone1's address: refused, given its own.
+    go_client(lab, connectip, "cip2", token=tokens[1][0], tun="cip2", extra=["-ask", first])
+    text = wait_ready(lab, "cip2")
+    assert "REJECTED 1" in text, text
+    second = assigned(text)[-1]
+    assert second != first, text
+
+    out = probe(lab, connectip, "p-proto", "-protocol", "connect-udp", token=tokens[2][0])
+    assert "STATUS 501" in out, out
+    bad_path = f"https://{labctl.SERVER_IP}:{MASQUE_PORT}/nope"
+    out = probe(lab, connectip, "p-path", token=tokens[2][0], url_=bad_path)
+    assert "STATUS 404" in out, out
+    # ADDRESS_ASSIGN (type 1), 2 bytes: request ID 1, then IP version 2: malformed.
+    out = probe(lab, connectip, "p-capsule", "-capsule", "01020102", token=tokens[2][0])
+    assert "STATUS 200" in out and "STREAM_CLOSED" in out, out
+    out = probe(lab, connectip, "p-spoof", "-spoof", "10.200.17.200", "-to", tun4, token=tokens[2][0])
+    assert "STATUS 200" in out and "SENT 5" in out, out
+
+    st = lab.status("server")
+    refused = st["refused"]
+    report(f"refused: {refused}")
+    for reason, n in (("unknown_protocol", 1), ("unknown_path", 1), ("malformed_capsule", 1),
+                      ("address_refused", 1)):
+        assert refused.get(reason) == n, (reason, refused)
+    spoofed = st["drops"].get("spoofed_source", 0) + sum(
+        p.get("drops", {}).get("spoofed_source", 0) for t in st["tunnels"] for p in t["paths"])
+    report(f"spoofed_source drops: {spoofed}")
+    assert spoofed == 5, st
+    log = lab.log("server")
+    for reason in ("unknown_protocol", "unknown_path", "malformed_capsule", "address_refused"):
+        assert log.count(reason) == 1, (reason, log)
+    # phone1 is untouched.
+    r = lab.sh(lab.client_ns(0), ["ping", "-c", "3", "-i", "0.2", "-W", "2", tun4], check=False)
+    assert " 0% packet loss" in r.stdout, r.stdout
+    assert lab.procs["server"].poll() is None

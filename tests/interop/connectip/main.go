@@ -4,6 +4,7 @@
 // CONNECT-IP session.
 //
 //	connectip client -url https://HOST:PORT/PATH -ca ca.crt [-sni NAME] [-token T] [-ask CIDR] [-tun NAME] [-route CIDR]...
+//	connectip probe -url URL -ca ca.crt [-protocol P] [-capsule HEX | -spoof SRC -to DST]
 //	connectip server -listen ADDR:PORT -cert srv.crt -key srv.key -path /PATH -assign CIDR[,CIDR6] [-tun NAME]
 //
 // The client prints "ASSIGNED <prefix>" for each address it is given and "ROUTE <start>-<end>"
@@ -46,6 +47,8 @@ func main() {
 		client(os.Args[2:])
 	case "server":
 		server(os.Args[2:])
+	case "probe":
+		probe(os.Args[2:])
 	default:
 		log.Fatalf("unknown mode %q", os.Args[1])
 	}
@@ -170,13 +173,18 @@ func client(args []string) {
 			log.Fatalf("request addresses: %v", err)
 		}
 	}
+	// Each assignment replaces the one before; with -ask, until the one that answers it.
 	var addrs []netip.Prefix
-	for len(addrs) == 0 {
+	for answered := *ask == ""; len(addrs) == 0 || !answered; {
 		assigned, err := conn.ReceiveAddressAssignment(ctx)
 		if err != nil {
 			log.Fatalf("no address assigned: %v", err)
 		}
+		addrs = addrs[:0]
 		for _, a := range assigned {
+			if a.RequestID != 0 {
+				answered = true
+			}
 			if a.Rejected() {
 				fmt.Printf("REJECTED %d\n", a.RequestID)
 				continue
