@@ -210,3 +210,80 @@ def test_bad_requests_capsules_addresses_and_sources_are_refused_and_counted(mak
     r = lab.sh(lab.client_ns(0), ["ping", "-c", "3", "-i", "0.2", "-W", "2", tun4], check=False)
     assert " 0% packet loss" in r.stdout, r.stdout
     assert lab.procs["server"].poll() is None
+
+
+def masque_client_yaml(lab, token, c=0):
+    """Client c's configuration speaking CONNECT-IP to the server's MASQUE port, with a token
+    and no certificate."""
+    yaml = lab.client_yaml(c, cert=False).replace("remote_port: 45017", f"remote_port: {MASQUE_PORT}")
+    return yaml + f"protocol: masque\nmasque_token: {token}\n"
+
+
+def test_the_mpquic_client_over_connect_ip_reaches_the_internet(make_lab, connectip):
+    """`protocol: masque` against the mpquic server's CONNECT-IP port: the address it asked for
+    (its tun_cidr), ping and TCP from the site LAN through it; the server's session under the
+    token's name on a `masque` path."""
+    lab = make_lab(paths=1)
+    token, entry = new_token("site1")
+    masque_server(lab, [entry], dual_stack=False)
+    lab.start_client(yaml=masque_client_yaml(lab, token))
+    st = lab.wait_tunnel()
+    assert st["tunnels"][0]["address"].startswith("10.200.17.1/"), st["tunnels"][0]
+    ping = lab.ping(count=5)
+    assert len(ping["rtts"]) == 5, ping
+    lab.iperf_server()
+    up = lab.iperf(seconds=3)["end"]["sum_received"]["bits_per_second"] / 1e6
+    down = lab.iperf(seconds=3, reverse=True)["end"]["sum_received"]["bits_per_second"] / 1e6
+    report(f"mpquic client over CONNECT-IP, one TCP flow: up {up:.0f}, down {down:.0f} Mbit/s")
+    assert up > 10 and down > 10, (up, down)
+    srv = lab.status("server")
+    t = [t for t in srv["tunnels"] if t["peer"] == "site1"]
+    assert t and t[0]["paths"][0]["transport"] == "masque", srv["tunnels"]
+
+
+def test_the_mpquic_client_against_connect_ip_gos_server(make_lab, connectip):
+    """Our client (`protocol: masque`, no token: that server asks for none) against
+    connect-ip-go's server: the address it assigns (IPv4 and IPv6), ping both ways, TCP both
+    ways and UDP."""
+    lab = make_lab(paths=1)
+    lab.pki()
+    pki = lab.files["pki"]
+    lab.spawn("go-server", lab.server_ns, [
+        connectip, "server", "-listen", f"0.0.0.0:{MASQUE_PORT}",
+        "-cert", os.path.join(pki, "mpquic-server.crt"), "-key", os.path.join(pki, "mpquic-server.key"),
+        "-path", "/vpn", "-assign", "10.200.18.2/32,fd00:18::2/128", "-local", "10.200.18.1/32,fd00:18::1/128",
+        "-tun", "cips0"])
+    t0 = time.monotonic()
+    while "listening" not in lab.log("go-server"):
+        assert time.monotonic() - t0 < 10, lab.log("go-server")
+        time.sleep(0.1)
+    yaml = lab.client_yaml(0, request=False).replace("remote_port: 45017", f"remote_port: {MASQUE_PORT}")
+    lab.start_client(yaml=yaml + "protocol: masque\nmasque_path: /vpn\n")
+    t0 = time.monotonic()
+    while True:
+        try:
+            st = lab.status("client0")
+            if st["tunnels"][0]["address"] and st["tunnels"][0]["paths"][0]["state"] == "up":
+                break
+        except Exception:
+            pass
+        assert time.monotonic() - t0 < 15, lab.log("client0") + "\n--- go server\n" + lab.log("go-server")
+        time.sleep(0.1)
+    t = st["tunnels"][0]
+    report(f"mpquic client given by connect-ip-go's server: {t['address']} {t.get('address6')}")
+    assert t["address"] == "10.200.18.2/32" and t.get("address6") == "fd00:18::2/128", t
+    cns = lab.client_ns(0)
+    lab.sh(cns, "ip route add 10.200.18.1/32 dev mpq0 && ip -6 route add fd00:18::1/128 dev mpq0")
+    for ns, dst in ((cns, "10.200.18.1"), (cns, "fd00:18::1"), (lab.server_ns, "10.200.18.2"),
+                    (lab.server_ns, "fd00:18::2")):
+        r = lab.sh(ns, ["ping", "-c", "5", "-i", "0.2", "-W", "2", dst], check=False)
+        assert " 0% packet loss" in r.stdout, (dst, r.stdout, lab.log("client0"), lab.log("go-server"))
+    lab.spawn("iperf-s", lab.server_ns, ["iperf3", "-s", "-B", "10.200.18.1", "-p", "5302"])
+    time.sleep(0.5)
+    up, _ = iperf(lab, cns, ["-c", "10.200.18.1", "-p", "5302", "-t", "3"])
+    down, _ = iperf(lab, cns, ["-c", "10.200.18.1", "-p", "5302", "-t", "3", "-R"])
+    _, end = iperf(lab, cns, ["-c", "10.200.18.1", "-p", "5302", "-t", "3", "-u", "-b", "20M", "-l", "1100"])
+    lost = end["sum"]["lost_percent"]
+    report(f"mpquic client through connect-ip-go's server: TCP up {up:.0f}, down {down:.0f} Mbit/s, UDP 20 Mbit/s lost {lost:.2f}%")
+    assert up > 10 and down > 10, (up, down)
+    assert lost < 1.0, end["sum"]

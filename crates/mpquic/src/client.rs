@@ -184,8 +184,12 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
         cfg.tun_name.clone(),
         tun.clone(),
         None,
-        // The client probes every path; the server follows its view (core health.rs).
-        HealthMode::Probe,
+        // The client probes every path; the server follows its view (core health.rs). A
+        // standard CONNECT-IP server answers no probes: a path is up while its connection is.
+        match ccfg.masque {
+            None => HealthMode::Probe,
+            Some(_) => HealthMode::Transport,
+        },
         cfg.congestion,
         Carriage {
             fec: tunnel_fec(&ccfg.classes),

@@ -235,11 +235,11 @@ func server(args []string) {
 		rts = append(rts, p.String())
 	}
 	dev := tunDevice(*tunName, own, rts)
-	template := uritemplate.MustNew("https://proxy" + *path)
 	proxy := connectip.Proxy{}
 	mux := http.NewServeMux()
 	mux.HandleFunc(*path, func(w http.ResponseWriter, r *http.Request) {
-		r.URL.Host = "proxy"
+		// Served under whatever name the client reached it by.
+		template := uritemplate.MustNew("https://" + r.Host + *path)
 		req, err := connectip.ParseProxyRequest(r, template)
 		if err != nil {
 			log.Printf("request refused: %v", err)

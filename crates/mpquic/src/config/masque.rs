@@ -122,15 +122,99 @@ fn tokens(raw: &RawConfig, c: &mut Checker) -> Vec<(String, TokenHash)> {
     out
 }
 
-/// The `masque_*` keys on a client: server options.
-pub(super) fn not_on_client(raw: &RawConfig, c: &mut Checker) {
+/// A client that speaks CONNECT-IP (`protocol: masque`) to a standard server, or to an mpquic
+/// server's `masque_listen`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MasqueClient {
+    /// `masque_token`: the bearer token (`mpquic pki token`); without it, the certificate.
+    pub token: Option<String>,
+    /// `masque_path`: the request's path (the server's URI template with its variables filled,
+    /// `*` for everything).
+    pub path: String,
+}
+
+/// The path a client asks for by default: the default template for the whole IP space.
+pub const DEFAULT_PATH: &str = "/.well-known/masque/ip/*/*/";
+
+/// A client's `protocol`, `masque_token` and `masque_path` (and the server's `masque_*`
+/// keys, refused here); `None` for the native protocol.
+pub(super) fn client(raw: &RawConfig, c: &mut Checker) -> Option<MasqueClient> {
     for (key, set) in [
         ("masque_listen", raw.masque_listen.is_some()),
         ("masque_template", raw.masque_template.is_some()),
         ("masque_tokens", !raw.masque_tokens.is_empty()),
     ] {
         if set {
-            c.at(key, format!("`{key}` is a server option"), None);
+            c.at(
+                key,
+                format!("`{key}` is a server option"),
+                Some("a client speaks CONNECT-IP with protocol: masque".into()),
+            );
+        }
+    }
+    let masque = match raw.protocol.as_deref() {
+        None | Some("native") => false,
+        Some("masque") => true,
+        Some(other) => {
+            c.unknown_value("protocol", "protocol", other, &["native", "masque"]);
+            false
+        }
+    };
+    if !masque {
+        for (key, set) in [
+            ("masque_token", raw.masque_token.is_some()),
+            ("masque_path", raw.masque_path.is_some()),
+        ] {
+            if set {
+                c.at(
+                    key,
+                    format!("`{key}` is set but `protocol` is not masque"),
+                    Some("add protocol: masque to speak CONNECT-IP".into()),
+                );
+            }
+        }
+        return None;
+    }
+    let path = raw
+        .masque_path
+        .clone()
+        .unwrap_or_else(|| DEFAULT_PATH.into());
+    if !path.starts_with('/') || path.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
+        c.at(
+            "masque_path",
+            format!("`masque_path`: `{path}` is not a request path"),
+            Some(format!(
+                "e.g. {DEFAULT_PATH}, or the server's template with * for its variables"
+            )),
+        );
+    }
+    let token = raw.masque_token.as_deref().map(str::trim);
+    if token.is_some_and(|t| t.is_empty() || t.contains(char::is_whitespace)) {
+        c.at(
+            "masque_token",
+            "`masque_token` is not a token".into(),
+            Some("the token `mpquic pki token NAME` printed, e.g. mpq_0f9e...".into()),
+        );
+    }
+    Some(MasqueClient {
+        token: token.map(str::to_string),
+        path,
+    })
+}
+
+/// The client's CONNECT-IP keys on a server.
+pub(super) fn not_on_server(raw: &RawConfig, c: &mut Checker) {
+    for (key, set) in [
+        ("protocol", raw.protocol.is_some()),
+        ("masque_token", raw.masque_token.is_some()),
+        ("masque_path", raw.masque_path.is_some()),
+    ] {
+        if set {
+            c.at(
+                key,
+                format!("`{key}` is a client option"),
+                Some("a server serves CONNECT-IP on masque_listen".into()),
+            );
         }
     }
 }

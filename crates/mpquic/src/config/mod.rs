@@ -18,7 +18,7 @@ use serde::Deserialize;
 mod classes;
 mod masque;
 pub use classes::MAX_CLASSES;
-pub use masque::MasqueServer;
+pub use masque::{MasqueClient, MasqueServer};
 mod positions;
 mod validate;
 
@@ -237,6 +237,10 @@ struct RawConfig {
     masque_template: Option<String>,
     #[serde(default)]
     masque_tokens: Vec<masque::RawToken>,
+    /// Client: `native` (default) or `masque` (CONNECT-IP to a standard server).
+    protocol: Option<String>,
+    masque_token: Option<String>,
+    masque_path: Option<String>,
 }
 
 /// Where a path's UDP socket is bound.
@@ -295,6 +299,8 @@ pub struct ClientConfig {
     pub classes: Vec<ClassConfig>,
     /// Which class each packet read from the TUN device belongs to.
     pub classifier: mpquic_core::classify::Classifier,
+    /// `protocol: masque`: CONNECT-IP instead of the native protocol.
+    pub masque: Option<MasqueClient>,
 }
 
 /// A traffic class: its own bond (policy), and on every path its own connection (congestion

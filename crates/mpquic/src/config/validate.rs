@@ -425,7 +425,10 @@ fn server(raw: &RawConfig, g: &General, c: &mut Checker) -> ServerConfig {
         routes,
         stripe,
         revoked: revoked(raw, c),
-        masque: super::masque::server(raw, c, listen, stripe),
+        masque: {
+            super::masque::not_on_server(raw, c);
+            super::masque::server(raw, c, listen, stripe)
+        },
     }
 }
 
@@ -504,7 +507,7 @@ fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
     if !raw.revoked.is_empty() {
         c.at("revoked", "`revoked` is a server option".into(), None);
     }
-    super::masque::not_on_client(raw, c);
+    let masque = super::masque::client(raw, c);
     if g.tun_cidr6.is_some() {
         c.at(
             "tun_cidr",
@@ -527,7 +530,7 @@ fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
             Some("create both with: mpquic pki client --dir DIR --name NAME".into()),
         );
     }
-    if raw.tls_cert_file.is_none() {
+    if raw.tls_cert_file.is_none() && raw.masque_token.is_none() {
         c.warnings.push(
             "no client certificate (tls_cert_file/tls_key_file): an mpquic server will refuse this client"
                 .into(),
@@ -598,7 +601,37 @@ fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
         }
         lan_prefixes.push(p);
     }
+    if masque.is_some() {
+        // A standard server carries one session over one path at a time, IP packets only.
+        let pathwise = (paths.iter().enumerate())
+            .find(|(_, p)| p.transport == PathKind::Stripe || p.pipes > 1);
+        if let Some((i, p)) = pathwise {
+            c.at(
+                &format!("multipath_paths[{i}]"),
+                format!(
+                    "path `{}`: stripe and pipes are not carried over CONNECT-IP",
+                    p.name
+                ),
+                Some("remove `transport: stripe` / `pipes`, or use the native protocol".into()),
+            );
+        }
+        if fec != FecMode::Off {
+            c.at(
+                "fec",
+                "FEC is not carried over CONNECT-IP".into(),
+                Some("remove `fec`, or use the native protocol".into()),
+            );
+        }
+        if !raw.classes.is_empty() {
+            c.at(
+                "classes",
+                "traffic classes are not carried over CONNECT-IP".into(),
+                Some("remove `classes`, or use the native protocol".into()),
+            );
+        }
+    }
     ClientConfig {
+        masque,
         policy: g.policy,
         paths,
         requested: g.tun_cidr,

@@ -157,6 +157,7 @@ pub fn client_crypto(
     insecure_skip_verify: bool,
     cert_key: Option<(&Path, &Path)>,
     post_quantum: bool,
+    served: Served,
 ) -> Result<rustls::ClientConfig> {
     let provider = provider(post_quantum);
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
@@ -175,7 +176,10 @@ pub fn client_crypto(
             .context("client certificate and key do not match")?,
         None => builder.with_no_client_auth(),
     };
-    cfg.alpn_protocols = vec![ALPN.to_vec()];
+    cfg.alpn_protocols = vec![match served {
+        Served::Native => ALPN.to_vec(),
+        Served::Http3 => ALPN_H3.to_vec(),
+    }];
     Ok(cfg)
 }
 
@@ -259,6 +263,7 @@ mod tests {
             false,
             Some((&d("site1.crt"), &d("site1.key"))),
             client_pq,
+            Served::Native,
         )
         .unwrap();
         let mut c =

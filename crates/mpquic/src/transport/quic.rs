@@ -527,6 +527,10 @@ fn client_quic(
         ccfg.insecure_skip_verify,
         cert_key,
         cfg.tls_post_quantum,
+        match ccfg.masque {
+            None => tls::Served::Native,
+            Some(_) => tls::Served::Http3,
+        },
     )?;
     let mut client = quinn::ClientConfig::new(Arc::new(tls::key_update::CountedClient(Arc::new(
         quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
@@ -548,6 +552,8 @@ pub struct QuicDialer {
     platform: Platform,
     /// The client's `stripe_port`, over the one the server announces.
     stripe_port: Option<u16>,
+    /// `protocol: masque`: a CONNECT-IP request (`masque::request`) instead of the hello.
+    masque: Option<crate::config::MasqueClient>,
 }
 
 impl QuicDialer {
@@ -565,6 +571,7 @@ impl QuicDialer {
             server_name: ccfg.server_name.clone(),
             platform,
             stripe_port: ccfg.stripe_port,
+            masque: ccfg.masque.clone(),
         })
     }
 
@@ -711,12 +718,24 @@ impl QuicDialer {
             received_bytes = stats.udp_rx.bytes,
             "QUIC handshake done"
         );
+        let link_payload = mpquic_core::mtu::udp_payload(self.link_mtu);
+        if let Some(m) = &self.masque {
+            // The address this client has (or asks for) is asked for again: a new path, or a
+            // reconnection, keeps it.
+            let ask = (h.previous.as_deref().or(h.addr.as_deref()))
+                .and_then(crate::config::parse_cidr)
+                .map(|(a, _)| a);
+            let authority = format!("{}:{}", self.server_name, remote.port());
+            let (stream, ack) = super::masque::request(&conn, authority, m, ask).await?;
+            let endpoint = Some(endpoint);
+            let t = QuicTransport::http_datagrams(conn, stream, endpoint, Some(link_payload));
+            return Ok((t, ack));
+        }
         let (mut send, mut recv) = conn.open_bi().await?;
         hello::write(&mut send, h).await?;
         let ack: HelloAck = hello::read(&mut recv)
             .await
             .context("no hello answer from the server")?;
-        let link_payload = mpquic_core::mtu::udp_payload(self.link_mtu);
         let transport =
             QuicTransport::new(conn, send, recv, Some(endpoint), h.mode, Some(link_payload));
         Ok((transport, ack))

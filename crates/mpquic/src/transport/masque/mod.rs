@@ -5,7 +5,10 @@
 //! An accepted request becomes a session's path like any other: a `QuicTransport` carrying the
 //! session's IP packets as HTTP Datagrams (`QuicTransport::http_datagrams`).
 
+mod dial;
 mod listen;
 mod serve;
+mod streams;
 
+pub(crate) use dial::request;
 pub use listen::{settings, MasqueListener};

@@ -14,7 +14,6 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use mpquic_core::connect_ip::{request, AddressEntry, Capsule, IpRange, Scope};
 use mpquic_core::http3::frame::code;
 use mpquic_core::http3::server::{Event, ServerConn};
@@ -22,16 +21,13 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info};
 
 use super::listen::{log_refusal, Shared};
+use super::streams::{spawn_acceptors, Input};
 use crate::config::TransportMode;
 use crate::hello::{Hello, HelloAck};
 use crate::tls::certificate::{self, Facts};
 use crate::transport::quic::QuicTransport;
 use crate::transport::{BoxFuture, Offer, OfferReply, PathTransport};
 
-/// Bytes taken from a stream per read.
-const READ_CHUNK: usize = 16 * 1024;
-/// Reads waiting for the driver (each at most `READ_CHUNK`).
-const INBOX: usize = 32;
 /// A connection that has not made its request by then is closed (it holds a task and a place
 /// in the endpoint's connections).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -39,24 +35,6 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const REFUSAL_LINGER: Duration = Duration::from_secs(1);
 /// The session's path name in status (one path: a standard client does not bond).
 const PATH_NAME: &str = "masque";
-
-/// What the stream readers tell the driver.
-enum Input {
-    /// A stream's first word: its send half (a request stream) and how to stop reading it.
-    Opened {
-        id: u64,
-        send: Option<quinn::SendStream>,
-        stop: oneshot::Sender<u32>,
-    },
-    Data {
-        id: u64,
-        uni: bool,
-        data: Bytes,
-        fin: bool,
-    },
-    /// Reading failed: the peer reset the stream, or the connection is gone.
-    Gone { id: u64 },
-}
 
 /// The server's answer to an offer.
 enum Decision {
@@ -107,7 +85,7 @@ pub(super) async fn connection(
     if ours.write_all(&control).await.is_err() {
         return;
     }
-    let (inbox_tx, mut inbox) = mpsc::channel(INBOX);
+    let (inbox_tx, mut inbox) = mpsc::channel(super::streams::INBOX);
     spawn_acceptors(&conn, inbox_tx);
     let mut d = Driver {
         remote: conn.remote_address(),
@@ -149,58 +127,6 @@ async fn wait(rx: &mut Option<oneshot::Receiver<Decision>>) -> Option<Decision> 
     match rx {
         Some(rx) => rx.await.ok(),
         None => std::future::pending().await,
-    }
-}
-
-/// The peer's streams, each read by its own task into the driver's inbox.
-fn spawn_acceptors(conn: &quinn::Connection, inbox: mpsc::Sender<Input>) {
-    let (c, tx) = (conn.clone(), inbox.clone());
-    tokio::spawn(async move {
-        while let Ok(recv) = c.accept_uni().await {
-            tokio::spawn(read_stream(None, recv, true, tx.clone()));
-        }
-    });
-    let c = conn.clone();
-    tokio::spawn(async move {
-        while let Ok((send, recv)) = c.accept_bi().await {
-            tokio::spawn(read_stream(Some(send), recv, false, inbox.clone()));
-        }
-    });
-}
-
-/// Read one stream into the inbox until its end, a failure, or the driver stops it (or forgets
-/// it: then the stream is dropped, which stops it too).
-async fn read_stream(
-    send: Option<quinn::SendStream>,
-    mut recv: quinn::RecvStream,
-    uni: bool,
-    inbox: mpsc::Sender<Input>,
-) {
-    let id = quinn::VarInt::from(recv.id()).into_inner();
-    let (stop, mut stopped) = oneshot::channel();
-    if inbox.send(Input::Opened { id, send, stop }).await.is_err() {
-        return;
-    }
-    loop {
-        tokio::select! {
-            code = &mut stopped => {
-                if let Ok(code) = code {
-                    let _ = recv.stop(code.into());
-                }
-                return;
-            }
-            chunk = recv.read_chunk(READ_CHUNK, true) => {
-                let input = match chunk {
-                    Ok(Some(c)) => Input::Data { id, uni, data: c.bytes, fin: false },
-                    Ok(None) => Input::Data { id, uni, data: Bytes::new(), fin: true },
-                    Err(_) => Input::Gone { id },
-                };
-                let last = !matches!(input, Input::Data { fin: false, .. });
-                if inbox.send(input).await.is_err() || last {
-                    return;
-                }
-            }
-        }
     }
 }
 
