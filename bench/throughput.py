@@ -160,11 +160,12 @@ def udp_runs(lab, procs, dst, src_ns=None):
     return {f"udp_{size}": udp_max(lab, procs, size, dst, src_ns) for size in UDP_SIZES}
 
 
-def mpquic_row(mode, seconds, threads=1, udp=False):
+def mpquic_row(mode, seconds, threads=1, udp=False, masque=False):
+    """`masque`: the client speaks CONNECT-IP (`protocol: masque`, a token) to the server's
+    CONNECT-IP port; otherwise the native protocol in `mode` (None: the default)."""
     with labctl.Lab(paths=1, mode=mode, extra_yaml=f"worker_threads: {threads}\n", emulated=False) as lab:
         lab.pki()
-        lab.start_server()
-        lab.start_client()
+        lab.start_server_and_client(masque)
         lab.wait_tunnel()
         lab.iperf_server()
         procs = {"client": lab.procs["client0"].pid, "server": lab.procs["server"].pid}
@@ -397,6 +398,7 @@ def many_clients_direct_row(n, seconds):
 def table(report):
     rows = [("direct (no tunnel)", "direct"), ("mpquic default (auto)", "mpquic_default"),
             ("mpquic datagram", "mpquic_datagram"),
+            ("mpquic over CONNECT-IP (protocol: masque)", "mpquic_masque"),
             ("mpquic reliable", "mpquic_reliable"), ("mpquic datagram, worker_threads: 2", "mpquic_datagram_2threads"),
             ("wireguard-go (newest source)", "wireguard_go_latest"), ("wireguard-go (Debian)", "wireguard_go")]
     cols = ["1flow_up", "1flow_down", "4flow_up", "4flow_down"]
@@ -471,6 +473,7 @@ def main():
     makers = {"direct": lambda: direct_row(args.seconds, udp=args.udp),
               "mpquic_default": lambda: mpquic_row(None, args.seconds, udp=args.udp),
               "mpquic_datagram": lambda: mpquic_row("datagram", args.seconds, udp=args.udp),
+              "mpquic_masque": lambda: mpquic_row(None, args.seconds, udp=args.udp, masque=True),
               "mpquic_reliable": lambda: mpquic_row("reliable", args.seconds, udp=args.udp),
               "mpquic_datagram_2threads": lambda: mpquic_row("datagram", args.seconds, threads=2, udp=args.udp),
               "wireguard_go_latest": lambda: wireguard_row(args.seconds, latest=True, udp=args.udp),

@@ -29,6 +29,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BIN = os.environ.get("MPQUIC_BIN", os.path.join(REPO, "target", "release", "mpquic"))
 LAB = os.environ.get("MPQUIC_LAB_BIN", os.path.join(REPO, "target", "release", "mpquic-lab"))
 SERVER_IP = "10.99.0.1"
+# The server's CONNECT-IP port in the labs, and its IPv6 tunnel address when dual-stack.
+MASQUE_PORT = 8443
+SERVER_TUN6 = "fd00:17::fe"
 _counter = itertools.count(1)
 _live = []
 
@@ -43,6 +46,13 @@ def run(cmd, check=True, timeout=60, capture=True):
 def lab_cmd(*args, timeout=60):
     """One mpquic-lab command; its stdout."""
     return run([LAB, *[str(a) for a in args]], timeout=timeout).stdout
+
+
+def new_token(name):
+    """`mpquic pki token NAME`: the token and the server's `masque_tokens` entry."""
+    out = run([BIN, "pki", "token", name]).stdout
+    token = re.search(r"^(mpq_[0-9a-f]+)$", out, re.M).group(1)
+    return token, out[out.index("- name:"):].strip()
 
 
 def unique_name(prefix="e"):
@@ -229,14 +239,40 @@ class Lab:
             lines = [l for l in lines if not l.startswith("tun_cidr:")]
         return "".join(lines)
 
+    def masque_server_yaml(self, entries, dual_stack=False):
+        """The server's configuration with CONNECT-IP on MASQUE_PORT and these `masque_tokens`
+        entries (`new_token`); `dual_stack`: IPv6 in the tunnel too (SERVER_TUN6)."""
+        yaml = self.server_yaml()
+        if dual_stack:
+            yaml = re.sub(r"^tun_cidr: (.*)$", rf"tun_cidr: \1, {SERVER_TUN6}/64", yaml, flags=re.M)
+        yaml += f"masque_listen: 0.0.0.0:{MASQUE_PORT}\nmasque_tokens:\n"
+        return yaml + "".join("\n".join("  " + l for l in e.splitlines()) + "\n" for e in entries)
+
+    def masque_client_yaml(self, token, c=0):
+        """Client c's configuration speaking CONNECT-IP to the server's MASQUE_PORT with a
+        token and no certificate."""
+        yaml = self.client_yaml(c, cert=False).replace("remote_port: 45017", f"remote_port: {MASQUE_PORT}")
+        return yaml + f"protocol: masque\nmasque_token: {token}\n"
+
+    def start_server_and_client(self, masque=False):
+        """The server and client 0 (after `pki`): on the native protocol, or with `masque` over
+        CONNECT-IP (a new token, the client without a certificate)."""
+        if masque:
+            token, entry = new_token("site1")
+            self.start_server(yaml=self.masque_server_yaml([entry]))
+            self.start_client(yaml=self.masque_client_yaml(token))
+        else:
+            self.start_server()
+            self.start_client()
+
     def write(self, name, text):
         path = os.path.join(self.dir, name)
         with open(path, "w") as f:
             f.write(text)
         return path
 
-    def start_server(self):
-        cfg = self.write("server-run.yaml", self.server_yaml())
+    def start_server(self, yaml=None):
+        cfg = self.write("server-run.yaml", yaml or self.server_yaml())
         self.spawn("server", self.server_ns, [BIN, "--config", cfg])
         self._wait_file(self.sock("server"), "server", 10)
 

@@ -6,6 +6,7 @@ ways, bad tokens refused with 401, counted and logged once."""
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 
@@ -16,8 +17,8 @@ import labctl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INTEROP = os.path.join(HERE, "..", "interop", "connectip")
-MASQUE_PORT = 8443
-SERVER_TUN6 = "fd00:17::fe"
+MASQUE_PORT = labctl.MASQUE_PORT
+SERVER_TUN6 = labctl.SERVER_TUN6
 
 
 @pytest.fixture(scope="session")
@@ -31,25 +32,10 @@ def connectip():
     return out
 
 
-def new_token(name):
-    """`mpquic pki token NAME`: the token and the server's `masque_tokens` entry."""
-    out = labctl.run([labctl.BIN, "pki", "token", name]).stdout
-    token = re.search(r"^(mpq_[0-9a-f]+)$", out, re.M).group(1)
-    entry = out[out.index("- name:"):].strip()
-    return token, entry
-
-
 def masque_server(lab, entries, dual_stack=True):
     """The lab's server with CONNECT-IP on MASQUE_PORT and these `masque_tokens` entries."""
     lab.pki()
-    yaml = lab.server_yaml()
-    if dual_stack:
-        yaml = re.sub(r"^tun_cidr: (.*)$", rf"tun_cidr: \1, {SERVER_TUN6}/64", yaml, flags=re.M)
-    yaml += f"masque_listen: 0.0.0.0:{MASQUE_PORT}\nmasque_tokens:\n"
-    yaml += "".join("\n".join("  " + l for l in e.splitlines()) + "\n" for e in entries)
-    lab.write("server-run.yaml", yaml)
-    lab.spawn("server", lab.server_ns, [labctl.BIN, "--config", os.path.join(lab.dir, "server-run.yaml")])
-    lab._wait_file(lab.sock("server"), "server", 10)
+    lab.start_server(yaml=lab.masque_server_yaml(entries, dual_stack))
 
 
 def url():
@@ -99,7 +85,7 @@ def test_a_standard_client_gets_its_addresses_and_traffic_both_ways(make_lab, co
     families; one TCP flow each way and UDP; the session in the server's status under the
     token's name."""
     lab = make_lab(paths=1)
-    token, entry = new_token("phone1")
+    token, entry = labctl.new_token("phone1")
     masque_server(lab, [entry])
     tun4 = lab.files["server"]["tun_addr"].split("/")[0]
     go_client(lab, connectip, "cip", token=token, routes=[f"{tun4}/32", f"{SERVER_TUN6}/128"])
@@ -138,7 +124,7 @@ def test_a_standard_client_gets_its_addresses_and_traffic_both_ways(make_lab, co
 
 def test_wrong_and_missing_tokens_are_refused_with_401_counted_and_logged_once(make_lab, connectip):
     lab = make_lab(paths=1)
-    _, entry = new_token("phone1")
+    _, entry = labctl.new_token("phone1")
     masque_server(lab, [entry], dual_stack=False)
     for i, token in enumerate(["mpq_wrong", None, "mpq_wrong"]):
         key = f"bad{i}"
@@ -169,7 +155,7 @@ def test_bad_requests_capsules_addresses_and_sources_are_refused_and_counted(mak
     the session's (dropped, counted): each counted by reason and logged once; another
     client's session goes on untouched."""
     lab = make_lab(paths=1)
-    tokens = [new_token(f"phone{i}") for i in (1, 2, 3)]
+    tokens = [labctl.new_token(f"phone{i}") for i in (1, 2, 3)]
     masque_server(lab, [e for _, e in tokens], dual_stack=False)
     tun4 = lab.files["server"]["tun_addr"].split("/")[0]
     go_client(lab, connectip, "cip1", token=tokens[0][0], tun="cip1", routes=[f"{tun4}/32"])
@@ -212,21 +198,14 @@ def test_bad_requests_capsules_addresses_and_sources_are_refused_and_counted(mak
     assert lab.procs["server"].poll() is None
 
 
-def masque_client_yaml(lab, token, c=0):
-    """Client c's configuration speaking CONNECT-IP to the server's MASQUE port, with a token
-    and no certificate."""
-    yaml = lab.client_yaml(c, cert=False).replace("remote_port: 45017", f"remote_port: {MASQUE_PORT}")
-    return yaml + f"protocol: masque\nmasque_token: {token}\n"
-
-
 def test_the_mpquic_client_over_connect_ip_reaches_the_internet(make_lab, connectip):
     """`protocol: masque` against the mpquic server's CONNECT-IP port: the address it asked for
     (its tun_cidr), ping and TCP from the site LAN through it; the server's session under the
     token's name on a `masque` path."""
     lab = make_lab(paths=1)
-    token, entry = new_token("site1")
+    token, entry = labctl.new_token("site1")
     masque_server(lab, [entry], dual_stack=False)
-    lab.start_client(yaml=masque_client_yaml(lab, token))
+    lab.start_client(yaml=lab.masque_client_yaml(token))
     st = lab.wait_tunnel()
     assert st["tunnels"][0]["address"].startswith("10.200.17.1/"), st["tunnels"][0]
     ping = lab.ping(count=5)
@@ -287,3 +266,31 @@ def test_the_mpquic_client_against_connect_ip_gos_server(make_lab, connectip):
     report(f"mpquic client through connect-ip-go's server: TCP up {up:.0f}, down {down:.0f} Mbit/s, UDP 20 Mbit/s lost {lost:.2f}%")
     assert up > 10 and down > 10, (up, down)
     assert lost < 1.0, end["sum"]
+
+
+def test_a_token_taken_out_by_a_reload_closes_its_session_and_refuses_it(make_lab, connectip):
+    """Tokens are reloadable: the session of a token taken out of `masque_tokens` is closed at
+    the reload and its next request refused (401); another token's session goes on."""
+    lab = make_lab(paths=1)
+    (t1, e1), (t2, e2) = labctl.new_token("phone1"), labctl.new_token("phone2")
+    masque_server(lab, [e1, e2], dual_stack=False)
+    tun4 = lab.files["server"]["tun_addr"].split("/")[0]
+    go_client(lab, connectip, "cip1", token=t1, tun="cip1")
+    go_client(lab, connectip, "cip2", token=t2, tun="cip2", routes=[f"{tun4}/32"])
+    wait_ready(lab, "cip1")
+    wait_ready(lab, "cip2")
+    assert {t["peer"] for t in lab.status("server")["tunnels"]} == {"phone1", "phone2"}
+    lab.write("server-run.yaml", lab.masque_server_yaml([e2]))
+    lab.procs["server"].send_signal(signal.SIGHUP)
+    t0 = time.monotonic()
+    while {t["peer"] for t in lab.status("server")["tunnels"]} != {"phone2"}:
+        assert time.monotonic() - t0 < 5, lab.status("server")["tunnels"]
+        time.sleep(0.05)
+    report(f"token taken out: session closed {time.monotonic() - t0:.2f} s after SIGHUP; "
+           f"reload: {lab.status('server')['last_reload']['message']}")
+    lab.procs["cip1"].wait(timeout=20)
+    p = go_client(lab, connectip, "cip1b", token=t1, tun="cip1b")
+    p.wait(timeout=15)
+    assert "REFUSED 401" in lab.log("cip1b"), lab.log("cip1b")
+    r = lab.sh(lab.client_ns(0), ["ping", "-c", "3", "-i", "0.2", "-W", "2", tun4], check=False)
+    assert " 0% packet loss" in r.stdout, r.stdout

@@ -409,8 +409,8 @@ impl Server {
             affected.iter().filter_map(|n| registry.remove(n)).collect();
         drop(registry);
         for s in &revoked_sessions {
-            warn!(client = %s.identity, "certificate revoked; session closed");
-            s.close_all(close::REVOKED, "certificate revoked");
+            warn!(client = %s.identity, "certificate revoked or token taken out; session closed");
+            s.close_all(close::REVOKED, "credentials revoked");
         }
         for s in &closed {
             s.close_all(
@@ -439,7 +439,7 @@ impl Server {
         }
         if !revoked.is_empty() {
             parts.push(format!(
-                "sessions closed, certificate revoked: {}",
+                "sessions closed, certificate revoked or token taken out: {}",
                 revoked.join(", ")
             ));
         }

@@ -987,6 +987,56 @@ multipath_paths:
     }
 
     #[test]
+    fn a_masque_client_takes_a_token_and_a_path_on_one_path_without_fec_or_classes() {
+        const CLIENT: &str =
+            "role: client\nremote_addr: 1.2.3.4\nremote_port: 443\ntls_ca_file: ca\n";
+        let c = parse(&format!("{CLIENT}protocol: masque\nmasque_token: mpq_ab\n")).unwrap();
+        let RoleConfig::Client(cc) = &c.role else {
+            panic!()
+        };
+        let m = cc.masque.as_ref().unwrap();
+        assert_eq!(m.token.as_deref(), Some("mpq_ab"));
+        assert_eq!(m.path, masque::DEFAULT_PATH);
+        // A token stands in for the certificate: no warning about a missing one.
+        assert!(
+            c.warnings
+                .iter()
+                .all(|w| !w.contains("no client certificate")),
+            "{:?}",
+            c.warnings
+        );
+        let RoleConfig::Client(cc) = parse(CLIENT).unwrap().role else {
+            panic!()
+        };
+        assert!(cc.masque.is_none());
+        let two = "multipath_enabled: true\nmultipath_paths:\n- {name: a, remote_addr: 1.2.3.4}\n- {name: b, remote_addr: 1.2.3.4}\n";
+        for (extra, says) in [
+            ("protocol: masqe\n".to_string(), "did you mean `masque`"),
+            (
+                "masque_token: mpq_ab\n".to_string(),
+                "`protocol` is not masque",
+            ),
+            (
+                "protocol: masque\nmasque_path: vpn\n".to_string(),
+                "not a request path",
+            ),
+            (
+                "protocol: masque\nfec: auto\n".to_string(),
+                "FEC is not carried",
+            ),
+            (format!("protocol: masque\n{two}"), "takes one path"),
+        ] {
+            let e = parse(&format!("{CLIENT}{extra}")).unwrap_err().to_string();
+            assert!(e.contains(says), "{extra}\n{e}");
+        }
+        let server = "role: server\ntun_cidr: 10.200.17.254/24\ntls_cert_file: /s.crt\ntls_key_file: /s.key\nprotocol: masque\n";
+        assert!(parse(server)
+            .unwrap_err()
+            .to_string()
+            .contains("`protocol` is a client option"));
+    }
+
+    #[test]
     fn revoked_takes_names_and_serials_and_says_where_one_is_wrong() {
         const SERVER: &str = "role: server\nremote_port: 45017\ntun_name: mp1\ntun_cidr: 10.200.17.254/24\ntls_cert_file: /s.crt\ntls_key_file: /s.key\n";
         let c = parse(&format!("{SERVER}revoked:\n- site3\n- 'serial:00:1B:06'\n")).unwrap();

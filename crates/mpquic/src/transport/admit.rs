@@ -109,3 +109,23 @@ pub(crate) async fn handshake(
         }
     }
 }
+
+/// `Listener::next` of an endpoint whose connection tasks queue their offers in `offers`.
+pub(crate) fn next_offer(
+    offers: &tokio::sync::Mutex<tokio::sync::mpsc::Receiver<super::Offer>>,
+) -> super::BoxFuture<'_, Option<super::Offer>> {
+    Box::pin(async move { offers.lock().await.recv().await })
+}
+
+/// `Listener::close`: every connection of `endpoint` closed with `code`, waiting (bounded) for
+/// the peers to hear it.
+pub(crate) fn close<'a>(
+    endpoint: &'a quinn::Endpoint,
+    code: u32,
+    reason: &str,
+) -> super::BoxFuture<'a, ()> {
+    endpoint.close(code.into(), reason.as_bytes());
+    Box::pin(async move {
+        let _ = tokio::time::timeout(Duration::from_millis(300), endpoint.wait_idle()).await;
+    })
+}

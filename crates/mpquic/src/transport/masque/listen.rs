@@ -135,15 +135,11 @@ pub fn settings(cfg: &Config, scfg: &ServerConfig) -> Result<quinn::ServerConfig
 
 impl Listener for MasqueListener {
     fn next(&self) -> BoxFuture<'_, Option<Offer>> {
-        Box::pin(async move { self.offers.lock().await.recv().await })
+        admit::next_offer(&self.offers)
     }
 
     fn close(&self, code: u32, reason: &str) -> BoxFuture<'_, ()> {
-        self.endpoint.close(code.into(), reason.as_bytes());
-        Box::pin(async move {
-            let _ =
-                tokio::time::timeout(Duration::from_millis(300), self.endpoint.wait_idle()).await;
-        })
+        admit::close(&self.endpoint, code, reason)
     }
 }
 
