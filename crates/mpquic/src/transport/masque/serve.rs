@@ -48,8 +48,9 @@ struct Session {
     identity: String,
     /// The answer's HEADERS, sent with the address once the server has decided.
     ok_headers: Vec<u8>,
-    /// An ADDRESS_REQUEST that came with the request: its id and the address asked for.
-    asked: Option<(u64, IpAddr)>,
+    /// What the ADDRESS_REQUESTs that came with the request asked for (ID, address), answered
+    /// with the first assignment.
+    asked: Vec<(u64, IpAddr)>,
     /// Waiting for the server's decision: the capsules that arrived meanwhile.
     pending: Option<Vec<Capsule>>,
     /// What is assigned (request ID 0), once accepted.
@@ -258,14 +259,21 @@ impl Driver {
                 early.push(capsule);
             }
         }
-        // The first IPv4 address asked for with the request (IPv6 follows from it).
-        let asked = early.iter().find_map(|c| match c {
-            Capsule::AddressRequest(list) => list
-                .iter()
-                .find(|e| e.addr.is_ipv4() && !e.addr.is_unspecified())
-                .map(|e| (e.request_id, e.addr)),
-            _ => None,
-        });
+        // Early ADDRESS_REQUESTs are answered by the first assignment; the session asks the
+        // registry for their first IPv4 address (its IPv6 one follows from it).
+        let (asked, later): (Vec<Capsule>, Vec<Capsule>) = early
+            .into_iter()
+            .partition(|c| matches!(c, Capsule::AddressRequest(_)));
+        let asked: Vec<(u64, IpAddr)> = (asked.iter())
+            .flat_map(|c| match c {
+                Capsule::AddressRequest(list) => list.clone(),
+                _ => Vec::new(),
+            })
+            .map(|e| (e.request_id, e.addr))
+            .collect();
+        let want = asked
+            .iter()
+            .find(|(_, a)| a.is_ipv4() && !a.is_unspecified());
         let hello = Hello {
             session: random_session(),
             path: PATH_NAME.into(),
@@ -273,7 +281,7 @@ impl Driver {
             weight: 1,
             policy: "failover".into(),
             mode: TransportMode::Datagram,
-            addr: asked.map(|(_, a)| format!("{a}/32")),
+            addr: want.map(|(_, a)| format!("{a}/32")),
             previous: None,
             fec: None,
             pipe: None,
@@ -300,7 +308,7 @@ impl Driver {
             identity: accepted.identity,
             ok_headers,
             asked,
-            pending: Some(early),
+            pending: Some(later),
             assigned: Vec::new(),
         });
         self.decision = Some(rx);
@@ -352,10 +360,10 @@ impl Driver {
                 }
                 session.assigned = assigned;
                 let mut answer = std::mem::take(&mut session.ok_headers);
-                let asked = session.asked.take();
+                let asked = std::mem::take(&mut session.asked);
                 let routes = ranges(v6.is_some());
                 let early = session.pending.take().unwrap_or_default();
-                let assign = self.assignment(asked.into_iter().collect());
+                let assign = self.assignment(asked);
                 answer.extend(ServerConn::capsules(&[
                     assign,
                     Capsule::RouteAdvertisement(routes),
@@ -365,9 +373,6 @@ impl Driver {
                     return self.close(code::INTERNAL_ERROR, "cannot answer");
                 }
                 for c in early {
-                    if matches!(c, Capsule::AddressRequest(_)) && asked.is_some() {
-                        continue; // answered above
-                    }
                     self.on_capsule(c).await;
                 }
             }
