@@ -8,6 +8,7 @@
 mod dial;
 mod listen;
 mod serve;
+mod shared;
 mod streams;
 
 pub(crate) use dial::request;

@@ -20,7 +20,7 @@ use mpquic_core::http3::server::{Event, ServerConn};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info};
 
-use super::listen::{log_refusal, Shared};
+use super::shared::{log_refusal, Shared};
 use super::streams::{spawn_acceptors, Input};
 use crate::config::TransportMode;
 use crate::hello::{Hello, HelloAck};
