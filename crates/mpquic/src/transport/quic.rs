@@ -406,11 +406,6 @@ impl PathTransport for QuicTransport {
         Box::pin(async move { conn.closed().await.to_string() })
     }
 
-    /// Reliable mode hands back what its stream wrote since `since`; datagram mode keeps no
-    /// copies. Either way the connection is closed: quinn holds the datagrams it could not send
-    /// while the path was dark and sends them once it answers again (the demo's pings came back
-    /// up to 5.8 s late with our bbr), and a stream would deliver its backlog (again, and late).
-    /// The client dials the path anew.
     fn kind(&self) -> &'static str {
         match self.prefix.is_empty() {
             true => "quic",
@@ -418,6 +413,11 @@ impl PathTransport for QuicTransport {
         }
     }
 
+    /// Reliable mode hands back what its stream wrote since `since`; datagram mode keeps no
+    /// copies. Either way the connection is closed: quinn holds the datagrams it could not send
+    /// while the path was dark and sends them once it answers again (the demo's pings came back
+    /// up to 5.8 s late with our bbr), and a stream would deliver its backlog (again, and late).
+    /// The client dials the path anew.
     fn abandon(&self, since: Instant) -> Vec<Bytes> {
         let packets = match self.has_stream {
             true => self

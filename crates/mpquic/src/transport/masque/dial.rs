@@ -6,6 +6,7 @@
 //! on in its own task for the session's life: a session the server ends (the stream finished
 //! or reset, an address taken back) closes the connection, and the client dials again.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 
 use anyhow::{anyhow, Result};
@@ -46,7 +47,7 @@ pub(crate) async fn request(
         ask,
         send: None,
         stream: None,
-        stops: Vec::new(),
+        stops: HashMap::new(),
         done: Some(done),
         assigned: None,
     };
@@ -66,8 +67,8 @@ struct Driver {
     /// The request stream, once made.
     send: Option<quinn::SendStream>,
     stream: Option<u64>,
-    /// Kept so the readers go on (dropping one stops its stream).
-    stops: Vec<oneshot::Sender<u32>>,
+    /// Kept so the readers go on (dropping one stops its stream), until their streams end.
+    stops: HashMap<u64, oneshot::Sender<u32>>,
     /// Where the answer goes, until it has.
     done: Option<oneshot::Sender<Result<Answered>>>,
     /// The addresses the session was given.
@@ -82,9 +83,12 @@ impl Driver {
                 _ = self.conn.closed() => None,
             };
             let Some(input) = input else { break };
+            if let Input::Data { id, fin: true, .. } | Input::Gone { id } = &input {
+                self.stops.remove(id);
+            }
             let events = match input {
-                Input::Opened { stop, .. } => {
-                    self.stops.push(stop);
+                Input::Opened { id, stop, .. } => {
+                    self.stops.insert(id, stop);
                     continue;
                 }
                 Input::Data {

@@ -133,6 +133,10 @@ async fn wait(rx: &mut Option<oneshot::Receiver<Decision>>) -> Option<Decision> 
 
 impl Driver {
     async fn on_input(&mut self, input: Input) {
+        // A stream whose end arrived has no reader left to stop.
+        if let Input::Data { id, fin: true, .. } = &input {
+            self.stops.remove(id);
+        }
         let events = match input {
             Input::Opened { id, send, stop } => {
                 if let Some(s) = send {
@@ -275,7 +279,9 @@ impl Driver {
             .iter()
             .find(|(_, a)| a.is_ipv4() && !a.is_unspecified());
         let hello = Hello {
-            session: random_session(),
+            // Each connection is a new session: a client that reconnects replaces its old one,
+            // keeping its address when it is free.
+            session: crate::runtime::random_u64(),
             path: PATH_NAME.into(),
             priority: 1,
             weight: 1,
@@ -377,8 +383,8 @@ impl Driver {
                 }
             }
             // Refused by the server (logged there), or no decision (the server is gone).
+            // Counted there too (`refused`), as a native client's refusal is.
             Some(Decision::Refuse) | None => {
-                (self.shared.refused)("refused");
                 self.session = None;
                 self.finish_with(stream, &ServerConn::headers(403)).await;
                 let conn = self.conn.clone();
@@ -487,21 +493,6 @@ fn address(s: &str) -> Option<IpAddr> {
 
 fn to_code(c: u64) -> quinn::VarInt {
     quinn::VarInt::from_u64(c).unwrap_or(quinn::VarInt::from_u32(code::INTERNAL_ERROR as u32))
-}
-
-/// A session id for a standard client's connection: each connection is a new session (a
-/// client that reconnects replaces its old one, keeping its address when it is free).
-fn random_session() -> u64 {
-    let mut b = [0u8; 8];
-    let rand = rustls::crypto::aws_lc_rs::default_provider().secure_random;
-    if rand.fill(&mut b).is_err() {
-        // Unique enough: the clock's nanoseconds.
-        let n = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        return n;
-    }
-    u64::from_le_bytes(b)
 }
 
 /// An offered request, waiting for the server's decision (sent to the driver, which writes
