@@ -309,10 +309,10 @@ class Lab:
             time.sleep(0.05)
         raise RuntimeError(f"{key} did not create {path} within {timeout}s:\n{self.log(key)}")
 
-    def wait_tunnel(self, c=0, timeout=15, dev="mpq0", routed=False):
-        """Wait until client c has its address and all paths up; then route its LAN through the
-        tunnel (mpquic-lab route; `dev`: the client's TUN device; `routed`: no masquerade, the
-        LAN is a routed site LAN)."""
+    def wait_tunnel(self, c=0, timeout=15, dev="mpq0", routed=False, up=None):
+        """Wait until client c has its address and all paths up (or those named in `up`); then
+        route its LAN through the tunnel (mpquic-lab route; `dev`: the client's TUN device;
+        `routed`: no masquerade, the LAN is a routed site LAN)."""
         key = f"client{c}"
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
@@ -322,7 +322,8 @@ class Lab:
             try:
                 st = self.status(key)
                 t = st["tunnels"][0]
-                if t["address"] and all(x["state"] == "up" for x in t["paths"]):
+                if t["address"] and all(x["state"] == "up" for x in t["paths"]
+                                        if up is None or x["name"] in up):
                     break
             except Exception:
                 pass

@@ -87,6 +87,17 @@ impl AckWatch {
         }
     }
 
+    /// A connection watched by sampling rather than per send (`standby.rs`: its keep-alives
+    /// count, not only the inner packets): its count of packets newly acknowledged, and whether
+    /// it had ack-eliciting packets in flight, at `now`. A wait begins at the first sample
+    /// that finds something in flight after the last ACK progress.
+    pub fn on_sample(&mut self, acks: u64, in_flight: bool, now: Instant) {
+        self.on_acks(Some(acks), now);
+        if in_flight {
+            self.on_sent(now);
+        }
+    }
+
     /// How long the path has left data unacknowledged (zero when it is not waiting, or when
     /// the watch has never seen an ACK count).
     pub fn silent_for(&self, now: Instant) -> Duration {
@@ -170,6 +181,26 @@ mod tests {
         w.on_sent(t0 + ms(100));
         w.on_acks(None, t0 + ms(100));
         w.on_sent(t0 + ms(101));
+        assert_eq!(w.silent_for(t0 + ms(900)), Duration::ZERO);
+    }
+
+    #[test]
+    fn sampled_a_wait_runs_from_the_first_sample_in_flight_after_progress() {
+        let t0 = Instant::now();
+        let mut w = AckWatch::default();
+        w.on_sample(3, false, t0);
+        assert_eq!(
+            w.silent_for(t0 + ms(500)),
+            Duration::ZERO,
+            "idle, nothing in flight"
+        );
+        w.on_sample(3, true, t0 + ms(20));
+        w.on_sample(3, true, t0 + ms(40));
+        assert_eq!(w.silent_for(t0 + ms(40)), ms(20));
+        // Progress with more in flight: the wait starts again from this sample.
+        w.on_sample(4, true, t0 + ms(60));
+        assert_eq!(w.silent_for(t0 + ms(260)), ms(200));
+        w.on_sample(5, false, t0 + ms(280));
         assert_eq!(w.silent_for(t0 + ms(900)), Duration::ZERO);
     }
 }

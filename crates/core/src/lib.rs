@@ -33,6 +33,7 @@ pub mod router;
 pub mod scheduler;
 pub mod sendq;
 pub mod sessions;
+pub mod standby;
 pub mod stripe;
 pub mod tunnel;
 pub mod varint;

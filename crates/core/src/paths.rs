@@ -19,6 +19,12 @@ impl PathId {
     pub fn index(self) -> usize {
         usize::from(self.0)
     }
+
+    /// The id of the `index`th path added (for tests of what keys on ids).
+    #[cfg(test)]
+    pub(crate) fn nth(index: u16) -> PathId {
+        PathId(index)
+    }
 }
 
 impl fmt::Display for PathId {

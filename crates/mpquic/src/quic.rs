@@ -59,6 +59,38 @@ pub fn transport(cc: Congestion, link_mtu: u32, rtt: Option<Duration>) -> Arc<Tr
     Arc::new(transport_config(cc, link_mtu, rtt))
 }
 
+/// A client's keep-alive towards a server that sends no probes (CONNECT-IP): after this long
+/// without a packet from the server it sends a PING, so that an idle connection still has
+/// something in flight for its ACK watch to wait on (`client/standby.rs`); ten small packets a
+/// second, as the native protocol's probes.
+const PROBELESS_KEEP_ALIVE: Duration = Duration::from_millis(100);
+
+/// `transport` for a client's connection; `standard`: to a server that sends no probes and
+/// may take smaller packets than the link carries (CONNECT-IP: quic-go's servers drop any
+/// datagram above 1452 bytes, so a first Initial of the link's 1472 went unanswered). Such a
+/// connection starts at QUIC's smallest packets and the engine's own MTU discovery raises them
+/// to what the server takes, up to the link's; `known_payload`, a size a connection on the
+/// path reached before, is where a redial starts instead (and its floor, as on the native
+/// protocol: see `transport_config` on the engine's black-hole detector).
+pub fn client_transport(
+    cc: Congestion,
+    link_mtu: u32,
+    rtt: Option<Duration>,
+    standard: bool,
+    known_payload: Option<u16>,
+) -> Arc<TransportConfig> {
+    let mut t = transport_config(cc, link_mtu, rtt);
+    if standard {
+        t.keep_alive_interval(Some(PROBELESS_KEEP_ALIVE));
+        let start = known_payload
+            .unwrap_or(mpquic_core::pmtu::FLOOR)
+            .min(mpquic_core::mtu::udp_payload(link_mtu));
+        t.initial_mtu(start);
+        t.min_mtu(start);
+    }
+    Arc::new(t)
+}
+
 /// `transport`'s settings, for an endpoint that changes a few (the CONNECT-IP one's streams).
 pub fn transport_config(cc: Congestion, link_mtu: u32, rtt: Option<Duration>) -> TransportConfig {
     let mut t = TransportConfig::default();

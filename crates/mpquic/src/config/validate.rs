@@ -602,15 +602,7 @@ fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
         lan_prefixes.push(p);
     }
     if masque.is_some() {
-        // A standard server carries one session over one path at a time, IP packets only;
-        // each path would be a session of its own (and replace the other at an mpquic server).
-        if paths.len() > 1 {
-            c.at(
-                "multipath_paths[1]",
-                "`protocol: masque` takes one path".into(),
-                Some("keep one path in multipath_paths, or use the native protocol to bond or fail over".into()),
-            );
-        }
+        // A standard server carries IP packets only (one path at a time: `client/standby.rs`).
         let pathwise = (paths.iter().enumerate())
             .find(|(_, p)| p.transport == PathKind::Stripe || p.pipes > 1);
         if let Some((i, p)) = pathwise {

@@ -49,6 +49,36 @@ pub mod close {
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// How a transport ended.
+#[derive(Debug, Clone)]
+pub struct Closed {
+    pub reason: String,
+    /// The application code the peer closed it with (`close`), if it did.
+    pub peer_code: Option<u32>,
+}
+
+impl Closed {
+    /// A QUIC connection's end.
+    pub fn of(e: &quinn::ConnectionError) -> Closed {
+        let peer_code = match e {
+            quinn::ConnectionError::ApplicationClosed(a) => {
+                u32::try_from(a.error_code.into_inner()).ok()
+            }
+            _ => None,
+        };
+        Closed {
+            reason: e.to_string(),
+            peer_code,
+        }
+    }
+}
+
+impl std::fmt::Display for Closed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
 /// The transport's own view of the path, for status and metrics.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TransportStats {
@@ -149,7 +179,7 @@ pub trait PathTransport: Send + Sync + 'static {
     fn load(&self) -> mpquic_core::PathLoad;
     fn close(&self, code: u32, reason: &str);
     /// Resolves with the reason when the transport has ended (closed by either side, timed out).
-    fn closed(&self) -> BoxFuture<'static, String>;
+    fn closed(&self) -> BoxFuture<'static, Closed>;
     /// Start the receive side (and, for streams, the writer), delivering to `sink`.
     fn start(self: Arc<Self>, sink: Arc<dyn Sink>);
     /// The path went down and another is up: stop using this transport (it closes, so

@@ -24,8 +24,8 @@ use tracing::{info, warn};
 pub use super::admit::Refused;
 use super::admit::{self, InFlight};
 use super::{
-    flow_of, stream_rx, BoxFuture, Dialer, Dropped, Known, LaneCarry, LaneSend, Listener, Offer,
-    OfferReply, PathTransport, Sink, TransportStats, Unfinished,
+    flow_of, stream_rx, BoxFuture, Closed, Dialer, Dropped, Known, LaneCarry, LaneSend, Listener,
+    Offer, OfferReply, PathTransport, Sink, TransportStats, Unfinished,
 };
 use crate::batch::PacketBatch;
 use crate::config::{Config, PathConfig, PathKind, TransportMode};
@@ -401,9 +401,9 @@ impl PathTransport for QuicTransport {
         self.conn.close(code.into(), reason.as_bytes());
     }
 
-    fn closed(&self) -> BoxFuture<'static, String> {
+    fn closed(&self) -> BoxFuture<'static, Closed> {
         let conn = self.conn.clone();
-        Box::pin(async move { conn.closed().await.to_string() })
+        Box::pin(async move { Closed::of(&conn.closed().await) })
     }
 
     fn kind(&self) -> &'static str {
@@ -459,13 +459,7 @@ impl PathTransport for QuicTransport {
                 }
                 s.on_batch_end();
             }
-            let peer_code = match c.close_reason() {
-                Some(quinn::ConnectionError::ApplicationClosed(a)) => {
-                    u32::try_from(a.error_code.into_inner()).ok()
-                }
-                _ => None,
-            };
-            s.on_closed(peer_code);
+            s.on_closed(c.close_reason().and_then(|e| Closed::of(&e).peer_code));
         });
         let StartParts {
             send,
@@ -536,7 +530,13 @@ fn client_quic(
         quinn::crypto::rustls::QuicClientConfig::try_from(crypto)
             .context("TLS config unusable for QUIC")?,
     ))));
-    client.transport_config(quic::transport(cfg.congestion, link_mtu, None));
+    client.transport_config(quic::client_transport(
+        cfg.congestion,
+        link_mtu,
+        None,
+        ccfg.masque.is_some(),
+        None,
+    ));
     Ok(client)
 }
 
@@ -587,13 +587,22 @@ impl QuicDialer {
             .next()
             .ok_or_else(|| anyhow!("{} has no address", p.remote_addr))?;
         // A smaller payload is announced to the server (it caps what the server sends) and is
-        // this side's packet size and floor: the route carries no more.
-        let link_mtu = known.payload.map_or(self.link_mtu, |p| {
-            mpquic_core::mtu::link_mtu_for_payload(p).min(self.link_mtu)
-        });
+        // this side's packet size and floor: the route carries no more. (Over CONNECT-IP it is
+        // the size a connection reached, where the next one starts: `client_transport`.)
+        let standard = self.masque.is_some();
+        let link_mtu = match known.payload {
+            Some(p) if !standard => mpquic_core::mtu::link_mtu_for_payload(p).min(self.link_mtu),
+            _ => self.link_mtu,
+        };
         let mut client = (self.client.read().unwrap_or_else(|e| e.into_inner())).clone();
-        if link_mtu != self.link_mtu || known.rtt.is_some() {
-            client.transport_config(quic::transport(self.congestion, link_mtu, known.rtt));
+        if link_mtu != self.link_mtu || known.rtt.is_some() || known.payload.is_some() {
+            client.transport_config(quic::client_transport(
+                self.congestion,
+                link_mtu,
+                known.rtt,
+                standard,
+                known.payload.filter(|_| standard),
+            ));
         }
         let to = &Target {
             remote,

@@ -70,6 +70,9 @@ pub(super) async fn read_stream(
                 let input = match chunk {
                     Ok(Some(c)) => Input::Data { id, uni, data: c.bytes, fin: false },
                     Ok(None) => Input::Data { id, uni, data: Bytes::new(), fin: true },
+                    // The connection's end is the drivers' to see (`conn.closed()`), with
+                    // the peer's code: a stream read that fails with it is not a reset.
+                    Err(quinn::ReadError::ConnectionLost(_)) => return,
                     Err(_) => Input::Gone { id },
                 };
                 let last = !matches!(input, Input::Data { fin: false, .. });

@@ -29,7 +29,7 @@ use crate::batch::PacketBatch;
 use crate::hello::HelloAck;
 use crate::quic::PipeGroup;
 use crate::transport::close;
-use crate::transport::{BoxFuture, LaneSend, PathTransport, Sink, TransportStats};
+use crate::transport::{BoxFuture, Closed, LaneSend, PathTransport, Sink, TransportStats};
 
 pub struct QuicPipes {
     pipes: RwLock<Vec<Arc<QuicTransport>>>,
@@ -280,11 +280,14 @@ impl PathTransport for QuicPipes {
     }
 
     /// Pipe 0 closes when the set ends (`end` closes every pipe), by then with the reason set.
-    fn closed(&self) -> BoxFuture<'static, String> {
+    fn closed(&self) -> BoxFuture<'static, Closed> {
         let (first, ended) = (self.first(), self.ended.clone());
         Box::pin(async move {
-            let own = first.conn.closed().await.to_string();
-            ended.get().cloned().unwrap_or(own)
+            let mut own = Closed::of(&first.conn.closed().await);
+            if let Some(why) = ended.get() {
+                own.reason = why.clone();
+            }
+            own
         })
     }
 

@@ -37,7 +37,7 @@ use quinn::udp::Transmit;
 use tokio::sync::{mpsc, Notify};
 
 use super::quic::QuicTransport;
-use super::{BoxFuture, LaneSend, PathTransport, Sink, TransportStats};
+use super::{BoxFuture, Closed, LaneSend, PathTransport, Sink, TransportStats};
 use crate::batch::PacketBatch;
 use crate::config::Congestion;
 
@@ -726,7 +726,7 @@ impl PathTransport for StripeTransport {
         self.quic.close(code, reason);
     }
 
-    fn closed(&self) -> BoxFuture<'static, String> {
+    fn closed(&self) -> BoxFuture<'static, Closed> {
         self.quic.closed()
     }
 

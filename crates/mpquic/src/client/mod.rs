@@ -8,6 +8,9 @@
 //! packet in its class (`classify::Classifier`); the classes share the paths (one connection,
 //! prober and congestion controller each), the TUN device and the tunnel address.
 //!
+//! Over CONNECT-IP (`protocol: masque`) the server does not bond: the client carries on one
+//! path at a time and moves to the next when it dies (`standby.rs`).
+//!
 //! The paths can change while it runs (`reload.rs`): each path's task watches its
 //! configuration, so a changed path reconnects (the new connection made before the old one
 //! closes), a removed one is retired, a new one starts; the others are not touched.
@@ -20,6 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use mpquic_core::classify::Classifier;
 use mpquic_core::fec::FecMode;
+use mpquic_core::standby::Standing;
 use mpquic_core::{reconnect, sessions, DropReason, HealthMode, PathId, PathSpec};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
@@ -36,6 +40,8 @@ use crate::transport::{Dialer, Known, PathTransport, Unfinished};
 use crate::tun::Tun;
 use crate::tunnel::{close, Carriage, LaneSpec, Routed, Shares, Tunnel};
 use crate::{quic, runtime};
+
+mod standby;
 
 /// Bound on socket setup + handshake + hello for one attempt.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -85,6 +91,8 @@ struct Client {
     /// The classes' rules (`ccfg.classifier` at start): a reload swaps them, the TUN reader
     /// takes the current ones for each batch.
     classifier: std::sync::RwLock<Arc<Classifier>>,
+    /// `protocol: masque`: the paths take turns, one connected at a time (`standby.rs`).
+    turns: Option<standby::Turns>,
 }
 
 /// The tunnel addresses the server gave: IPv4, and IPv6 when its tunnel is dual-stack.
@@ -128,10 +136,14 @@ impl Drop for LivePath {
 #[derive(Debug, Clone, Copy, Default)]
 struct PathSlot {
     /// The UDP payload its connections use when its route carries less than its link (`None`:
-    /// the link's), as the tunnel's MTU watch found.
+    /// the link's), as the tunnel's MTU watch found. Over CONNECT-IP: the largest its last
+    /// connection reached, where the next one starts (`quic::client_transport`).
     payload: Option<u16>,
     /// Connection attempts failed in a row.
     connect_failures: u32,
+    /// Its last connection's own RTT estimate, for a path without probes (CONNECT-IP), which
+    /// the tunnel has no RTT for.
+    quic_rtt: Option<Duration>,
 }
 
 /// One traffic class (a lane of the client's tunnel).
@@ -231,6 +243,7 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
         )),
         platform: platform.clone(),
         classifier: std::sync::RwLock::new(Arc::new(ccfg.classifier.clone())),
+        turns: ccfg.masque.is_some().then(standby::Turns::new),
         cfg,
         ccfg,
     });
@@ -253,8 +266,12 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
     )
     .await?;
 
-    for p in initial_paths {
-        let live = client.start_path(p)?;
+    // Every path in place before any task runs: with turns, the first dials first.
+    let ids = (initial_paths.iter())
+        .map(|p| client.add_path(p))
+        .collect::<Result<Vec<_>>>()?;
+    for (p, id) in initial_paths.into_iter().zip(ids) {
+        let live = client.spawn_path(id, p);
         client.lock_paths().push(live);
     }
     let t = client.tunnel.clone();
@@ -326,11 +343,16 @@ impl Client {
 
     /// Path `p` in the tunnel, with its task.
     fn start_path(self: &Arc<Self>, p: PathConfig) -> Result<LivePath> {
-        let (tx, rx) = watch::channel(Arc::new(p.clone()));
         let id = self.add_path(&p)?;
+        Ok(self.spawn_path(id, p))
+    }
+
+    /// The task of path `id` (in the tunnel already).
+    fn spawn_path(self: &Arc<Self>, id: PathId, p: PathConfig) -> LivePath {
+        let (tx, rx) = watch::channel(Arc::new(p));
         let c = self.clone();
         let task = tokio::spawn(async move { c.path_task(id, rx).await }).abort_handle();
-        Ok(LivePath { cfg: tx, task })
+        LivePath { cfg: tx, task }
     }
 
     /// Apply a reloaded configuration (`reload::read` has checked that only what applies live
@@ -491,15 +513,27 @@ impl Client {
     /// which a reload may change).
     async fn path_task(self: Arc<Self>, id: PathId, mut cfg: watch::Receiver<Arc<PathConfig>>) {
         let mut backoff = reconnect::Backoff::default();
+        // Out of the turns when the task ends (the path removed: the task is aborted).
+        let _turn = self.turns.as_ref().map(|t| t.member(id));
         // The path's sender goes when it is removed (its tasks are aborted then, too).
         while cfg.has_changed().is_ok() {
             let p = cfg.borrow_and_update().clone();
+            if let Some(turns) = &self.turns {
+                // One path at a time: it dials once no better one is connected or trying.
+                tokio::select! {
+                    _ = turns.turn(id) => {}
+                    _ = cfg.changed() => continue,
+                }
+            }
             match self.connect(id, &p).await {
                 Ok(transport) => {
                     backoff.succeeded();
-                    self.supervise(id, &mut cfg, transport).await;
+                    self.stand(id, &p, Standing::Connected);
+                    let after = self.supervise(id, &mut cfg, transport).await;
+                    self.stand(id, &cfg.borrow(), after);
                 }
                 Err(e) => {
+                    self.stand(id, &p, Standing::Failed);
                     let wait = backoff.failed();
                     warn!(path = %p.name, error = %format!("{e:#}"), retry_in_ms = wait.as_millis() as u64, "path connect failed");
                     // A changed configuration is tried at once.
@@ -512,30 +546,92 @@ impl Client {
         }
     }
 
+    /// Path `id` (configured as `p`) now stands so, when the paths take turns.
+    fn stand(&self, id: PathId, p: &PathConfig, standing: Standing) {
+        if let Some(turns) = &self.turns {
+            turns.set(id, p.priority, standing);
+        }
+    }
+
     /// Watch an installed transport; replace it when it has been unusable for too long, or
-    /// when the path's configuration changed.
+    /// when the path's configuration changed. When the paths take turns, also hand over to a
+    /// better path that connected, and close the connection once it stops acknowledging
+    /// (`standby.rs`). Returns where the path stands when its connection is gone.
     async fn supervise(
         &self,
         id: PathId,
         cfg: &mut watch::Receiver<Arc<PathConfig>>,
         transport: Arc<dyn PathTransport>,
-    ) {
+    ) -> Standing {
         let tunnel = &self.tunnel;
         let mut p = cfg.borrow().clone();
         let mut closed = transport.closed();
+        let mut current = transport.clone();
         let mut generation = tunnel.install(id, transport);
+        let mut liveness = standby::Liveness::default();
+        let outranked = async {
+            match &self.turns {
+                Some(turns) => turns.outranked(id).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(outranked);
+        let mut sample = tokio::time::interval(standby::SAMPLE_EVERY);
+        sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                reason = &mut closed => {
+                ended = &mut closed => {
                     tunnel.remove(id, generation);
-                    info!(path = %p.name, reason = %reason, "path connection closed");
-                    return;
+                    info!(path = %p.name, reason = %ended, "path connection closed");
+                    let Some(turns) = &self.turns else {
+                        return Standing::Failed;
+                    };
+                    // The server gave the session to this client's newer connection on another
+                    // path (an mpquic server keeps a client's newest): wait for it to connect
+                    // before dialing again, or the two would take the session from each other
+                    // in turn.
+                    if ended.peer_code == Some(close::REPLACED) {
+                        // It stands by meanwhile, so that, being the better path, it does not
+                        // outrank the newer connection and close it.
+                        self.stand(id, &p, Standing::Ready);
+                        tokio::select! {
+                            _ = turns.another_connected(id) => {}
+                            _ = tokio::time::sleep(CONNECT_TIMEOUT) => {}
+                        }
+                        return Standing::Ready;
+                    }
+                    return match turns.is_outranked(id) {
+                        true => Standing::Ready,
+                        false => Standing::Failed,
+                    };
+                }
+                _ = &mut outranked => {
+                    current.close(close::REPLACED, "a better path took over");
+                    tunnel.remove(id, generation);
+                    info!(path = %p.name, "a better path connected and carries; this one stands by");
+                    return Standing::Ready;
+                }
+                _ = sample.tick(), if self.turns.as_ref().is_some_and(|t| t.has_others(id)) => {
+                    let verdict = liveness.dead_for(current.as_ref(), Instant::now());
+                    self.with_slot(id, |s| {
+                        s.quic_rtt = liveness.rtt();
+                        s.payload = liveness.payload().or(s.payload);
+                    });
+                    if let Some(silent) = verdict {
+                        current.close(close::PATH_DOWN, "no ACK");
+                        tunnel.remove(id, generation);
+                        warn!(path = %p.name, silent_ms = silent.as_millis() as u64, "path stopped acknowledging; its connection is closed and the next path takes over");
+                        return Standing::Failed;
+                    }
                 }
                 changed = cfg.changed() => {
                     if changed.is_err() {
-                        return;
+                        return Standing::Failed;
                     }
                     p = cfg.borrow_and_update().clone();
+                    if let Some(turns) = &self.turns {
+                        turns.rerank(id, p.priority);
+                    }
                     // Priority and weight count here at once; the server learns them from
                     // the new connection's hello, made before the old one is closed.
                     tunnel.path(spec_of(&p), sessions::MAX_PATHS_PER_SESSION);
@@ -543,6 +639,7 @@ impl Client {
                         Ok(new) => {
                             info!(path = %p.name, "path reconfigured; new connection in place");
                             closed = new.closed();
+                            current = new.clone();
                             generation = tunnel.install(id, new);
                         }
                         Err(e) => warn!(path = %p.name, error = %format!("{e:#}"), "path reconfigured, but its new connection failed; the old one carries on (the new settings apply at its next reconnect)"),
@@ -558,6 +655,7 @@ impl Client {
                             Ok(new) => {
                                 info!(path = %p.name, payload = r.payload, "path reconnected at a new packet size");
                                 closed = new.closed();
+                                current = new.clone();
                                 generation = tunnel.install(id, new);
                             }
                             Err(e) => {
@@ -582,6 +680,7 @@ impl Client {
                             Ok(new) => {
                                 info!(path = %p.name, "path unusable; replaced its connection");
                                 closed = new.closed();
+                                current = new.clone();
                                 generation = tunnel.install(id, new);
                             }
                             Err(e) => info!(path = %p.name, error = %format!("{e:#}"), "path still unusable; reconnect failed"),
@@ -595,13 +694,15 @@ impl Client {
     /// Connect path `idx` (a new connection, or a replacement for one that is unusable). A
     /// route whose MTU fell drops the server's full-size handshake packets, so after a failure
     /// every other attempt is made with QUIC's minimum packet size; once connected,
-    /// the MTU watch finds the size that passes (`pmtu.rs`).
+    /// the MTU watch finds the size that passes (`pmtu.rs`; native protocol only).
     async fn connect(&self, id: PathId, p: &PathConfig) -> Result<Arc<dyn PathTransport>> {
         let tunnel = &self.tunnel;
         let failures = self.slot(id).connect_failures;
         let floor = mpquic_core::pmtu::FLOOR;
         let current = self.slot(id).payload;
-        let fall_back = failures % 2 == 1 && current != Some(floor);
+        // Not over CONNECT-IP: its server answers no size probes, so nothing would find the
+        // larger size again and the path would stay at the floor.
+        let fall_back = failures % 2 == 1 && current != Some(floor) && self.turns.is_none();
         if fall_back {
             self.set_payload(id, Some(floor));
         }
@@ -626,8 +727,13 @@ impl Client {
         }
     }
 
+    /// The path's RTT as last known: its probes', or its connection's.
+    fn rtt(&self, id: PathId) -> Option<Duration> {
+        self.tunnel.rtt(id).or(self.slot(id).quic_rtt)
+    }
+
     async fn dial(&self, id: PathId, p: &PathConfig) -> Result<Arc<dyn PathTransport>> {
-        let limit = connect_timeout(self.tunnel.rtt(id));
+        let limit = connect_timeout(self.rtt(id));
         tokio::time::timeout(limit, self.connect_inner(id, p))
             .await
             .map_err(|_| anyhow!("no answer from the server within {limit:?}"))?
@@ -677,7 +783,7 @@ impl Client {
         };
         let known = Known {
             payload: self.slot(id).payload,
-            rtt: self.tunnel.rtt(id),
+            rtt: self.rtt(id),
         };
         let (transport, ack) = self.dialer.dial(p, &h, known).await?;
         // Closed if the answer is unusable (or this attempt is given up by its timeout).
@@ -727,6 +833,7 @@ impl Client {
             .path(spec_of(p), sessions::MAX_PATHS_PER_SESSION)
             .ok_or_else(|| anyhow!("too many paths"))?;
         self.with_slot(id, |_| ());
+        self.stand(id, p, Standing::Ready);
         Ok(id)
     }
 
