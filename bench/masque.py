@@ -7,6 +7,10 @@
 - blackhole: a standard client (quic-go's connect-ip-go, tests/interop/connectip) on the mpquic
   server through one path that drops everything both ways for 2 s: the session must come
   through intact (same connection, same address), pings every 10 ms before, during and after.
+- failover: mpquic's client over CONNECT-IP with two paths (they take turns: one connected at a
+  time) against the native protocol's defaults (both paths connected), 100 Mbit/s 10 ms each:
+  wan1 dark both ways under a 10 ms ping, then repaired; the longest gap, the time until wan2
+  carries, whether the address stayed, and the time until wan1 carries again; interleaved runs.
 
     sudo python3 bench/masque.py [--runs 3] [--seconds 10]
 
@@ -17,6 +21,7 @@ import argparse
 import datetime
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -93,11 +98,53 @@ def blackhole(binary, hole_s=2.0):
         return r
 
 
+def failover_row(masque):
+    """wan1 black-holed under a 10 ms ping, then repaired: over CONNECT-IP or native defaults."""
+    spec = "rate=100mbit,delay=10ms"
+    with labctl.Lab(paths=2, mode=None, congestion=None, specs=[spec, spec]) as lab:
+        lab.pki()
+        lab.start_server_and_client(masque)
+        address = lab.wait_tunnel(up=["wan1"])["tunnels"][0]["address"]
+        time.sleep(1)
+        lab.start_ping("ping", interval=0.01)
+        time.sleep(2)
+        wan2_tx = lab.path_status("client0", "wan2")["tx_packets"]
+        lab.block(0)
+        t0 = time.monotonic()
+        switched = None
+        while time.monotonic() - t0 < 5:
+            if lab.path_status("client0", "wan2")["tx_packets"] > wan2_tx + 5:
+                switched = round(time.monotonic() - t0, 2)
+                break
+            time.sleep(0.02)
+        time.sleep(2)
+        lab.unblock(0)
+        t1 = time.monotonic()
+        back = None
+        wan1_tx = lab.path_status("client0", "wan1")["tx_packets"]
+        while time.monotonic() - t1 < 10:
+            now1 = lab.path_status("client0", "wan1")["tx_packets"]
+            if now1 > wan1_tx + 5:
+                back = round(time.monotonic() - t1, 2)
+                break
+            time.sleep(0.02)
+        time.sleep(1)
+        lab.stop("ping", sig=signal.SIGINT)
+        ping = labctl.parse_ping(lab.log("ping"))
+        lost, longest = labctl.gaps(ping["received"], ping["sent"], 0.01)
+        r = {"wan2_carries_after_s": switched, "longest_gap_s": round(longest, 2),
+             "pings_lost": len(lost), "pings_sent": ping["sent"],
+             "same_address": lab.status("client0")["tunnels"][0]["address"] == address,
+             "wan1_carries_again_after_s": back}
+        print(f"    {'masque' if masque else 'native'}: {r}", flush=True)
+        return r
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=10)
-    ap.add_argument("--only", choices=["loss", "blackhole"])
+    ap.add_argument("--only", choices=["loss", "blackhole", "failover"])
     ap.add_argument("--out", default=os.path.join(labctl.REPO, "bench", "results", "masque.json"))
     args = ap.parse_args()
     labctl.run([labctl.LAB, "down", "--stale"], check=False)
@@ -120,6 +167,12 @@ def main():
     if args.only in (None, "blackhole"):
         print("== a standard client through a 2 s black hole", flush=True)
         report["blackhole"] = blackhole(build_interop())
+    if args.only in (None, "failover"):
+        print("== failover between two paths under a 10 ms ping", flush=True)
+        report["failover"] = {"native": [], "masque": []}
+        for _ in range(args.runs):
+            for masque in (False, True):
+                report["failover"]["masque" if masque else "native"].append(failover_row(masque))
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     print(f"(results in {args.out})")

@@ -146,6 +146,23 @@ struct PathSlot {
     quic_rtt: Option<Duration>,
 }
 
+/// A path's connection in the tunnel: the transport, its end, and the tunnel's generation for it.
+struct Installed {
+    transport: Arc<dyn PathTransport>,
+    closed: crate::transport::BoxFuture<'static, crate::transport::Closed>,
+    generation: u64,
+}
+
+impl Installed {
+    fn new(tunnel: &Arc<Tunnel>, id: PathId, transport: Arc<dyn PathTransport>) -> Installed {
+        Installed {
+            closed: transport.closed(),
+            generation: tunnel.install(id, transport.clone()),
+            transport,
+        }
+    }
+}
+
 /// One traffic class (a lane of the client's tunnel).
 struct Class {
     cfg: ClassConfig,
@@ -565,9 +582,7 @@ impl Client {
     ) -> Standing {
         let tunnel = &self.tunnel;
         let mut p = cfg.borrow().clone();
-        let mut closed = transport.closed();
-        let mut current = transport.clone();
-        let mut generation = tunnel.install(id, transport);
+        let mut now = Installed::new(tunnel, id, transport);
         let mut liveness = standby::Liveness::default();
         let outranked = async {
             match &self.turns {
@@ -580,8 +595,8 @@ impl Client {
         sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                ended = &mut closed => {
-                    tunnel.remove(id, generation);
+                ended = &mut now.closed => {
+                    tunnel.remove(id, now.generation);
                     info!(path = %p.name, reason = %ended, "path connection closed");
                     let Some(turns) = &self.turns else {
                         return Standing::Failed;
@@ -606,20 +621,20 @@ impl Client {
                     };
                 }
                 _ = &mut outranked => {
-                    current.close(close::REPLACED, "a better path took over");
-                    tunnel.remove(id, generation);
+                    now.transport.close(close::REPLACED, "a better path took over");
+                    tunnel.remove(id, now.generation);
                     info!(path = %p.name, "a better path connected and carries; this one stands by");
                     return Standing::Ready;
                 }
                 _ = sample.tick(), if self.turns.as_ref().is_some_and(|t| t.has_others(id)) => {
-                    let verdict = liveness.dead_for(current.as_ref(), Instant::now());
+                    let verdict = liveness.dead_for(now.transport.as_ref(), Instant::now());
                     self.with_slot(id, |s| {
                         s.quic_rtt = liveness.rtt();
                         s.payload = liveness.payload().or(s.payload);
                     });
                     if let Some(silent) = verdict {
-                        current.close(close::PATH_DOWN, "no ACK");
-                        tunnel.remove(id, generation);
+                        now.transport.close(close::PATH_DOWN, "no ACK");
+                        tunnel.remove(id, now.generation);
                         warn!(path = %p.name, silent_ms = silent.as_millis() as u64, "path stopped acknowledging; its connection is closed and the next path takes over");
                         return Standing::Failed;
                     }
@@ -638,9 +653,7 @@ impl Client {
                     match self.dial(id, &p).await {
                         Ok(new) => {
                             info!(path = %p.name, "path reconfigured; new connection in place");
-                            closed = new.closed();
-                            current = new.clone();
-                            generation = tunnel.install(id, new);
+                            now = Installed::new(tunnel, id, new);
                         }
                         Err(e) => warn!(path = %p.name, error = %format!("{e:#}"), "path reconfigured, but its new connection failed; the old one carries on (the new settings apply at its next reconnect)"),
                     }
@@ -654,9 +667,7 @@ impl Client {
                         match self.dial(id, &p).await {
                             Ok(new) => {
                                 info!(path = %p.name, payload = r.payload, "path reconnected at a new packet size");
-                                closed = new.closed();
-                                current = new.clone();
-                                generation = tunnel.install(id, new);
+                                now = Installed::new(tunnel, id, new);
                             }
                             Err(e) => {
                                 self.set_payload(id, before);
@@ -679,9 +690,7 @@ impl Client {
                         match self.connect(id, &p).await {
                             Ok(new) => {
                                 info!(path = %p.name, "path unusable; replaced its connection");
-                                closed = new.closed();
-                                current = new.clone();
-                                generation = tunnel.install(id, new);
+                                now = Installed::new(tunnel, id, new);
                             }
                             Err(e) => info!(path = %p.name, error = %format!("{e:#}"), "path still unusable; reconnect failed"),
                         }
