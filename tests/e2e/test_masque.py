@@ -225,6 +225,10 @@ def carrying(lab, key="client0"):
     return [p["name"] for p in lab.status(key)["tunnels"][0]["paths"] if p["state"] == "up"]
 
 
+def states(lab, key="client0"):
+    return {p["name"]: p["state"] for p in lab.status(key)["tunnels"][0]["paths"]}
+
+
 def test_the_mpquic_client_over_connect_ip_fails_over_between_paths_keeping_its_address(make_lab, connectip):
     """Two paths over CONNECT-IP take turns: wan1 (priority 1) carries, wan2 stands by without
     a connection. wan1 black-holed under a 10 ms ping: wan2 takes over within 1 s with the same
@@ -237,7 +241,7 @@ def test_the_mpquic_client_over_connect_ip_fails_over_between_paths_keeping_its_
     st = lab.wait_tunnel(up=["wan1"])
     address = st["tunnels"][0]["address"]
     time.sleep(0.5)
-    assert carrying(lab) == ["wan1"], lab.status("client0")["tunnels"][0]["paths"]
+    assert states(lab) == {"wan1": "up", "wan2": "standby"}, lab.status("client0")["tunnels"][0]["paths"]
 
     lab.start_ping("ping", interval=0.01)
     time.sleep(1.5)
@@ -265,6 +269,8 @@ def test_the_mpquic_client_over_connect_ip_fails_over_between_paths_keeping_its_
         assert time.monotonic() - t0 < 10, lab.log("client0")
         time.sleep(0.1)
     report(f"wan1 carries again {time.monotonic() - t0:.2f} s after its repair")
+    time.sleep(0.3)
+    assert states(lab) == {"wan1": "up", "wan2": "standby"}, lab.status("client0")["tunnels"][0]["paths"]
     ping = lab.ping(count=10, interval=0.05)
     assert len(ping["received"]) == 10, (ping, lab.log("client0"), lab.log("server"))
     assert lab.status("client0")["tunnels"][0]["address"] == address

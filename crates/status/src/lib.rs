@@ -434,10 +434,15 @@ impl StatusReport {
         out
     }
 
-    /// The first tunnel has its address and every path is up (a client's tunnel is ready).
+    /// The first tunnel has its address and every path is up, or standing by while another
+    /// carries (CONNECT-IP) (a client's tunnel is ready).
     pub fn first_tunnel_up(&self) -> bool {
         self.tunnels.first().is_some_and(|t| {
-            t.address.is_some() && !t.paths.is_empty() && t.paths.iter().all(|p| p.state == "up")
+            t.address.is_some()
+                && t.paths.iter().any(|p| p.state == "up")
+                && t.paths
+                    .iter()
+                    .all(|p| p.state == "up" || p.state == "standby")
         })
     }
 }

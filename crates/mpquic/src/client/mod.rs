@@ -335,6 +335,16 @@ impl Client {
             tunnels: {
                 let mut st = (self.tunnel).status(addr.map(|a| format!("{}/{}", a.v4.0, a.v4.1)));
                 st.address6 = address6;
+                // Over CONNECT-IP a path without a connection that is not known to fail is
+                // waiting for its turn.
+                if let Some(turns) = &self.turns {
+                    for p in st.paths.iter_mut().filter(|p| p.state == "disconnected") {
+                        let id = self.tunnel.path_id(&p.name);
+                        if id.is_some_and(|id| turns.standing(id) == Some(Standing::Ready)) {
+                            p.state = "standby".into();
+                        }
+                    }
+                }
                 // With classes, `st.classes` lists them all, in lane order.
                 for (c, k) in st.classes.iter_mut().zip(&self.classes) {
                     c.classified_packets = k.classified.load(Ordering::Relaxed);

@@ -60,6 +60,10 @@ impl Turns {
         let _ = rx.wait_for(|s| s.connected().any(|c| c != id)).await;
     }
 
+    pub(super) fn standing(&self, id: PathId) -> Option<Standing> {
+        self.states.borrow().standing(id)
+    }
+
     pub(super) fn is_outranked(&self, id: PathId) -> bool {
         self.states.borrow().outranked(id)
     }
