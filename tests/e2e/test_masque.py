@@ -233,7 +233,7 @@ def test_the_mpquic_client_over_connect_ip_fails_over_between_paths_keeping_its_
     """Two paths over CONNECT-IP take turns: wan1 (priority 1) carries, wan2 stands by without
     a connection. wan1 black-holed under a 10 ms ping: wan2 takes over within 1 s with the same
     address at both ends (the server's session replaced, not a second one); once wan1 answers
-    again it takes over back, and wan2 stands by."""
+    again it takes over back, and wan2 stands by; a reload that prefers wan2 moves it there."""
     lab = make_lab(paths=2)
     token, entry = labctl.new_token("site1")
     masque_server(lab, [entry], dual_stack=False)
@@ -275,6 +275,19 @@ def test_the_mpquic_client_over_connect_ip_fails_over_between_paths_keeping_its_
     assert len(ping["received"]) == 10, (ping, lab.log("client0"), lab.log("server"))
     assert lab.status("client0")["tunnels"][0]["address"] == address
     assert len([t for t in lab.status("server")["tunnels"] if t["peer"] == "site1"]) == 1
+
+    # A reload that makes wan2 the preferred path: it takes over, wan1 stands by.
+    cfg = os.path.join(lab.dir, "client0-run.yaml")
+    with open(cfg) as f:
+        text = f.read()
+    with open(cfg, "w") as f:
+        f.write(re.sub(r"(name: wan2\n(?:  .*\n)*?  priority: )\d+", r"\g<1>0", text))
+    lab.sh(lab.client_ns(0), [labctl.BIN, "reload", "--socket", lab.sock("client0")])
+    t0 = time.monotonic()
+    while states(lab) != {"wan1": "standby", "wan2": "up"}:
+        assert time.monotonic() - t0 < 5, (states(lab), lab.log("client0"))
+        time.sleep(0.1)
+    assert len(lab.ping(count=10, interval=0.05)["received"]) == 10
 
 
 def test_the_mpquic_client_against_connect_ip_gos_server(make_lab, connectip):

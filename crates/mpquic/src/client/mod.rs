@@ -546,6 +546,8 @@ impl Client {
         while cfg.has_changed().is_ok() {
             let p = cfg.borrow_and_update().clone();
             if let Some(turns) = &self.turns {
+                // A reload may have changed its priority.
+                turns.rerank(id, p.priority);
                 // One path at a time: it dials once no better one is connected or trying.
                 tokio::select! {
                     _ = turns.turn(id) => {}
