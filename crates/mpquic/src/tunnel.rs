@@ -567,6 +567,12 @@ impl Tunnel {
         self.lock().core.fell_back(path);
     }
 
+    /// Whether this side watches its paths' packet size (`pmtu.rs`: the client, when its
+    /// server answers probes).
+    pub fn watches_mtu(&self) -> bool {
+        self.lock().core.watches_mtu()
+    }
+
     /// A size change the MTU watch decided for `path` (client: reconnect it with packets of
     /// this UDP payload at most), once.
     pub fn take_resize(&self, path: PathId) -> Option<Resize> {
@@ -1173,7 +1179,7 @@ impl Sink for LinkSink {
     }
 
     fn on_closed(&self, peer_code: Option<u32>) {
-        let prober = self.tunnel.lock().core.watches_mtu();
+        let prober = self.tunnel.watches_mtu();
         match peer_code {
             // The client took the path out of its configuration: so does the server's view
             // (the side that does not probe).

@@ -605,6 +605,11 @@ impl Client {
         tokio::pin!(outranked);
         let mut sample = tokio::time::interval(standby::SAMPLE_EVERY);
         sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // An interval, not a sleep made anew in each turn of the loop: the samples' ticks
+        // would keep putting that off.
+        let every = Duration::from_millis(250);
+        let mut check = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 ended = &mut now.closed => {
@@ -670,7 +675,7 @@ impl Client {
                         Err(e) => warn!(path = %p.name, error = %format!("{e:#}"), "path reconfigured, but its new connection failed; the old one carries on (the new settings apply at its next reconnect)"),
                     }
                 }
-                _ = tokio::time::sleep(Duration::from_millis(250)) => {
+                _ = check.tick() => {
                     if let Some(r) = tunnel.take_resize(id) {
                         // The route's MTU changed, or a larger size is tried: a new connection
                         // at that size (the QUIC engine's packet size is fixed per connection);
@@ -721,9 +726,9 @@ impl Client {
         let failures = self.slot(id).connect_failures;
         let floor = mpquic_core::pmtu::FLOOR;
         let current = self.slot(id).payload;
-        // Not over CONNECT-IP: its server answers no size probes, so nothing would find the
-        // larger size again and the path would stay at the floor.
-        let fall_back = failures % 2 == 1 && current != Some(floor) && self.turns.is_none();
+        // Only where the tunnel watches the size (not over CONNECT-IP: its server answers no
+        // size probes), or nothing would find the larger size again.
+        let fall_back = failures % 2 == 1 && current != Some(floor) && tunnel.watches_mtu();
         if fall_back {
             self.set_payload(id, Some(floor));
         }
