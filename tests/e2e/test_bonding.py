@@ -1,5 +1,7 @@
 """Per-packet bonding (wlb, minrtt): ONE TCP flow over two paths of different rates and delays
-gets more than the faster path alone, its packets put back in order by the receiver."""
+gets more than the faster path alone, its packets put back in order by the receiver; on the
+native protocol, and over CONNECT-IP between the mpquic client and server (`protocol: masque`:
+the server takes the hello the request carries and the session bonds the same way)."""
 
 import pytest
 
@@ -9,17 +11,20 @@ LINKS = ["rate=60mbit,delay=5ms", "rate=30mbit,delay=20ms"]
 FASTEST = 60
 
 
-@pytest.mark.parametrize("policy,reverse", [("wlb", False), ("wlb", True), ("minrtt", False)],
-                         ids=["wlb-upload", "wlb-download", "minrtt-upload"])
+@pytest.mark.parametrize("policy,reverse,masque", [
+    ("wlb", False, False), ("wlb", True, False), ("minrtt", False, False),
+    ("wlb", False, True), ("wlb", True, True),
+], ids=["wlb-upload", "wlb-download", "minrtt-upload", "wlb-upload-connect-ip",
+        "wlb-download-connect-ip"])
 @measured
-def test_one_flow_uses_both_paths_in_order(make_lab, policy, reverse):
+def test_one_flow_uses_both_paths_in_order(make_lab, policy, reverse, masque):
     lab = make_lab(paths=2, policy=policy, priorities=[1, 1], congestion="bbr")
     for p, spec in enumerate(LINKS):
         lab.set_link(p, spec)
     lab.pki()
-    lab.start_server()
-    lab.start_client()
-    lab.wait_tunnel()
+    lab.start_server_and_client(masque=masque)
+    st = lab.wait_tunnel(up=["wan1", "wan2"])
+    assert st["tunnels"][0]["protocol"] == ("connect-ip" if masque else "native"), st["tunnels"][0]
     lab.iperf_server()
     sender = "server" if reverse else "client0"
     receiver = "client0" if reverse else "server"
@@ -33,7 +38,8 @@ def test_one_flow_uses_both_paths_in_order(make_lab, policy, reverse):
     packets = sum(sent.values()) / 1400
     # A path the ACK watch took out of use shows here (a false silence would starve it).
     silences = {p: lab.path_status(sender, p).get("ack_silences", 0) for p in ("wan1", "wan2")}
-    report(f"{policy} {'download' if reverse else 'upload'}, one TCP flow over 60 Mbit/s 10 ms + "
+    report(f"{policy} {'download' if reverse else 'upload'}{' over CONNECT-IP' if masque else ''}, "
+           f"one TCP flow over 60 Mbit/s 10 ms + "
            f"30 Mbit/s 40 ms RTT: {agg:.1f} Mbit/s; shares wan1 {share['wan1']:.1f}% wan2 "
            f"{share['wan2']:.1f}%; receiver's reorder counters {reorder}; retransmits "
            f"{d['end']['sum_sent'].get('retransmits')}; sender's ACK silences {silences}")

@@ -200,8 +200,9 @@ def test_bad_requests_capsules_addresses_and_sources_are_refused_and_counted(mak
 
 def test_the_mpquic_client_over_connect_ip_reaches_the_internet(make_lab, connectip):
     """`protocol: masque` against the mpquic server's CONNECT-IP port: the address it asked for
-    (its tun_cidr), ping and TCP from the site LAN through it; the server's session under the
-    token's name on a `masque` path."""
+    (its tun_cidr), ping and TCP from the site LAN through it; the server took the hello the
+    request carried, so both ends say `connect-ip` (not the standard kind) and the server's
+    session is the client instance's, under the token's name, with the client's path name."""
     lab = make_lab(paths=1)
     token, entry = labctl.new_token("site1")
     masque_server(lab, [entry], dual_stack=False)
@@ -215,9 +216,11 @@ def test_the_mpquic_client_over_connect_ip_reaches_the_internet(make_lab, connec
     down = lab.iperf(seconds=3, reverse=True)["end"]["sum_received"]["bits_per_second"] / 1e6
     report(f"mpquic client over CONNECT-IP, one TCP flow: up {up:.0f}, down {down:.0f} Mbit/s")
     assert up > 10 and down > 10, (up, down)
+    assert lab.status("client0")["tunnels"][0]["protocol"] == "connect-ip"
     srv = lab.status("server")
-    t = [t for t in srv["tunnels"] if t["peer"] == "site1"]
-    assert t and t[0]["paths"][0]["transport"] == "masque", srv["tunnels"]
+    t = [t for t in srv["tunnels"] if t["peer"] == "site1/mpq0"]
+    assert t and t[0]["protocol"] == "connect-ip", srv["tunnels"]
+    assert [(p["name"], p["transport"]) for p in t[0]["paths"]] == [("wan1", "masque")], t[0]["paths"]
 
 
 def carrying(lab, key="client0"):
@@ -229,25 +232,17 @@ def states(lab, key="client0"):
     return {p["name"]: p["state"] for p in lab.status(key)["tunnels"][0]["paths"]}
 
 
-def test_the_mpquic_client_over_connect_ip_fails_over_between_paths_keeping_its_address(make_lab, connectip):
-    """Two paths over CONNECT-IP take turns: wan1 (priority 1) carries, wan2 stands by without
-    a connection. wan1 black-holed under a 10 ms ping: wan2 takes over within 1 s with the same
-    address at both ends (the server's session replaced, not a second one); once wan1 answers
-    again it takes over back, and wan2 stands by; a reload that prefers wan2 moves it there."""
-    lab = make_lab(paths=2)
-    token, entry = labctl.new_token("site1")
-    masque_server(lab, [entry], dual_stack=False)
-    lab.start_client(yaml=lab.masque_client_yaml(token))
-    st = lab.wait_tunnel(up=["wan1"])
-    address = st["tunnels"][0]["address"]
-    time.sleep(0.5)
-    assert states(lab) == {"wan1": "up", "wan2": "standby"}, lab.status("client0")["tunnels"][0]["paths"]
-
-    lab.start_ping("ping", interval=0.01)
+def ping_through_a_black_hole(lab, path, until, ns=None, dst=None):
+    """A 10 ms ping (from the site LAN, or from `ns` to `dst`) while `path` is black-holed both
+    ways, until `until()` holds: how long that took, the ping's longest gap, and its losses."""
+    if ns:
+        lab.spawn("ping", ns, ["ping", "-n", "-i", "0.01", "-W", "1", dst])
+    else:
+        lab.start_ping("ping", interval=0.01)
     time.sleep(1.5)
-    lab.block(0, "both")
+    lab.block(path, "both")
     t0 = time.monotonic()
-    while carrying(lab) != ["wan2"]:
+    while not until():
         assert time.monotonic() - t0 < 5, lab.log("client0")
         time.sleep(0.05)
     switched = time.monotonic() - t0
@@ -255,12 +250,81 @@ def test_the_mpquic_client_over_connect_ip_fails_over_between_paths_keeping_its_
     lab.stop("ping", sig=signal.SIGINT)
     ping = labctl.parse_ping(lab.log("ping"))
     lost, longest = labctl.gaps(ping["received"], ping["sent"], 0.01)
-    report(f"CONNECT-IP failover wan1 -> wan2: wan2 up {switched:.2f} s after the black hole, "
-           f"{len(lost)}/{ping['sent']} pings lost, longest gap {longest:.2f} s")
+    return switched, longest, f"{len(lost)}/{ping['sent']} pings lost"
+
+
+def test_the_mpquic_client_bonds_over_connect_ip_to_an_mpquic_server(make_lab, connectip):
+    """Two paths over CONNECT-IP to the mpquic server: it takes the hello in the request, so
+    both paths are connected and probed in one session, as on the native protocol (failover
+    policy: wan1 carries). wan1 black-holed under a 10 ms ping: the longest gap <= 1 s, the same
+    address, one session at the server with both paths; wan1 back: it carries again."""
+    lab = make_lab(paths=2)
+    token, entry = labctl.new_token("site1")
+    masque_server(lab, [entry], dual_stack=False)
+    lab.start_client(yaml=lab.masque_client_yaml(token))
+    st = lab.wait_tunnel(up=["wan1", "wan2"])
+    assert st["tunnels"][0]["protocol"] == "connect-ip", st["tunnels"][0]
+    address = st["tunnels"][0]["address"]
+    switched, longest, lost = ping_through_a_black_hole(
+        lab, 0, lambda: states(lab)["wan1"] != "up")
+    report(f"CONNECT-IP to an mpquic server, failover wan1 -> wan2: wan1 out of use {switched:.2f} s "
+           f"after the black hole, {lost}, longest gap {longest:.2f} s")
     assert longest <= 1.0, (longest, lab.log("client0"))
     assert lab.status("client0")["tunnels"][0]["address"] == address
-    srv = [t for t in lab.status("server")["tunnels"] if t["peer"] == "site1"]
-    assert len(srv) == 1 and srv[0]["address"].split("/")[0] == address.split("/")[0], srv
+    srv = [t for t in lab.status("server")["tunnels"] if t["peer"] == "site1/mpq0"]
+    assert len(srv) == 1 and srv[0]["address"] == address, srv
+    assert sorted(p["name"] for p in srv[0]["paths"]) == ["wan1", "wan2"], srv[0]["paths"]
+    assert "CONNECT-IP session open" in lab.log("server")
+    lab.unblock(0)
+    t0 = time.monotonic()
+    while states(lab) != {"wan1": "up", "wan2": "up"}:
+        assert time.monotonic() - t0 < 10, (states(lab), lab.log("client0"))
+        time.sleep(0.1)
+    report(f"wan1 up again {time.monotonic() - t0:.2f} s after its repair")
+    assert len(lab.ping(count=10, interval=0.05)["received"]) == 10
+
+
+def go_server(lab, binary, path="/vpn"):
+    """connect-ip-go's server on MASQUE_PORT in the server namespace: it gives every session
+    10.200.18.2 and fd00:18::2 (the newest session has them), its own end 10.200.18.1."""
+    lab.pki()
+    pki = lab.files["pki"]
+    lab.spawn("go-server", lab.server_ns, [
+        binary, "server", "-listen", f"0.0.0.0:{MASQUE_PORT}",
+        "-cert", os.path.join(pki, "mpquic-server.crt"), "-key", os.path.join(pki, "mpquic-server.key"),
+        "-path", path, "-assign", "10.200.18.2/32,fd00:18::2/128", "-local", "10.200.18.1/32,fd00:18::1/128",
+        "-tun", "cips0"])
+    t0 = time.monotonic()
+    while "listening" not in lab.log("go-server"):
+        assert time.monotonic() - t0 < 10, lab.log("go-server")
+        time.sleep(0.1)
+    yaml = lab.client_yaml(0, request=False).replace("remote_port: 45017", f"remote_port: {MASQUE_PORT}")
+    return yaml + f"protocol: masque\nmasque_path: {path}\n"
+
+
+def test_the_mpquic_client_takes_turns_between_paths_at_a_standard_server(make_lab, connectip):
+    """Two paths to connect-ip-go's server, which ignores the hello: they take turns, wan1
+    (priority 1) carries and wan2 stands by without a connection. wan1 black-holed under a 10 ms
+    ping: wan2 takes over within 1 s with the same address; once wan1 answers again it takes
+    over back, and wan2 stands by; a reload that prefers wan2 moves the session there."""
+    lab = make_lab(paths=2)
+    lab.start_client(yaml=go_server(lab, connectip))
+    st = lab.wait_tunnel(up=["wan1"])
+    assert st["tunnels"][0]["protocol"] == "connect-ip (standard)", st["tunnels"][0]
+    address = st["tunnels"][0]["address"]
+    # That server forwards only what comes from the address it gave: pings from the client.
+    cns, far = lab.client_ns(0), "10.200.18.1"
+    lab.sh(cns, f"ip route add {far}/32 dev mpq0")
+    time.sleep(0.5)
+    assert states(lab) == {"wan1": "up", "wan2": "standby"}, lab.status("client0")["tunnels"][0]["paths"]
+
+    switched, longest, lost = ping_through_a_black_hole(
+        lab, 0, lambda: carrying(lab) == ["wan2"], ns=cns, dst=far)
+    report(f"CONNECT-IP to a standard server, failover wan1 -> wan2: wan2 up {switched:.2f} s "
+           f"after the black hole, {lost}, longest gap {longest:.2f} s")
+    assert longest <= 1.0, (longest, lab.log("client0"), lab.log("go-server"))
+    assert lab.status("client0")["tunnels"][0]["address"] == address
+    assert "the session before is replaced" in lab.log("go-server")
 
     # wan1 answers again: it takes over back (its redials back off to 2 s), wan2 stands by.
     lab.unblock(0)
@@ -271,10 +335,8 @@ def test_the_mpquic_client_over_connect_ip_fails_over_between_paths_keeping_its_
     report(f"wan1 carries again {time.monotonic() - t0:.2f} s after its repair")
     time.sleep(0.3)
     assert states(lab) == {"wan1": "up", "wan2": "standby"}, lab.status("client0")["tunnels"][0]["paths"]
-    ping = lab.ping(count=10, interval=0.05)
-    assert len(ping["received"]) == 10, (ping, lab.log("client0"), lab.log("server"))
-    assert lab.status("client0")["tunnels"][0]["address"] == address
-    assert len([t for t in lab.status("server")["tunnels"] if t["peer"] == "site1"]) == 1
+    ping = lab.ping(count=10, interval=0.05, src_ns=cns, dst=far)
+    assert len(ping["received"]) == 10, (ping, lab.log("client0"), lab.log("go-server"))
 
     # A reload that makes wan2 the preferred path: it takes over, wan1 stands by.
     cfg = os.path.join(lab.dir, "client0-run.yaml")
@@ -287,7 +349,7 @@ def test_the_mpquic_client_over_connect_ip_fails_over_between_paths_keeping_its_
     while states(lab) != {"wan1": "standby", "wan2": "up"}:
         assert time.monotonic() - t0 < 5, (states(lab), lab.log("client0"))
         time.sleep(0.1)
-    assert len(lab.ping(count=10, interval=0.05)["received"]) == 10
+    assert len(lab.ping(count=10, interval=0.05, src_ns=cns, dst=far)["received"]) == 10
 
 
 def test_the_mpquic_client_against_connect_ip_gos_server(make_lab, connectip):
@@ -295,19 +357,7 @@ def test_the_mpquic_client_against_connect_ip_gos_server(make_lab, connectip):
     connect-ip-go's server: the address it assigns (IPv4 and IPv6), ping both ways, TCP both
     ways and UDP."""
     lab = make_lab(paths=1)
-    lab.pki()
-    pki = lab.files["pki"]
-    lab.spawn("go-server", lab.server_ns, [
-        connectip, "server", "-listen", f"0.0.0.0:{MASQUE_PORT}",
-        "-cert", os.path.join(pki, "mpquic-server.crt"), "-key", os.path.join(pki, "mpquic-server.key"),
-        "-path", "/vpn", "-assign", "10.200.18.2/32,fd00:18::2/128", "-local", "10.200.18.1/32,fd00:18::1/128",
-        "-tun", "cips0"])
-    t0 = time.monotonic()
-    while "listening" not in lab.log("go-server"):
-        assert time.monotonic() - t0 < 10, lab.log("go-server")
-        time.sleep(0.1)
-    yaml = lab.client_yaml(0, request=False).replace("remote_port: 45017", f"remote_port: {MASQUE_PORT}")
-    lab.start_client(yaml=yaml + "protocol: masque\nmasque_path: /vpn\n")
+    lab.start_client(yaml=go_server(lab, connectip))
     t0 = time.monotonic()
     while True:
         try:

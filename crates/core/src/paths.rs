@@ -7,7 +7,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::drops::{DropReason, Drops};
-use crate::health::{HealthConfig, PathHealth, PathState, PeerView};
+use crate::health::{HealthConfig, HealthMode, PathHealth, PathState, PeerView};
 
 /// A path of one `PathSet`: stable for the set's lifetime (paths are added, never removed, so an
 /// id never comes to mean another path; a path taken out of the configuration is `retired`, and
@@ -274,6 +274,11 @@ impl PathSet {
         let p = &mut self.paths[id.index()];
         p.spec = spec;
         p.retired = false;
+    }
+
+    /// The paths connected from now on judge their health so (`TunnelCore::peer_speaks_mpquic`).
+    pub fn set_health_mode(&mut self, mode: HealthMode) {
+        self.health_cfg.mode = mode;
     }
 
     /// The path was taken out of the configuration: its connection is gone for good (until it

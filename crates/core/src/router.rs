@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::bond::{Bond, Route};
 use crate::drops::DropReason;
-use crate::health::{HealthConfig, PeerView};
+use crate::health::{HealthConfig, HealthMode, PeerView};
 use crate::packet::PacketInfo;
 use crate::paths::{PathId, PathLoad, PathSet, PathSpec, ProbeDue, Transition};
 use crate::reseq::{self, Resequencer, Verdict};
@@ -180,6 +180,25 @@ impl Router {
             Some(l) => l.bond.set_policy(policy),
             None => Err(format!("no lane {lane}")),
         }
+    }
+
+    /// The paths connected from now on judge their health so (`PathSet::set_health_mode`).
+    pub fn set_health_mode(&mut self, mode: HealthMode) {
+        self.paths.set_health_mode(mode);
+    }
+
+    /// Every lane with a per-packet policy schedules by failover from now on, its packets
+    /// unnumbered: for a peer that takes bare IP packets only, learnt before anything was
+    /// routed (`TunnelCore::peer_speaks_ip_only`). Whether a lane changed.
+    pub fn unbond(&mut self) -> bool {
+        let mut changed = false;
+        for l in &mut self.lanes {
+            if l.bond.policy().per_packet() {
+                l.bond = Bond::new(Policy::Failover);
+                changed = true;
+            }
+        }
+        changed
     }
 
     /// `id` was taken out of the configuration (`PathSet::retire`).

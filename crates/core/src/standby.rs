@@ -1,6 +1,7 @@
 //! One path at a time, for a client whose server does not bond (`protocol: masque`: a standard
-//! CONNECT-IP server makes each connection a session of its own, with its own address, and an
-//! mpquic server replaces a client's session with its newest). The client carries on the best
+//! CONNECT-IP server makes each connection a session of its own, with its own address). The
+//! client starts so over CONNECT-IP until the first answer says the server is an mpquic one
+//! (`TunnelCore::peer_speaks_mpquic`): then the turns end and every path dials. The client carries on the best
 //! path that is connected (lowest `priority`, then configuration order); the others stand by
 //! without a connection. A path dials when no better path is connected or about to be, so the
 //! first choice is tried first and the next one only once it has failed; a better path that
@@ -45,6 +46,8 @@ pub struct Rank {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Standby {
     paths: Vec<(Rank, Standing)>,
+    /// The server bonds: every path may dial, none outranks another (`end`).
+    ended: bool,
 }
 
 impl Standby {
@@ -67,14 +70,24 @@ impl Standby {
             .map(|(_, s)| *s)
     }
 
-    /// Path `id` may dial: no better path is connected or about to try.
+    /// No turns from now on: the server turned out to bond (an mpquic server).
+    pub fn end(&mut self) {
+        self.ended = true;
+    }
+
+    /// Whether the paths still take turns.
+    pub fn taking_turns(&self) -> bool {
+        !self.ended
+    }
+
+    /// Path `id` may dial: no better path is connected or about to try (or the turns ended).
     pub fn may_dial(&self, id: PathId) -> bool {
-        self.better_than(id).all(|s| s == Standing::Failed)
+        self.ended || self.better_than(id).all(|s| s == Standing::Failed)
     }
 
     /// Path `id` is connected, but so is a better one: it hands over and stands by.
     pub fn outranked(&self, id: PathId) -> bool {
-        self.better_than(id).any(|s| s == Standing::Connected)
+        !self.ended && self.better_than(id).any(|s| s == Standing::Connected)
     }
 
     /// The paths connected now.
@@ -158,6 +171,17 @@ mod tests {
         assert!(!s.may_dial(r[0].id));
         s.set(r[2], Failed);
         assert!(s.may_dial(r[0].id));
+    }
+
+    #[test]
+    fn a_server_that_bonds_ends_the_turns() {
+        let (mut s, r) = three();
+        s.set(r[2], Connected);
+        s.set(r[0], Connected);
+        assert!(s.taking_turns() && s.outranked(r[0].id) && !s.may_dial(r[1].id));
+        s.end();
+        assert!(!s.taking_turns());
+        assert!(r.iter().all(|x| s.may_dial(x.id) && !s.outranked(x.id)));
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //! and written on any byte stream (a QUIC stream today).
 
 use anyhow::{bail, Result};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -114,6 +116,28 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// `msg` as an HTTP field value (CONNECT-IP: `connect_ip::request::HELLO_FIELD` and
+/// `HELLO_ACK_FIELD`): its framing as on a stream, version byte first, in unpadded base64url.
+pub fn to_field<T: Serialize>(msg: &T) -> Result<String> {
+    Ok(URL_SAFE_NO_PAD.encode(encode(msg)?))
+}
+
+/// The message in a field value `to_field` made; an error names what is wrong with it.
+pub fn from_field<T: DeserializeOwned>(value: &[u8]) -> Result<T> {
+    let framed = URL_SAFE_NO_PAD
+        .decode(value.trim_ascii())
+        .map_err(|e| anyhow::anyhow!("not base64url: {e}"))?;
+    match framed.as_slice() {
+        [version, ..] if *version != VERSION => {
+            bail!("peer speaks control protocol version {version}, this build speaks {VERSION}")
+        }
+        [_, hi, lo, body @ ..] if usize::from(u16::from_be_bytes([*hi, *lo])) == body.len() => {
+            Ok(serde_json::from_slice(body)?)
+        }
+        _ => bail!("truncated or padded control message"),
+    }
+}
+
 pub async fn write<T: Serialize>(s: &mut (impl AsyncWrite + Unpin), msg: &T) -> Result<()> {
     s.write_all(&encode(msg)?).await?;
     Ok(())
@@ -153,5 +177,31 @@ mod tests {
         let body = br#"{"ok":false,"error":"x","addr":null,"server_addr":null,"mtu":null}"#;
         assert_eq!(&b[1..3], &(body.len() as u16).to_be_bytes());
         assert_eq!(&b[3..], body);
+    }
+
+    #[test]
+    fn in_a_field() {
+        let ack = HelloAck {
+            ok: true,
+            addr: Some("10.9.0.2/24".into()),
+            ..Default::default()
+        };
+        let v = to_field(&ack).unwrap();
+        assert!(v
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+        assert_eq!(from_field::<HelloAck>(v.as_bytes()).unwrap(), ack);
+        let framed = encode(&ack).unwrap();
+        for (bad, why) in [
+            (b"@@".to_vec(), "base64"),
+            (URL_SAFE_NO_PAD.encode([9, 0, 0]).into_bytes(), "version 9"),
+            (
+                URL_SAFE_NO_PAD.encode(&framed[..10]).into_bytes(),
+                "truncated",
+            ),
+        ] {
+            let e = from_field::<HelloAck>(&bad).unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+        }
     }
 }

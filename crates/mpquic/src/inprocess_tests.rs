@@ -381,7 +381,9 @@ async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
         instance: None,
         classes: Vec::new(),
     };
-    let (t, ack) = dialer
+    let crate::transport::Dialed {
+        transport: t, ack, ..
+    } = dialer
         .dial(&c.paths[1], &stray, Known::default())
         .await
         .unwrap();
@@ -582,7 +584,9 @@ async fn stripe_path_to_a_server_without_stripe_is_refused() {
         classes: Vec::new(),
     };
     use crate::transport::{Dialer, Known};
-    let (t, ack) = dialer
+    let crate::transport::Dialed {
+        transport: t, ack, ..
+    } = dialer
         .dial(&c.paths[0], &hello, Known::default())
         .await
         .unwrap();

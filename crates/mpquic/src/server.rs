@@ -33,7 +33,7 @@ use crate::tls::certificate::Facts;
 use crate::tls::revocation;
 use crate::transport::masque::MasqueListener;
 use crate::transport::quic::QuicListener;
-use crate::transport::{Listener, Offer};
+use crate::transport::{Carrier, Listener, Offer};
 use crate::tun::Tun;
 use crate::tunnel::{close, Carriage, LaneSpec, Shares, Sources, Tunnel};
 use crate::{quic, runtime};
@@ -73,6 +73,8 @@ struct SessionTunnel {
     unmatched: Vec<AtomicU64>,
     /// The task serving the tunnel's timers; it ends with the session.
     timers: tokio::task::AbortHandle,
+    /// How the session's first connection came (status).
+    carrier: Carrier,
 }
 
 impl Drop for SessionTunnel {
@@ -489,6 +491,7 @@ impl Server {
                     let t = t.as_ref()?;
                     let mut st = t.tunnel.status(Some(format!("{addr}/{prefix}")));
                     st.address6 = self.address6(*addr);
+                    st.protocol = t.carrier.as_str().into();
                     let counts = t.classified.iter().zip(&t.unmatched);
                     for (c, (m, u)) in st.classes.iter_mut().zip(counts) {
                         c.classified_packets = m.load(Ordering::Relaxed);
@@ -611,10 +614,10 @@ impl Server {
             certificate,
             remote,
             hello: h,
-            plain,
+            carrier,
             reply,
         } = offer;
-        match self.join(&name, certificate, &h, plain) {
+        match self.join(&name, certificate, &h, carrier) {
             Ok((tunnel, addr, path)) => {
                 let scfg = self.scfg();
                 let ack = HelloAck {
@@ -656,7 +659,7 @@ impl Server {
         identity: &str,
         certificate: Option<Facts>,
         h: &Hello,
-        plain: bool,
+        carrier: Carrier,
     ) -> Result<(Arc<Tunnel>, std::net::Ipv4Addr, PathId), String> {
         let (policy, fec) = terms(h)?;
         let name = sessions::session_name(identity, h.instance.as_deref());
@@ -700,7 +703,7 @@ impl Server {
             info!(client = %name, address = %joined.addr, policy = policy.as_str(), mode = h.mode.as_str(), "client session started");
         }
         let tunnel =
-            self.session_tunnel(&joined.value, &name, joined.addr, h, (policy, fec), plain)?;
+            self.session_tunnel(&joined.value, &name, joined.addr, h, (policy, fec), carrier)?;
         let spec = PathSpec {
             name: h.path.clone(),
             priority: h.priority,
@@ -755,7 +758,7 @@ impl Server {
         addr: std::net::Ipv4Addr,
         h: &Hello,
         (policy, fec): (Policy, FecMode),
-        plain: bool,
+        carrier: Carrier,
     ) -> Result<Arc<Tunnel>, String> {
         let mut slot = session.tunnel.write().unwrap_or_else(|e| e.into_inner());
         if let Some(st) = slot.as_ref() {
@@ -783,7 +786,7 @@ impl Server {
             }),
             // A standard CONNECT-IP client neither probes nor answers probes: its one path is
             // up while its connection is.
-            match plain {
+            match carrier.plain() {
                 true => HealthMode::Transport,
                 false => HealthMode::Follow,
             },
@@ -803,6 +806,7 @@ impl Server {
             classified: (0..n).map(|_| AtomicU64::new(0)).collect(),
             unmatched: (0..n).map(|_| AtomicU64::new(0)).collect(),
             timers,
+            carrier,
         });
         Ok(tunnel)
     }

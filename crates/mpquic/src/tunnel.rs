@@ -567,6 +567,20 @@ impl Tunnel {
         self.lock().core.fell_back(path);
     }
 
+    /// A CONNECT-IP client learnt what its server speaks from the first answer (core
+    /// `TunnelCore::peer_speaks_mpquic` / `peer_speaks_ip_only`); `standard`: IP packets only.
+    /// Whether a per-packet policy gave way to failover.
+    pub fn learn_peer(&self, standard: bool) -> bool {
+        let mut s = self.lock();
+        match standard {
+            true => s.core.peer_speaks_ip_only(),
+            false => {
+                s.core.peer_speaks_mpquic();
+                false
+            }
+        }
+    }
+
     /// Whether this side watches its paths' packet size (`pmtu.rs`: the client, when its
     /// server answers probes).
     pub fn watches_mtu(&self) -> bool {
@@ -982,6 +996,8 @@ impl Tunnel {
                 .collect(),
             policy: router.bond().policy().as_str().into(),
             mode: self.mode.as_str().into(),
+            // The shell knows it (what the other end speaks).
+            protocol: String::new(),
             fec: s.core.fec_mode().to_string(),
             paths,
             // The lanes' together (each class's in `classes`).

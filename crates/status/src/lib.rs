@@ -166,6 +166,12 @@ pub struct TunnelStatus {
     pub lans: Vec<String>,
     pub policy: String,
     pub mode: String,
+    /// How the session is carried: `native` (mpquic's protocol), `connect-ip` (CONNECT-IP
+    /// between two mpquic ends: bonding as native) or `connect-ip (standard)` (one end speaks
+    /// standard CONNECT-IP: IP packets only, one path at a time). Empty: not known yet (a
+    /// CONNECT-IP client before its first answer).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub protocol: String,
     /// The congestion controller of this tunnel's paths as it runs: the configured one, or
     /// `bbr (yielding)` where the tunnel carries traffic classes (a server's sessions differ).
     #[serde(default, skip_serializing_if = "String::is_empty")]

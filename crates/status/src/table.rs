@@ -82,11 +82,15 @@ impl StatusReport {
             };
             let _ = writeln!(
                 o,
-                "\n{} {}{address6}{lans}  policy {}  mode {}{}{}{}",
+                "\n{} {}{address6}{lans}  policy {}  mode {}{}{}{}{}",
                 t.peer,
                 t.address.as_deref().unwrap_or("(no address)"),
                 t.policy,
                 t.mode,
+                match t.protocol.as_str() {
+                    "" | "native" => String::new(),
+                    p => format!("  over {p}"),
+                },
                 match t.congestion.as_str() {
                     c if c.is_empty() || c == self.congestion => String::new(),
                     c => format!("  cc {c}"),

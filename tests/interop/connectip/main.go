@@ -1,7 +1,7 @@
 // A standard CONNECT-IP (RFC 9484) client and server built on quic-go's connect-ip-go, an
 // implementation independent of mpquic's: the interop tests (tests/e2e/test_masque.py) run
 // them against mpquic's server and client. Each moves IP packets between a TUN device and one
-// CONNECT-IP session.
+// CONNECT-IP session (the server: the newest, which replaces the one before).
 //
 //	connectip client -url https://HOST:PORT/PATH -ca ca.crt [-sni NAME] [-token T] [-ask CIDR] [-tun NAME] [-route CIDR]...
 //	connectip probe -url URL -ca ca.crt [-protocol P] [-capsule HEX | -spoof SRC -to DST]
@@ -22,6 +22,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	connectip "github.com/quic-go/connect-ip-go"
@@ -235,6 +236,30 @@ func server(args []string) {
 		rts = append(rts, p.String())
 	}
 	dev := tunDevice(*tunName, own, rts)
+	// One session at a time has the address it assigns (the same to every client): the TUN's
+	// packets go to the newest, and a new session closes the one before (a client that moved
+	// to another path; its old connection may be black-holed and never say goodbye).
+	var current atomic.Pointer[connectip.Conn]
+	go func() {
+		b := make([]byte, 2000)
+		for {
+			n, err := dev.Read(b)
+			if err != nil {
+				log.Fatalf("tun read: %v", err)
+			}
+			conn := current.Load()
+			if conn == nil {
+				continue
+			}
+			icmp, err := conn.WritePacket(b[:n])
+			if err != nil {
+				log.Printf("write packet: %v", err)
+			}
+			if len(icmp) > 0 {
+				dev.Write(icmp)
+			}
+		}
+	}()
 	proxy := connectip.Proxy{}
 	mux := http.NewServeMux()
 	mux.HandleFunc(*path, func(w http.ResponseWriter, r *http.Request) {
@@ -265,7 +290,22 @@ func server(args []string) {
 			return
 		}
 		log.Printf("session open for %s", r.RemoteAddr)
-		pump(dev, conn)
+		if old := current.Swap(conn); old != nil {
+			log.Printf("the session before is replaced")
+			old.Close()
+		}
+		b := make([]byte, 2000)
+		for {
+			n, err := conn.ReadPacket(b)
+			if err != nil {
+				log.Printf("session for %s ended: %v", r.RemoteAddr, err)
+				current.CompareAndSwap(conn, nil)
+				return
+			}
+			if _, err := dev.Write(b[:n]); err != nil {
+				log.Printf("tun write: %v", err)
+			}
+		}
 	})
 	srv := http3.Server{
 		Addr:            *listen,

@@ -104,20 +104,43 @@ fn bearer(value: &str) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-/// The fields of the server's answer with `status` (a 2xx one says the capsule protocol is on).
-pub fn answer(status: u16) -> Vec<(&'static str, String)> {
+/// Our extension, how two mpquic ends find each other over CONNECT-IP (docs/PROTOCOL.md 3c):
+/// an mpquic client's hello rides in its request as this field, and an mpquic server that takes
+/// it answers with its hello answer in `HELLO_ACK_FIELD`; the session is then the native one
+/// (probes, bonding, per-packet policies) in HTTP Datagrams. Any other server ignores the
+/// unknown field (RFC 9110 section 5.1) and answers without one: a standard session.
+pub const HELLO_FIELD: &str = "mpquic-hello";
+pub const HELLO_ACK_FIELD: &str = "mpquic-hello-ack";
+
+/// The value of field `name` (the first, if it came twice).
+pub fn field<'a>(fields: &'a [Field], name: &str) -> Option<&'a [u8]> {
+    fields
+        .iter()
+        .find(|(n, _)| n == name.as_bytes())
+        .map(|(_, v)| v.as_slice())
+}
+
+/// The fields of the server's answer with `status` (a 2xx one says the capsule protocol is on),
+/// with an mpquic server's hello answer when the request came with a hello (a refusal's too:
+/// it says why).
+pub fn answer(status: u16, hello_ack: Option<&str>) -> Vec<(&'static str, String)> {
     let mut f = vec![(":status", status.to_string())];
     if (200..300).contains(&status) {
         f.push(("capsule-protocol", "?1".into()));
     }
+    if let Some(a) = hello_ack {
+        f.push((HELLO_ACK_FIELD, a.into()));
+    }
     f
 }
 
-/// A client's request for `path` at `authority`, with a bearer token if it has one.
+/// A client's request for `path` at `authority`, with a bearer token if it has one, and an
+/// mpquic client's hello.
 pub fn request<'a>(
     authority: &'a str,
     path: &'a str,
     authorization: Option<&'a str>,
+    hello: Option<&'a str>,
 ) -> Vec<(&'static str, &'a str)> {
     let mut f = vec![
         (":method", "CONNECT"),
@@ -129,6 +152,9 @@ pub fn request<'a>(
     ];
     if let Some(a) = authorization {
         f.push(("authorization", a));
+    }
+    if let Some(h) = hello {
+        f.push((HELLO_FIELD, h));
     }
     f
 }
@@ -169,11 +195,14 @@ mod tests {
             "vpn.example",
             "/.well-known/masque/ip/*/*/",
             Some("Bearer mpq_two"),
+            Some("aGVsbG8"),
         );
         let got = judge(&fields(&req), &t, None, &tokens()).unwrap();
         assert_eq!(got.identity, "laptop");
+        // An mpquic client's hello rides along; the verdict is the same.
+        assert_eq!(field(&fields(&req), HELLO_FIELD), Some(&b"aGVsbG8"[..]));
         assert_eq!(got.scope, t.matches("/.well-known/masque/ip/*/*/").unwrap());
-        let req = request("vpn.example", "/.well-known/masque/ip/*/*/", None);
+        let req = request("vpn.example", "/.well-known/masque/ip/*/*/", None, None);
         let got = judge(&fields(&req), &t, Some("site1"), &tokens()).unwrap();
         assert_eq!(got.identity, "site1");
         // The scheme's case does not matter.
@@ -181,6 +210,7 @@ mod tests {
             "vpn.example",
             "/.well-known/masque/ip/*/*/",
             Some("bearer  mpq_one"),
+            None,
         );
         assert_eq!(
             judge(&fields(&req), &t, None, &tokens()).unwrap().identity,
@@ -214,7 +244,7 @@ mod tests {
     fn each_bad_request_has_its_status_and_reason() {
         let t = Template::default();
         let path = "/.well-known/masque/ip/*/*/";
-        let ok = request("vpn.example", path, Some("Bearer mpq_one"));
+        let ok = request("vpn.example", path, Some("Bearer mpq_one"), None);
         let cases: Vec<(Owned, u16, &str)> = vec![
             (with(&ok, "authorization", None), 401, "no_token"),
             (
@@ -273,13 +303,20 @@ mod tests {
     #[test]
     fn the_answer_and_its_check() {
         let ok = fields(
-            &answer(200)
+            &answer(200, None)
                 .iter()
                 .map(|(n, v)| (*n, v.as_str()))
                 .collect::<Vec<_>>(),
         );
         assert_eq!(check_answer(&ok), Ok(200));
-        assert_eq!(answer(401).len(), 1);
+        assert_eq!(field(&ok, HELLO_ACK_FIELD), None);
+        let ours = answer(200, Some("eyJvayI6dHJ1ZX0"));
+        let ours: Vec<(&str, &str)> = ours.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        assert_eq!(
+            field(&fields(&ours), HELLO_ACK_FIELD),
+            Some(&b"eyJvayI6dHJ1ZX0"[..])
+        );
+        assert_eq!(answer(401, None).len(), 1);
         let no = fields(&[(":status", "401")]);
         assert_eq!(check_answer(&no), Err("the server answered 401".into()));
         assert!(check_answer(&fields(&[("server", "x")])).is_err());

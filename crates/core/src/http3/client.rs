@@ -18,8 +18,11 @@ pub enum Event {
     /// serve CONNECT-IP.
     Unsupported,
     /// The final answer's status: 2xx opens the capsules, anything else ends the request.
+    /// `hello_ack`: an mpquic server's answer to the hello the request carried
+    /// (`request::HELLO_ACK_FIELD`, with a refusal too); none from any other server.
     Answer {
         status: u16,
+        hello_ack: Option<String>,
     },
     Capsule(Capsule),
     /// The server ended the request stream.
@@ -56,9 +59,15 @@ impl ClientConn {
         (conn, our_control_stream())
     }
 
-    /// The HEADERS frame of the request, for the request stream.
-    pub fn request(authority: &str, path: &str, authorization: Option<&str>) -> Vec<u8> {
-        let fields = request::request(authority, path, authorization);
+    /// The HEADERS frame of the request, for the request stream; `hello`: an mpquic client's
+    /// (`request::HELLO_FIELD`).
+    pub fn request(
+        authority: &str,
+        path: &str,
+        authorization: Option<&str>,
+        hello: Option<&str>,
+    ) -> Vec<u8> {
+        let fields = request::request(authority, path, authorization, hello);
         frame::frame(frame::HEADERS, &qpack::encode(fields))
     }
 
@@ -139,6 +148,8 @@ impl ClientConn {
                                 "an answer's field section did not decode",
                             )
                         })?;
+                        let hello_ack = request::field(&fields, request::HELLO_ACK_FIELD)
+                            .map(|v| String::from_utf8_lossy(v).into_owned());
                         let status = match request::check_answer(&fields) {
                             Ok(s) => s,
                             // An interim answer (1xx) comes before the final one.
@@ -149,13 +160,13 @@ impl ClientConn {
                                     "an answer without a :status",
                                 ))?;
                                 self.answer = Answer::Closed;
-                                out.push(Event::Answer { status });
+                                out.push(Event::Answer { status, hello_ack });
                                 return Ok(());
                             }
                         };
                         let r = std::mem::replace(r, FrameReader::new(On::Request));
                         self.answer = Answer::Open(CapsuleBody::new(r));
-                        out.push(Event::Answer { status });
+                        out.push(Event::Answer { status, hello_ack });
                     }
                     Some(_) => {
                         return Err(err(
@@ -198,6 +209,7 @@ mod tests {
             "vpn.example:443",
             "/.well-known/masque/ip/*/*/",
             Some("Bearer t"),
+            Some("aGk"),
         );
         let ev = srv.on_request(0, &req, false);
         let [server::Event::Request { stream: 0, fields }] = ev.as_slice() else {
@@ -210,7 +222,12 @@ mod tests {
             &[],
         );
         assert_eq!(judged.map(|a| a.identity), Ok("site1".to_string()));
-        let (headers, _) = srv.answer(0, 200);
+        let hello = crate::connect_ip::request::field(fields, "mpquic-hello");
+        assert_eq!(hello, Some(&b"aGk"[..]));
+        // Opened now, answered with the server's hello answer once it decided.
+        let (_, early) = srv.answer(0, 200);
+        assert!(early.is_empty());
+        let headers = ServerConn::headers(200, Some("b2s"));
         let assign = Capsule::AddressAssign(vec![AddressEntry {
             request_id: 0,
             addr: Ipv4Addr::new(10, 200, 17, 5).into(),
@@ -224,7 +241,10 @@ mod tests {
         assert_eq!(
             ev,
             [
-                Event::Answer { status: 200 },
+                Event::Answer {
+                    status: 200,
+                    hello_ack: Some("b2s".into())
+                },
                 Event::Capsule(assign),
                 Event::Capsule(routes)
             ]
@@ -249,7 +269,13 @@ mod tests {
         let interim = frame::frame(frame::HEADERS, &qpack::encode([(":status", "103")]));
         let no = frame::frame(frame::HEADERS, &qpack::encode([(":status", "401")]));
         let ev = cli.on_request(&[interim, no].concat(), false);
-        assert_eq!(ev, [Event::Answer { status: 401 }]);
+        assert_eq!(
+            ev,
+            [Event::Answer {
+                status: 401,
+                hello_ack: None
+            }]
+        );
         assert!(cli
             .on_request(&frame::frame(frame::DATA, b"x"), true)
             .is_empty());

@@ -234,7 +234,7 @@ impl ServerConn {
     /// opens the stream's capsules (any that arrived meanwhile come back as events); any other
     /// status ends the request.
     pub fn answer(&mut self, stream: u64, status: u16) -> (Vec<u8>, Vec<Event>) {
-        let headers = Self::headers(status);
+        let headers = Self::headers(status, None);
         let mut out = Vec::new();
         match self.requests.get_mut(&stream) {
             Some(state @ Request::Asked(_)) if (200..300).contains(&status) => {
@@ -252,8 +252,9 @@ impl ServerConn {
 
     /// An answer's HEADERS frame with `status`. A shell that opened a request with `answer`
     /// (to read the capsules that came with it) and then refused it sends this instead.
-    pub fn headers(status: u16) -> Vec<u8> {
-        let fields = crate::connect_ip::request::answer(status);
+    /// `hello_ack`: an mpquic server's answer to an mpquic client's hello.
+    pub fn headers(status: u16, hello_ack: Option<&str>) -> Vec<u8> {
+        let fields = crate::connect_ip::request::answer(status, hello_ack);
         let section = qpack::encode(fields.iter().map(|(n, v)| (*n, v.as_str())));
         frame::frame(frame::HEADERS, &section)
     }
@@ -309,7 +310,7 @@ mod tests {
     }
 
     fn request_headers() -> Vec<u8> {
-        let f = crate::connect_ip::request::request("vpn.example", "/vpn", Some("Bearer t"));
+        let f = crate::connect_ip::request::request("vpn.example", "/vpn", Some("Bearer t"), None);
         frame::frame(frame::HEADERS, &qpack::encode(f))
     }
 

@@ -186,6 +186,22 @@ impl TunnelCore {
         self.expect_src.as_ref()
     }
 
+    /// Over CONNECT-IP a client learns what its server is from the first answer (our hello
+    /// answer in it, `connect_ip::request::HELLO_ACK_FIELD`, or none); until then its tunnel is
+    /// set for a standard server (`HealthMode::Transport`). An mpquic server: the paths
+    /// connected from now on are probed, and bond, as on the native protocol. The size watch
+    /// stays off: there each connection's own MTU discovery sizes its packets.
+    pub fn peer_speaks_mpquic(&mut self) {
+        self.router.set_health_mode(HealthMode::Probe);
+        self.plain = false;
+    }
+
+    /// A standard server: it takes bare IP packets only, so a lane with a per-packet policy
+    /// schedules by failover (its packets would carry a bond header). Whether one did.
+    pub fn peer_speaks_ip_only(&mut self) -> bool {
+        self.router.unbond()
+    }
+
     /// Whether this side watches its paths' packet size (the prober, the client).
     pub fn watches_mtu(&self) -> bool {
         self.watch_mtu
@@ -404,6 +420,41 @@ mod tests {
         assert!(out.answers.is_empty(), "{:?}", out.answers);
         let drops = &core.router().paths().get(id).drops;
         assert_eq!(drops.get(DropReason::Malformed), 2);
+    }
+
+    /// A CONNECT-IP client's tunnel starts set for a standard server and learns from the first
+    /// answer what its server is: an mpquic server's paths are probed (not up until a probe
+    /// comes back) and its control frames answered; a standard server's lanes give up a
+    /// per-packet policy (its packets would carry a bond header) and its paths are up with
+    /// their connection.
+    #[test]
+    fn a_connect_ip_client_learns_what_its_server_speaks() {
+        let spec = PathSpec {
+            name: "wan1".into(),
+            priority: 1,
+            weight: 1,
+        };
+        let now = Instant::now();
+        let mut core = TunnelCore::new(Policy::Wlb, HealthMode::Transport, FecMode::Off, None);
+        let id = core.path(spec.clone(), 2).unwrap();
+        core.peer_speaks_mpquic();
+        core.connected(id, LinkStats::default(), now);
+        let state = core.router().paths().get(id).state();
+        assert_ne!(state, Some(crate::PathState::Up));
+        let mut out = Recorded::default();
+        let _ = core.on_datagram(id, &wire::encode_probe(wire::PROBE, 1), now, &mut out);
+        assert_eq!(out.answers.len(), 1);
+        assert_eq!(core.router().bond().policy(), Policy::Wlb);
+        assert!(!core.watches_mtu());
+
+        let mut core = TunnelCore::new(Policy::Wlb, HealthMode::Transport, FecMode::Off, None);
+        let id = core.path(spec, 2).unwrap();
+        assert!(core.peer_speaks_ip_only());
+        assert_eq!(core.router().bond().policy(), Policy::Failover);
+        assert!(!core.peer_speaks_ip_only(), "nothing left to change");
+        core.connected(id, LinkStats::default(), now);
+        let state = core.router().paths().get(id).state();
+        assert_eq!(state, Some(crate::PathState::Up));
     }
 
     #[test]

@@ -8,8 +8,10 @@
 //! packet in its class (`classify::Classifier`); the classes share the paths (one connection,
 //! prober and congestion controller each), the TUN device and the tunnel address.
 //!
-//! Over CONNECT-IP (`protocol: masque`) the server does not bond: the client carries on one
-//! path at a time and moves to the next when it dies (`standby.rs`).
+//! Over CONNECT-IP (`protocol: masque`) the first answer says what the server is (`learn`): an
+//! mpquic server took the hello the request carried, and the paths bond as on the native
+//! protocol; a standard server does not bond, and the client carries on one path at a time,
+//! moving to the next when it dies (`standby.rs`). Until that answer the paths take turns.
 //!
 //! The paths can change while it runs (`reload.rs`): each path's task watches its
 //! configuration, so a changed path reconnects (the new connection made before the old one
@@ -36,7 +38,7 @@ use crate::platform::Platform;
 use crate::reload::{self, PathChanges};
 use crate::status::StatusReport;
 use crate::transport::quic::QuicDialer;
-use crate::transport::{Dialer, Known, PathTransport, Unfinished};
+use crate::transport::{Carrier, Dialed, Dialer, Known, PathTransport, Unfinished};
 use crate::tun::Tun;
 use crate::tunnel::{close, Carriage, LaneSpec, Routed, Shares, Tunnel};
 use crate::{quic, runtime};
@@ -91,8 +93,12 @@ struct Client {
     /// The classes' rules (`ccfg.classifier` at start): a reload swaps them, the TUN reader
     /// takes the current ones for each batch.
     classifier: std::sync::RwLock<Arc<Classifier>>,
-    /// `protocol: masque`: the paths take turns, one connected at a time (`standby.rs`).
+    /// `protocol: masque`: the paths take turns, one connected at a time (`standby.rs`), until
+    /// the server turns out to be an mpquic one (`turns()`).
     turns: Option<standby::Turns>,
+    /// How the session is carried: native from the start; over CONNECT-IP what the first
+    /// answer said (`learn`).
+    carrier: std::sync::OnceLock<Carrier>,
 }
 
 /// The tunnel addresses the server gave: IPv4, and IPv6 when its tunnel is dual-stack.
@@ -261,6 +267,10 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
         platform: platform.clone(),
         classifier: std::sync::RwLock::new(Arc::new(ccfg.classifier.clone())),
         turns: ccfg.masque.is_some().then(standby::Turns::new),
+        carrier: match ccfg.masque {
+            None => Carrier::Native.into(),
+            Some(_) => std::sync::OnceLock::new(),
+        },
         cfg,
         ccfg,
     });
@@ -335,12 +345,13 @@ impl Client {
             tunnels: {
                 let mut st = (self.tunnel).status(addr.map(|a| format!("{}/{}", a.v4.0, a.v4.1)));
                 st.address6 = address6;
-                // Over CONNECT-IP a path without a connection that is not known to fail is
+                st.protocol = self.carrier.get().map_or("", |c| c.as_str()).into();
+                // Over CONNECT-IP to a standard server a path without a connection may be
                 // waiting for its turn.
-                if let Some(turns) = &self.turns {
+                if let Some(turns) = self.turns() {
                     for p in st.paths.iter_mut().filter(|p| p.state == "disconnected") {
                         let id = self.tunnel.path_id(&p.name);
-                        if id.is_some_and(|id| turns.standing(id) == Some(Standing::Ready)) {
+                        if id.is_some_and(|id| turns.standing_by(id)) {
                             p.state = "standby".into();
                         }
                     }
@@ -545,7 +556,7 @@ impl Client {
         // The path's sender goes when it is removed (its tasks are aborted then, too).
         while cfg.has_changed().is_ok() {
             let p = cfg.borrow_and_update().clone();
-            if let Some(turns) = &self.turns {
+            if let Some(turns) = self.turns() {
                 // A reload may have changed its priority.
                 turns.rerank(id, p.priority);
                 // One path at a time: it dials once no better one is connected or trying.
@@ -577,7 +588,7 @@ impl Client {
 
     /// Path `id` (configured as `p`) now stands so, when the paths take turns.
     fn stand(&self, id: PathId, p: &PathConfig, standing: Standing) {
-        if let Some(turns) = &self.turns {
+        if let Some(turns) = self.turns() {
             turns.set(id, p.priority, standing);
         }
     }
@@ -597,7 +608,7 @@ impl Client {
         let mut now = Installed::new(tunnel, id, transport);
         let mut liveness = standby::Liveness::default();
         let outranked = async {
-            match &self.turns {
+            match self.turns() {
                 Some(turns) => turns.outranked(id).await,
                 None => std::future::pending().await,
             }
@@ -615,7 +626,7 @@ impl Client {
                 ended = &mut now.closed => {
                     tunnel.remove(id, now.generation);
                     info!(path = %p.name, reason = %ended, "path connection closed");
-                    let Some(turns) = &self.turns else {
+                    let Some(turns) = self.turns() else {
                         return Standing::Failed;
                     };
                     // The server gave the session to this client's newer connection on another
@@ -643,7 +654,7 @@ impl Client {
                     info!(path = %p.name, "a better path connected and carries; this one stands by");
                     return Standing::Ready;
                 }
-                _ = sample.tick(), if self.turns.as_ref().is_some_and(|t| t.has_others(id)) => {
+                _ = sample.tick(), if self.turns().is_some_and(|t| t.has_others(id)) => {
                     let verdict = liveness.dead_for(now.transport.as_ref(), Instant::now());
                     self.with_slot(id, |s| {
                         s.quic_rtt = liveness.rtt();
@@ -661,7 +672,7 @@ impl Client {
                         return Standing::Failed;
                     }
                     p = cfg.borrow_and_update().clone();
-                    if let Some(turns) = &self.turns {
+                    if let Some(turns) = self.turns() {
                         turns.rerank(id, p.priority);
                     }
                     // Priority and weight count here at once; the server learns them from
@@ -811,7 +822,11 @@ impl Client {
             payload: self.slot(id).payload,
             rtt: self.rtt(id),
         };
-        let (transport, ack) = self.dialer.dial(p, &h, known).await?;
+        let Dialed {
+            transport,
+            ack,
+            carrier,
+        } = self.dialer.dial(p, &h, known).await?;
         // Closed if the answer is unusable (or this attempt is given up by its timeout).
         let transport = Unfinished::new(transport);
         if !ack.ok {
@@ -824,8 +839,37 @@ impl Client {
                 .try_send(format!("server refused this client: {msg}"));
             bail!("server refused: {msg}");
         }
+        self.learn(carrier)?;
         self.set_address(Assigned::from_answer(&ack)?)?;
         Ok(transport.keep())
+    }
+
+    /// How the server carries the session, from an answer: the first over CONNECT-IP sets the
+    /// tunnel up for it (before its path is installed, so that path is already probed or not);
+    /// a later one that differs (the server replaced by another kind) is refused, since the
+    /// tunnel's framing and policy cannot change under a running session.
+    fn learn(&self, carrier: Carrier) -> Result<()> {
+        let known = *self.carrier.get_or_init(|| {
+            let standard = carrier.plain();
+            let unbonded = self.tunnel.learn_peer(standard);
+            match &self.turns {
+                Some(turns) if !standard => {
+                    turns.end();
+                    info!("the CONNECT-IP server is an mpquic server: the paths bond as on the native protocol");
+                }
+                _ if unbonded => warn!(policy = self.ccfg.policy.as_str(), "the CONNECT-IP server does not bond (a standard server): the paths take turns, and the policy gives way to failover"),
+                _ => info!("the CONNECT-IP server is a standard one: the paths take turns"),
+            }
+            carrier
+        });
+        if known != carrier {
+            bail!(
+                "the server now speaks {} where it spoke {}: restart the client to follow it",
+                carrier.as_str(),
+                known.as_str()
+            );
+        }
+        Ok(())
     }
 
     fn set_address(&self, new: Assigned) -> Result<()> {
@@ -861,6 +905,12 @@ impl Client {
         self.with_slot(id, |_| ());
         self.stand(id, p, Standing::Ready);
         Ok(id)
+    }
+
+    /// The turns the paths take, while they take them (`protocol: masque` to a server that
+    /// does not bond, or before the first answer said).
+    fn turns(&self) -> Option<&standby::Turns> {
+        self.turns.as_ref().filter(|t| t.taking())
     }
 
     fn slot(&self, id: PathId) -> PathSlot {

@@ -1,4 +1,5 @@
-//! The client's side of one path at a time (`protocol: masque`; the rules: core `standby.rs`):
+//! The client's side of one path at a time (`protocol: masque` to a server that does not bond;
+//! the rules: core `standby.rs`):
 //! every path's standing, which their tasks wait on, and the watch that sees the carrying
 //! connection die.
 
@@ -26,6 +27,16 @@ impl Turns {
     pub(super) fn set(&self, id: PathId, priority: u32, standing: Standing) {
         let rank = Rank { priority, id };
         self.states.send_modify(|s| s.set(rank, standing));
+    }
+
+    /// No turns from now on (the server bonds): the paths waiting for theirs dial.
+    pub(super) fn end(&self) {
+        self.states.send_modify(|s| s.end());
+    }
+
+    /// Whether the paths still take turns.
+    pub(super) fn taking(&self) -> bool {
+        self.states.borrow().taking_turns()
     }
 
     /// `id`'s rank changed (a reload), its standing not.
@@ -60,8 +71,11 @@ impl Turns {
         let _ = rx.wait_for(|s| s.connected().any(|c| c != id)).await;
     }
 
-    pub(super) fn standing(&self, id: PathId) -> Option<Standing> {
-        self.states.borrow().standing(id)
+    /// Path `id` stands by: ready for its turn, or failed but held back by a better path that
+    /// carries (a standard server ended its session when the better one came back).
+    pub(super) fn standing_by(&self, id: PathId) -> bool {
+        let s = self.states.borrow();
+        s.standing(id) == Some(Standing::Ready) || (s.standing(id).is_some() && !s.may_dial(id))
     }
 
     pub(super) fn is_outranked(&self, id: PathId) -> bool {

@@ -1018,6 +1018,20 @@ multipath_paths:
             panic!()
         };
         assert_eq!(cc.paths.len(), 2);
+        // Datagram mode (HTTP Datagrams), whatever was asked, with a word when it was not; a
+        // per-packet policy is taken (an mpquic server bonds).
+        let c = parse(&format!(
+            "{CLIENT}protocol: masque\ntransport_mode: reliable\nmultipath_policy: wlb\n{two}"
+        ))
+        .unwrap();
+        assert_eq!(mode_of(&c), TransportMode::Datagram);
+        assert!(
+            (c.warnings.iter()).any(|w| w.contains("does not apply over CONNECT-IP")),
+            "{:?}",
+            c.warnings
+        );
+        let c = parse(&format!("{CLIENT}protocol: masque\n")).unwrap();
+        assert_eq!(mode_of(&c), TransportMode::Datagram);
         for (extra, says) in [
             ("protocol: masqe\n".to_string(), "did you mean `masque`"),
             (

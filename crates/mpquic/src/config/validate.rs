@@ -674,16 +674,20 @@ fn stripe_fec(raw: &RawConfig, c: &mut Checker) -> FecMode {
 }
 
 /// `transport_mode`, or its default. A client with stripe paths runs in datagram mode: stripe
-/// packets are datagrams, and loss is repaired by FEC.
+/// packets are datagrams, and loss is repaired by FEC. So does a CONNECT-IP client: its
+/// packets are HTTP Datagrams (a path's stream would be a request stream of its own, which
+/// no server serves).
 fn mode(raw: &RawConfig, role: &RoleConfig, c: &mut Checker) -> TransportMode {
-    let stripe = matches!(role, RoleConfig::Client(cl)
-        if cl.paths.iter().any(|p| p.transport == PathKind::Stripe));
-    if !stripe {
-        return raw.transport_mode.unwrap_or(default_mode(raw));
-    }
+    let why = match role {
+        RoleConfig::Client(cl) if cl.masque.is_some() => "over CONNECT-IP (protocol: masque)",
+        RoleConfig::Client(cl) if cl.paths.iter().any(|p| p.transport == PathKind::Stripe) => {
+            "with stripe paths"
+        }
+        _ => return raw.transport_mode.unwrap_or(default_mode(raw)),
+    };
     if let Some(m) = raw.transport_mode.filter(|m| m.has_stream()) {
         c.warnings.push(format!(
-            "transport_mode: {} does not apply with stripe paths: the tunnel runs in datagram mode, FEC repairs loss",
+            "transport_mode: {} does not apply {why}: the tunnel runs in datagram mode",
             m.as_str()
         ));
     }

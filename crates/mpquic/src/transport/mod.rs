@@ -285,7 +285,7 @@ pub trait Dialer: Send + Sync + 'static {
         path: &'a crate::config::PathConfig,
         hello: &'a Hello,
         known: Known,
-    ) -> BoxFuture<'a, Result<(Arc<dyn PathTransport>, HelloAck)>>;
+    ) -> BoxFuture<'a, Result<Dialed>>;
     /// A reload: the TLS files read again for the connections dialled from now on (running
     /// ones keep theirs). An error leaves the running settings.
     fn reload_tls(
@@ -294,6 +294,42 @@ pub trait Dialer: Send + Sync + 'static {
         _ccfg: &crate::config::ClientConfig,
     ) -> Result<()> {
         Ok(())
+    }
+}
+
+/// A dialled path: its transport (not yet started), the server's answer, and how the session
+/// is carried.
+pub struct Dialed {
+    pub transport: Arc<dyn PathTransport>,
+    pub ack: HelloAck,
+    pub carrier: Carrier,
+}
+
+/// How a session's packets travel between its two ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carrier {
+    /// mpquic's own protocol.
+    Native,
+    /// CONNECT-IP between two mpquic ends (the request carried our hello, the answer the
+    /// server's: `connect_ip::request::HELLO_FIELD`): as the native protocol, with probes,
+    /// bonding and per-packet policies, in HTTP Datagrams.
+    ConnectIp,
+    /// CONNECT-IP with a standard end: IP packets only, a session per connection.
+    StandardConnectIp,
+}
+
+impl Carrier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Carrier::Native => "native",
+            Carrier::ConnectIp => "connect-ip",
+            Carrier::StandardConnectIp => "connect-ip (standard)",
+        }
+    }
+
+    /// The other end speaks IP only: no probes, no bond headers (`HealthMode::Transport`).
+    pub fn plain(self) -> bool {
+        self == Carrier::StandardConnectIp
     }
 }
 
@@ -329,9 +365,9 @@ pub struct Offer {
     pub remote: SocketAddr,
     /// What the client asks for (a standard CONNECT-IP client's is made up by its listener).
     pub hello: Hello,
-    /// The client speaks IP only (a standard CONNECT-IP client): no probes, no bond headers;
-    /// its path is up while its connection is (`HealthMode::Transport`).
-    pub plain: bool,
+    /// How it came: `Carrier::plain` for a standard CONNECT-IP client (no probes, no bond
+    /// headers; its path is up while its connection is: `HealthMode::Transport`).
+    pub carrier: Carrier,
     pub reply: Box<dyn OfferReply>,
 }
 

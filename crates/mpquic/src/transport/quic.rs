@@ -24,8 +24,8 @@ use tracing::{info, warn};
 pub use super::admit::Refused;
 use super::admit::{self, InFlight};
 use super::{
-    flow_of, stream_rx, BoxFuture, Closed, Dialer, Dropped, Known, LaneCarry, LaneSend, Listener,
-    Offer, OfferReply, PathTransport, Sink, TransportStats, Unfinished,
+    flow_of, stream_rx, BoxFuture, Carrier, Closed, Dialed, Dialer, Dropped, Known, LaneCarry,
+    LaneSend, Listener, Offer, OfferReply, PathTransport, Sink, TransportStats, Unfinished,
 };
 use crate::batch::PacketBatch;
 use crate::config::{Config, PathConfig, PathKind, TransportMode};
@@ -575,12 +575,7 @@ impl QuicDialer {
         })
     }
 
-    async fn dial_inner(
-        &self,
-        p: &PathConfig,
-        h: &Hello,
-        known: Known,
-    ) -> Result<(Arc<dyn PathTransport>, HelloAck)> {
+    async fn dial_inner(&self, p: &PathConfig, h: &Hello, known: Known) -> Result<Dialed> {
         let remote: SocketAddr = tokio::net::lookup_host((p.remote_addr.as_str(), p.remote_port))
             .await
             .with_context(|| format!("cannot resolve {}", p.remote_addr))?
@@ -609,12 +604,20 @@ impl QuicDialer {
             link_mtu,
             client,
         };
+        if let Some(m) = &self.masque {
+            return self.dial_connect_ip(p, to, h, m).await;
+        }
+        let native = |(transport, ack): (Arc<dyn PathTransport>, HelloAck)| Dialed {
+            transport,
+            ack,
+            carrier: Carrier::Native,
+        };
         if p.transport == PathKind::Stripe {
-            return self.dial_stripe(p, to, h).await;
+            return self.dial_stripe(p, to, h).await.map(native);
         }
         if p.pipes <= 1 {
             let (t, ack) = self.dial_one(p, to, h).await?;
-            return Ok((t, ack));
+            return Ok(native((t, ack)));
         }
         // Pipe 0 joins the session like a path; the others then join pipe 0 (`pipes.rs`).
         let hello_for = |index: u8| Hello {
@@ -626,7 +629,7 @@ impl QuicDialer {
         };
         let (first, ack) = self.dial_one(p, to, &hello_for(0)).await?;
         if !ack.ok {
-            return Ok((first, ack));
+            return Ok(native((first, ack)));
         }
         let group =
             quic::PipeGroup::new(self.congestion, mpquic_core::mtu::udp_payload(to.link_mtu));
@@ -655,7 +658,7 @@ impl QuicDialer {
                 .close(close::SHUTDOWN, "a pipe of the path failed");
             return Err(e);
         }
-        Ok((set.keep(), ack))
+        Ok(native((set.keep(), ack)))
     }
 
     /// A stripe path: one QUIC connection (hello, keys, control), then its stripe pipes
@@ -696,6 +699,55 @@ impl QuicDialer {
         to: &Target,
         h: &Hello,
     ) -> Result<(Arc<QuicTransport>, HelloAck)> {
+        let (endpoint, conn) = self.handshake(p, to).await?;
+        let (mut send, mut recv) = conn.open_bi().await?;
+        hello::write(&mut send, h).await?;
+        let ack: HelloAck = hello::read(&mut recv)
+            .await
+            .context("no hello answer from the server")?;
+        let link_payload = mpquic_core::mtu::udp_payload(self.link_mtu);
+        let transport =
+            QuicTransport::new(conn, send, recv, Some(endpoint), h.mode, Some(link_payload));
+        Ok((transport, ack))
+    }
+
+    /// A CONNECT-IP path (`protocol: masque`): the handshake, then the request with the hello
+    /// in it (`masque::request`), whose answer says what the server speaks.
+    async fn dial_connect_ip(
+        &self,
+        p: &PathConfig,
+        to: &Target,
+        h: &Hello,
+        m: &crate::config::MasqueClient,
+    ) -> Result<Dialed> {
+        let (endpoint, conn) = self.handshake(p, to).await?;
+        // The address this client has (or asks for) is asked for again: a new path, or a
+        // reconnection, keeps it.
+        let ask = (h.previous.as_deref().or(h.addr.as_deref()))
+            .and_then(crate::config::parse_cidr)
+            .map(|(a, _)| a);
+        let authority = format!("{}:{}", self.server_name, to.remote.port());
+        let answered = super::masque::request(&conn, authority, m, h, ask).await?;
+        let link_payload = mpquic_core::mtu::udp_payload(self.link_mtu);
+        let transport = QuicTransport::http_datagrams(
+            conn,
+            answered.stream,
+            Some(endpoint),
+            Some(link_payload),
+        );
+        Ok(Dialed {
+            transport,
+            ack: answered.ack,
+            carrier: answered.carrier,
+        })
+    }
+
+    /// A QUIC connection to `to` over the path's own socket, handshaken.
+    async fn handshake(
+        &self,
+        p: &PathConfig,
+        to: &Target,
+    ) -> Result<(quinn::Endpoint, quinn::Connection)> {
         let Target {
             remote,
             link_mtu,
@@ -727,27 +779,7 @@ impl QuicDialer {
             received_bytes = stats.udp_rx.bytes,
             "QUIC handshake done"
         );
-        let link_payload = mpquic_core::mtu::udp_payload(self.link_mtu);
-        if let Some(m) = &self.masque {
-            // The address this client has (or asks for) is asked for again: a new path, or a
-            // reconnection, keeps it.
-            let ask = (h.previous.as_deref().or(h.addr.as_deref()))
-                .and_then(crate::config::parse_cidr)
-                .map(|(a, _)| a);
-            let authority = format!("{}:{}", self.server_name, remote.port());
-            let (stream, ack) = super::masque::request(&conn, authority, m, ask).await?;
-            let endpoint = Some(endpoint);
-            let t = QuicTransport::http_datagrams(conn, stream, endpoint, Some(link_payload));
-            return Ok((t, ack));
-        }
-        let (mut send, mut recv) = conn.open_bi().await?;
-        hello::write(&mut send, h).await?;
-        let ack: HelloAck = hello::read(&mut recv)
-            .await
-            .context("no hello answer from the server")?;
-        let transport =
-            QuicTransport::new(conn, send, recv, Some(endpoint), h.mode, Some(link_payload));
-        Ok((transport, ack))
+        Ok((endpoint, conn))
     }
 }
 
@@ -757,7 +789,7 @@ impl Dialer for QuicDialer {
         path: &'a PathConfig,
         hello: &'a Hello,
         known: Known,
-    ) -> BoxFuture<'a, Result<(Arc<dyn PathTransport>, HelloAck)>> {
+    ) -> BoxFuture<'a, Result<Dialed>> {
         Box::pin(self.dial_inner(path, hello, known))
     }
 
@@ -974,7 +1006,7 @@ async fn offer(
     Some(Offer {
         identity,
         certificate: Some(certificate),
-        plain: false,
+        carrier: Carrier::Native,
         remote,
         reply: Box::new(QuicOffer {
             conn,

@@ -1,10 +1,12 @@
 //! The client's CONNECT-IP request on a handshaken HTTP/3 connection (`protocol: masque`): our
 //! control stream, the server's SETTINGS awaited (Extended CONNECT and HTTP Datagrams), the
-//! request (with the bearer token, and an ADDRESS_REQUEST for the address this client had, so
-//! a new path or a reconnection keeps it), then the answer and the first ADDRESS_ASSIGN, which
-//! `request` returns as the server's answer to a hello would be. The connection's driver goes
-//! on in its own task for the session's life: a session the server ends (the stream finished
-//! or reset, an address taken back) closes the connection, and the client dials again.
+//! request (with the bearer token, our hello in `mpquic-hello`, and an ADDRESS_REQUEST for the
+//! address this client had, so a new path or a reconnection keeps it), then the answer. An
+//! mpquic server answers the hello (`mpquic-hello-ack`): that answer is `request`'s, and the
+//! session is the native one. A standard server ignores the hello: its first ADDRESS_ASSIGN
+//! is made into the answer a hello would have had. The connection's driver goes on in its own
+//! task for the session's life: a session the server ends (the stream finished or reset, an
+//! address taken back) closes the connection, and the client dials again.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -19,17 +21,25 @@ use tracing::{info, warn};
 
 use super::streams::{read_stream, spawn_acceptors, Input, INBOX};
 use crate::config::MasqueClient;
-use crate::hello::HelloAck;
+use crate::hello::{self, Hello, HelloAck};
+use crate::transport::Carrier;
 
-/// What the request got: its stream (its datagrams' prefix), and the answer as a hello's.
-type Answered = (u64, HelloAck);
+/// What the request got.
+pub(crate) struct Answered {
+    /// The request stream (its datagrams' prefix).
+    pub stream: u64,
+    /// The answer, as a hello's (a refusal, an HTTP status, is one with `ok: false`).
+    pub ack: HelloAck,
+    pub carrier: Carrier,
+}
 
-/// Make the CONNECT-IP request on `conn` for `authority` (the server's name and port); `ask`:
-/// the IPv4 address to ask for. A refusal (an HTTP status) is an answer with `ok: false`.
+/// Make the CONNECT-IP request on `conn` for `authority` (the server's name and port), with
+/// `hello`; `ask`: the IPv4 address to ask for.
 pub(crate) async fn request(
     conn: &quinn::Connection,
     authority: String,
     m: &MasqueClient,
+    hello: &Hello,
     ask: Option<Ipv4Addr>,
 ) -> Result<Answered> {
     let (h3, control) = ClientConn::new();
@@ -44,6 +54,7 @@ pub(crate) async fn request(
         inbox: tx,
         authority,
         m: m.clone(),
+        hello: hello::to_field(hello)?,
         ask,
         send: None,
         stream: None,
@@ -63,6 +74,8 @@ struct Driver {
     inbox: mpsc::Sender<Input>,
     authority: String,
     m: MasqueClient,
+    /// Our hello, as the request's `mpquic-hello` field.
+    hello: String,
     ask: Option<Ipv4Addr>,
     /// The request stream, once made.
     send: Option<quinn::SendStream>,
@@ -124,7 +137,12 @@ impl Driver {
             Event::Ready => {
                 let (mut send, recv) = self.conn.open_bi().await.map_err(|e| e.to_string())?;
                 let auth = self.m.token.as_ref().map(|t| format!("Bearer {t}"));
-                let mut bytes = ClientConn::request(&self.authority, &self.m.path, auth.as_deref());
+                let mut bytes = ClientConn::request(
+                    &self.authority,
+                    &self.m.path,
+                    auth.as_deref(),
+                    Some(&self.hello),
+                );
                 if let Some(a) = self.ask {
                     let ask = Capsule::AddressRequest(vec![AddressEntry {
                         request_id: 1,
@@ -144,8 +162,24 @@ impl Driver {
                         .into(),
                 )
             }
-            Event::Answer { status } if (200..300).contains(&status) => {}
-            Event::Answer { status } => {
+            Event::Answer {
+                status,
+                hello_ack: Some(v),
+            } => {
+                let ack: HelloAck = hello::from_field(v.as_bytes())
+                    .map_err(|e| format!("the server's mpquic-hello-ack: {e:#}"))?;
+                let ok = ack.ok && (200..300).contains(&status);
+                if ok {
+                    // Its ADDRESS_ASSIGN, which follows for standard clients, names the same.
+                    self.assigned = Some(assigned_in(&ack)?);
+                }
+                self.answer(ack, Carrier::ConnectIp);
+                if !ok {
+                    return Err(format!("refused with {status}"));
+                }
+            }
+            Event::Answer { status, .. } if (200..300).contains(&status) => {}
+            Event::Answer { status, .. } => {
                 let ack = HelloAck {
                     ok: false,
                     error: Some(format!(
@@ -154,7 +188,7 @@ impl Driver {
                     )),
                     ..Default::default()
                 };
-                self.answer(ack);
+                self.answer(ack, Carrier::StandardConnectIp);
                 return Err(format!("refused with {status}"));
             }
             Event::Capsule(Capsule::AddressAssign(list)) => self.on_assign(&list)?,
@@ -193,12 +227,13 @@ impl Driver {
                     warn!(asked = %a, given = %v4, "CONNECT-IP server gave another address than the one this client had");
                 }
                 self.assigned = Some((v4, v6));
-                self.answer(HelloAck {
+                let ack = HelloAck {
                     ok: true,
                     addr: Some(format!("{v4}/32")),
                     addr6: v6.map(|a| format!("{a}/128")),
                     ..Default::default()
-                });
+                };
+                self.answer(ack, Carrier::StandardConnectIp);
             }
             Some(before) if before != (v4, v6) => {
                 return Err(format!("the server changed the session's address to {v4}"))
@@ -208,9 +243,13 @@ impl Driver {
         Ok(())
     }
 
-    fn answer(&mut self, ack: HelloAck) {
+    fn answer(&mut self, ack: HelloAck, carrier: Carrier) {
         if let (Some(done), Some(stream)) = (self.done.take(), self.stream) {
-            let _ = done.send(Ok((stream, ack)));
+            let _ = done.send(Ok(Answered {
+                stream,
+                ack,
+                carrier,
+            }));
         }
     }
 
@@ -228,6 +267,18 @@ impl Driver {
             quinn::VarInt::from_u32(code::NO_ERROR as u32),
             why.as_bytes(),
         );
+    }
+}
+
+/// The addresses an mpquic server's answer gives, as its ADDRESS_ASSIGN names them.
+fn assigned_in(ack: &HelloAck) -> Result<(Ipv4Addr, Option<IpAddr>), String> {
+    let ip = |a: &Option<String>| {
+        a.as_deref()
+            .and_then(|s| s.split('/').next()?.parse::<IpAddr>().ok())
+    };
+    match (ip(&ack.addr), ip(&ack.addr6)) {
+        (Some(IpAddr::V4(v4)), v6) => Ok((v4, v6)),
+        _ => Err("the server's mpquic-hello-ack gives no IPv4 address".into()),
     }
 }
 

@@ -8,6 +8,12 @@
 //! ADDRESS_REQUEST that came with the request is honoured when the address is free, as a
 //! native client's `addr` is). The answer is 200 with ADDRESS_ASSIGN and ROUTE_ADVERTISEMENT,
 //! or the refusal's status. The session ends with the request stream, or the connection.
+//!
+//! An mpquic client's request carries its hello (`mpquic-hello`): the path is then offered as
+//! a native one (its session, path name, policy; probes and bond headers in the datagrams),
+//! and the answer carries the server's hello answer (`mpquic-hello-ack`), so the client's
+//! paths bond over CONNECT-IP as over the native protocol. Without one, the request is a
+//! standard client's: a session of one path, IP packets only.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -23,10 +29,10 @@ use tracing::{debug, info};
 use super::shared::{log_refusal, Shared};
 use super::streams::{spawn_acceptors, Input};
 use crate::config::TransportMode;
-use crate::hello::{Hello, HelloAck};
+use crate::hello::{self, Hello, HelloAck};
 use crate::tls::certificate::{self, Facts};
 use crate::transport::quic::QuicTransport;
-use crate::transport::{BoxFuture, Offer, OfferReply, PathTransport};
+use crate::transport::{BoxFuture, Carrier, Offer, OfferReply, PathTransport};
 
 /// A connection that has not made its request by then is closed (it holds a task and a place
 /// in the endpoint's connections).
@@ -39,15 +45,15 @@ const PATH_NAME: &str = "masque";
 /// The server's answer to an offer.
 enum Decision {
     Accept(HelloAck),
-    Refuse,
+    Refuse(HelloAck),
 }
 
 /// The accepted request.
 struct Session {
     stream: u64,
     identity: String,
-    /// The answer's HEADERS, sent with the address once the server has decided.
-    ok_headers: Vec<u8>,
+    /// The request carried an mpquic client's hello: the answer carries the server's.
+    mpquic: bool,
     /// What the ADDRESS_REQUESTs that came with the request asked for (ID, address), answered
     /// with the first assignment.
     asked: Vec<(u64, IpAddr)>,
@@ -256,7 +262,15 @@ impl Driver {
                 )
                 .await;
         }
-        let (ok_headers, events) = self.h3.answer(stream, 200);
+        let hello = match request::field(&fields, request::HELLO_FIELD) {
+            Some(v) => match mpquic_hello(v) {
+                Ok(h) => Some(h),
+                Err((reason, why)) => return self.refuse(stream, 400, reason, &why).await,
+            },
+            None => None,
+        };
+        // Opened now for the capsules that came with it; its HEADERS go with the decision.
+        let (_, events) = self.h3.answer(stream, 200);
         let mut early = Vec::new();
         for e in events {
             if let Event::Capsule { capsule, .. } = e {
@@ -278,7 +292,8 @@ impl Driver {
         let want = asked
             .iter()
             .find(|(_, a)| a.is_ipv4() && !a.is_unspecified());
-        let hello = Hello {
+        let mpquic = hello.is_some();
+        let hello = hello.unwrap_or_else(|| Hello {
             // Each connection is a new session: a client that reconnects replaces its old one,
             // keeping its address when it is free.
             session: crate::runtime::random_u64(),
@@ -295,14 +310,17 @@ impl Driver {
             instance: None,
             classes: Vec::new(),
             routes: Vec::new(),
-        };
+        });
         let (tx, rx) = oneshot::channel();
         let offer = Offer {
             identity: accepted.identity.clone(),
             certificate: self.certificate.clone().filter(|c| c.name.is_some()),
             remote: self.remote,
             hello,
-            plain: true,
+            carrier: match mpquic {
+                true => Carrier::ConnectIp,
+                false => Carrier::StandardConnectIp,
+            },
             reply: Box::new(MasqueOffer {
                 conn: self.conn.clone(),
                 stream,
@@ -312,7 +330,7 @@ impl Driver {
         self.session = Some(Session {
             stream,
             identity: accepted.identity,
-            ok_headers,
+            mpquic,
             asked,
             pending: Some(later),
             assigned: Vec::new(),
@@ -365,7 +383,7 @@ impl Driver {
                     }
                 }
                 session.assigned = assigned;
-                let mut answer = std::mem::take(&mut session.ok_headers);
+                let mut answer = ServerConn::headers(200, session.hello_ack(&ack).as_deref());
                 let asked = std::mem::take(&mut session.asked);
                 let routes = ranges(v6.is_some());
                 let early = session.pending.take().unwrap_or_default();
@@ -384,17 +402,29 @@ impl Driver {
             }
             // Refused by the server (logged there), or no decision (the server is gone).
             // Counted there too (`refused`), as a native client's refusal is.
-            Some(Decision::Refuse) | None => {
+            Some(Decision::Refuse(ack)) => {
+                let headers = ServerConn::headers(403, session.hello_ack(&ack).as_deref());
                 self.session = None;
-                self.finish_with(stream, &ServerConn::headers(403)).await;
-                let conn = self.conn.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(REFUSAL_LINGER).await;
-                    conn.close(to_code(code::NO_ERROR), b"refused");
-                });
-                self.done = true;
+                self.finish_with(stream, &headers).await;
+                self.linger_and_close();
+            }
+            None => {
+                self.session = None;
+                self.finish_with(stream, &ServerConn::headers(403, None))
+                    .await;
+                self.linger_and_close();
             }
         }
+    }
+
+    /// Close the connection once a refusal had time to reach the client.
+    fn linger_and_close(&mut self) {
+        let conn = self.conn.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(REFUSAL_LINGER).await;
+            conn.close(to_code(code::NO_ERROR), b"refused");
+        });
+        self.done = true;
     }
 
     /// An ADDRESS_ASSIGN with every address the session has, each asked one answered: with
@@ -477,6 +507,37 @@ impl Driver {
     }
 }
 
+impl Session {
+    /// The answer's `mpquic-hello-ack` value, when the request carried a hello.
+    fn hello_ack(&self, ack: &HelloAck) -> Option<String> {
+        self.mpquic.then(|| hello::to_field(ack).ok()).flatten()
+    }
+}
+
+/// An mpquic client's hello from its request's field, if this endpoint can carry what it asks:
+/// datagram mode only (a path's stream would be an HTTP/3 request stream of its own), no
+/// pipes or stripe (each is a path of the native endpoint). Else the refusal's reason and why.
+fn mpquic_hello(value: &[u8]) -> Result<Hello, (&'static str, String)> {
+    let h: Hello = hello::from_field(value)
+        .map_err(|e| ("malformed_hello", format!("mpquic-hello: {e:#}")))?;
+    if h.mode != TransportMode::Datagram || h.classes.iter().any(|c| c.mode.has_stream()) {
+        return Err((
+            "hello_unsupported",
+            format!(
+                "transport_mode {} over CONNECT-IP: datagram only",
+                h.mode.as_str()
+            ),
+        ));
+    }
+    if h.pipe.is_some() || h.stripe.is_some() {
+        return Err((
+            "hello_unsupported",
+            "pipes and stripe paths over CONNECT-IP".into(),
+        ));
+    }
+    Ok(h)
+}
+
 /// The whole IPv4 space, and IPv6's with a dual-stack tunnel: where the client may send.
 fn ranges(v6: bool) -> Vec<IpRange> {
     let mut r = vec![IpRange::everything(false)];
@@ -521,8 +582,8 @@ impl OfferReply for MasqueOffer {
         })
     }
 
-    fn refuse(self: Box<Self>, _ack: HelloAck) -> BoxFuture<'static, ()> {
-        let _ = self.decision.send(Decision::Refuse);
+    fn refuse(self: Box<Self>, ack: HelloAck) -> BoxFuture<'static, ()> {
+        let _ = self.decision.send(Decision::Refuse(ack));
         Box::pin(async {})
     }
 }
