@@ -148,8 +148,21 @@ def probe(lab, binary, key, *args, token=None, url_=None):
     return lab.log(key)
 
 
+def hello_field(**changes):
+    """An mpquic hello as the request field carries it (base64url of version 4, length, JSON)."""
+    import base64
+    import json
+    h = {"session": 7, "path": "wan1", "priority": 1, "weight": 1, "policy": "wlb",
+         "mode": "datagram", "addr": None}
+    h.update(changes)
+    body = json.dumps(h).encode()
+    framed = bytes([4]) + len(body).to_bytes(2, "big") + body
+    return base64.urlsafe_b64encode(framed).decode().rstrip("=")
+
+
 def test_bad_requests_capsules_addresses_and_sources_are_refused_and_counted(make_lab, connectip):
-    """An unknown :protocol (501), a path outside the template (404), a malformed capsule (the
+    """An unknown :protocol (501), a path outside the template (404), an mpquic hello that does
+    not parse or asks for what CONNECT-IP does not carry (400), a malformed capsule (the
     request stream aborted, the session gone), an ADDRESS_REQUEST for another client's address
     (refused in ADDRESS_ASSIGN, the client keeps its own), datagrams from a source that is not
     the session's (dropped, counted): each counted by reason and logged once; another
@@ -174,6 +187,13 @@ def test_bad_requests_capsules_addresses_and_sources_are_refused_and_counted(mak
     out = probe(lab, connectip, "p-path", token=tokens[2][0], url_=bad_path)
     assert "STATUS 404" in out, out
     # ADDRESS_ASSIGN (type 1), 2 bytes: request ID 1, then IP version 2: malformed.
+    # An mpquic hello that is not one, and one asking for what CONNECT-IP does not carry
+    # (a path's stream: transport_mode reliable): 400 each.
+    out = probe(lab, connectip, "p-hello", "-header", "mpquic-hello:e30", token=tokens[2][0])
+    assert "STATUS 400" in out, out
+    out = probe(lab, connectip, "p-mode", "-header", f"mpquic-hello:{hello_field(mode='reliable')}",
+                token=tokens[2][0])
+    assert "STATUS 400" in out, out
     out = probe(lab, connectip, "p-capsule", "-capsule", "01020102", token=tokens[2][0])
     assert "STATUS 200" in out and "STREAM_CLOSED" in out, out
     out = probe(lab, connectip, "p-spoof", "-spoof", "10.200.17.200", "-to", tun4, token=tokens[2][0])
@@ -183,14 +203,15 @@ def test_bad_requests_capsules_addresses_and_sources_are_refused_and_counted(mak
     refused = st["refused"]
     report(f"refused: {refused}")
     for reason, n in (("unknown_protocol", 1), ("unknown_path", 1), ("malformed_capsule", 1),
-                      ("address_refused", 1)):
+                      ("address_refused", 1), ("malformed_hello", 1), ("hello_unsupported", 1)):
         assert refused.get(reason) == n, (reason, refused)
     spoofed = st["drops"].get("spoofed_source", 0) + sum(
         p.get("drops", {}).get("spoofed_source", 0) for t in st["tunnels"] for p in t["paths"])
     report(f"spoofed_source drops: {spoofed}")
     assert spoofed == 5, st
     log = lab.log("server")
-    for reason in ("unknown_protocol", "unknown_path", "malformed_capsule", "address_refused"):
+    for reason in ("unknown_protocol", "unknown_path", "malformed_capsule", "address_refused",
+                   "malformed_hello", "hello_unsupported"):
         assert log.count(reason) == 1, (reason, log)
     # phone1 is untouched.
     r = lab.sh(lab.client_ns(0), ["ping", "-c", "3", "-i", "0.2", "-W", "2", tun4], check=False)

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -19,7 +20,7 @@ import (
 )
 
 // probe sends what a standard client never would, to see the server refuse it: an Extended
-// CONNECT with another :protocol or path (prints "STATUS n"), then, once answered 2xx, a raw
+// CONNECT with another :protocol or path, or with extra fields (-header), prints "STATUS n"; then, once answered 2xx, a raw
 // capsule (-capsule HEX: prints "STREAM_CLOSED" when the server aborts the stream) or IPv4 echo
 // requests from a source address that is not the session's (-spoof SRC -to DST).
 func probe(args []string) {
@@ -32,6 +33,8 @@ func probe(args []string) {
 	capsule := fs.String("capsule", "", "raw capsule bytes to send after the answer, hex")
 	spoof := fs.String("spoof", "", "send IPv4 echo requests from this source address")
 	to := fs.String("to", "", "their destination")
+	var headers routes
+	fs.Var(&headers, "header", "NAME:VALUE, a field of the request (repeatable)")
 	fs.Parse(args)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -44,6 +47,10 @@ func probe(args []string) {
 	req.Header.Set(http3.CapsuleProtocolHeader, "?1")
 	if *token != "" {
 		req.Header.Set("Authorization", "Bearer "+*token)
+	}
+	for _, h := range headers {
+		name, value, _ := strings.Cut(h, ":")
+		req.Header.Set(name, value)
 	}
 	tlsConf := &tls.Config{RootCAs: caPool(*ca), ServerName: *sni, NextProtos: []string{http3.NextProtoH3}}
 	qconn, err := quic.DialAddr(ctx, req.URL.Host, tlsConf, &quic.Config{EnableDatagrams: true})
