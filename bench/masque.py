@@ -7,12 +7,17 @@
 - blackhole: a standard client (quic-go's connect-ip-go, tests/interop/connectip) on the mpquic
   server through one path that drops everything both ways for 2 s: the session must come
   through intact (same connection, same address), pings every 10 ms before, during and after.
-- failover: mpquic's client over CONNECT-IP with two paths (they take turns: one connected at a
-  time) against the native protocol's defaults (both paths connected), 100 Mbit/s 10 ms each:
-  wan1 dark both ways under a 10 ms ping, then repaired; the longest gap, the time until wan2
+- bond: one inner TCP flow over two paths of different rates and delays (60 Mbit/s 5 ms +
+  30 Mbit/s 20 ms, and 100 Mbit/s 10 ms + 50 Mbit/s 30 ms), `multipath_policy: wlb` and
+  defaults otherwise, mpquic's client and server over CONNECT-IP (the server takes the hello in
+  the request: the session bonds) against the native protocol; interleaved runs.
+- failover: two paths, 100 Mbit/s 10 ms each, defaults (failover policy): the native protocol,
+  CONNECT-IP to the mpquic server (both paths connected and probed, as native), and CONNECT-IP
+  to a standard server (connect-ip-go's: the paths take turns, one connected at a time). wan1
+  dark both ways under a 10 ms ping, then repaired; the longest gap, the time until wan2
   carries, whether the address stayed, and the time until wan1 carries again; interleaved runs.
 
-    sudo python3 bench/masque.py [--runs 3] [--seconds 10]
+    sudo python3 bench/masque.py [--runs 3] [--seconds 10] [--only loss|blackhole|bond|failover]
 
 Needs Go (the interop client is built as the e2e tests build it). Results: bench/results/masque.json.
 """
@@ -98,15 +103,61 @@ def blackhole(binary, hole_s=2.0):
         return r
 
 
-def failover_row(masque):
-    """wan1 black-holed under a 10 ms ping, then repaired: over CONNECT-IP or native defaults."""
+BOND_SPECS = [["rate=60mbit,delay=5ms", "rate=30mbit,delay=20ms"],
+              ["rate=100mbit,delay=10ms", "rate=50mbit,delay=30ms"]]
+
+
+def bond_row(masque, specs, seconds):
+    """One TCP flow (the kernel's default, cubic) up and down over two paths, wlb."""
+    with labctl.Lab(paths=2, mode=None, congestion=None, policy="wlb", priorities=[1, 1],
+                    specs=specs) as lab:
+        lab.pki()
+        lab.start_server_and_client(masque)
+        st = lab.wait_tunnel()
+        assert st["tunnels"][0]["protocol"] == ("connect-ip" if masque else "native"), st
+        lab.iperf_server()
+        out = {}
+        for reverse in (False, True):
+            d = lab.iperf(seconds=seconds, reverse=reverse)
+            out["down" if reverse else "up"] = round(d["end"]["sum_received"]["bits_per_second"] / 1e6, 1)
+        print(f"    {'masque' if masque else 'native'} {specs}: {out}", flush=True)
+        return out
+
+
+def standard_server(lab, binary):
+    """connect-ip-go's server in the server namespace, and the client's configuration for it."""
+    pki = lab.files["pki"]
+    lab.spawn("go-server", lab.server_ns, [
+        binary, "server", "-listen", f"0.0.0.0:{labctl.MASQUE_PORT}",
+        "-cert", os.path.join(pki, "mpquic-server.crt"), "-key", os.path.join(pki, "mpquic-server.key"),
+        "-path", "/vpn", "-assign", "10.200.18.2/32", "-local", "10.200.18.1/32", "-tun", "cips0"])
+    t0 = time.monotonic()
+    while "listening" not in lab.log("go-server"):
+        if time.monotonic() - t0 > 10:
+            raise RuntimeError(lab.log("go-server"))
+        time.sleep(0.1)
+    yaml = lab.client_yaml(0, request=False).replace("remote_port: 45017", f"remote_port: {labctl.MASQUE_PORT}")
+    return yaml + "protocol: masque\nmasque_path: /vpn\n"
+
+
+def failover_row(kind, binary):
+    """wan1 black-holed under a 10 ms ping, then repaired: `kind` native, masque (to the mpquic
+    server) or standard (to connect-ip-go's server, which forwards only from the address it
+    gave: the ping goes from the client to that server's end)."""
     spec = "rate=100mbit,delay=10ms"
     with labctl.Lab(paths=2, mode=None, congestion=None, specs=[spec, spec]) as lab:
         lab.pki()
-        lab.start_server_and_client(masque)
+        if kind == "standard":
+            lab.start_client(yaml=standard_server(lab, binary))
+        else:
+            lab.start_server_and_client(kind == "masque")
         address = lab.wait_tunnel(up=["wan1"])["tunnels"][0]["address"]
         time.sleep(1)
-        lab.start_ping("ping", interval=0.01)
+        if kind == "standard":
+            lab.sh(lab.client_ns(0), "ip route add 10.200.18.1/32 dev mpq0")
+            lab.spawn("ping", lab.client_ns(0), ["ping", "-n", "-i", "0.01", "-W", "1", "10.200.18.1"])
+        else:
+            lab.start_ping("ping", interval=0.01)
         time.sleep(2)
         wan2_tx = lab.path_status("client0", "wan2")["tx_packets"]
         lab.block(0)
@@ -136,7 +187,7 @@ def failover_row(masque):
              "pings_lost": len(lost), "pings_sent": ping["sent"],
              "same_address": lab.status("client0")["tunnels"][0]["address"] == address,
              "wan1_carries_again_after_s": back}
-        print(f"    {'masque' if masque else 'native'}: {r}", flush=True)
+        print(f"    {kind}: {r}", flush=True)
         return r
 
 
@@ -144,7 +195,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=10)
-    ap.add_argument("--only", choices=["loss", "blackhole", "failover"])
+    ap.add_argument("--only", choices=["loss", "blackhole", "bond", "failover"])
     ap.add_argument("--out", default=os.path.join(labctl.REPO, "bench", "results", "masque.json"))
     args = ap.parse_args()
     labctl.run([labctl.LAB, "down", "--stale"], check=False)
@@ -167,12 +218,27 @@ def main():
     if args.only in (None, "blackhole"):
         print("== a standard client through a 2 s black hole", flush=True)
         report["blackhole"] = blackhole(build_interop())
+    if args.only in (None, "bond"):
+        report["bond"] = []
+        for specs in BOND_SPECS:
+            print(f"== one TCP flow, wlb over {specs}", flush=True)
+            rows = {"specs": specs, "native": [], "masque": []}
+            for _ in range(args.runs):
+                for masque in (False, True):
+                    rows["masque" if masque else "native"].append(bond_row(masque, specs, args.seconds))
+            for key in ("up", "down"):
+                n = sum(r[key] for r in rows["native"]) / args.runs
+                m = sum(r[key] for r in rows["masque"]) / args.runs
+                rows.setdefault("ratio", {})[key] = round(m / n, 2)
+                print(f"  {key}: native {n:.1f}, CONNECT-IP {m:.1f} Mbit/s: {m / n:.2f}x", flush=True)
+            report["bond"].append(rows)
     if args.only in (None, "failover"):
         print("== failover between two paths under a 10 ms ping", flush=True)
-        report["failover"] = {"native": [], "masque": []}
+        binary = build_interop()
+        report["failover"] = {"native": [], "masque": [], "standard": []}
         for _ in range(args.runs):
-            for masque in (False, True):
-                report["failover"]["masque" if masque else "native"].append(failover_row(masque))
+            for kind in ("native", "masque", "standard"):
+                report["failover"][kind].append(failover_row(kind, binary))
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     print(f"(results in {args.out})")

@@ -40,10 +40,15 @@ pub fn config_file(data: &[u8]) {
 }
 
 /// A path's control exchange, both ends: the bytes read as the client's hello (framing, JSON,
-/// and the server's checks of its terms) and as the server's answer (the client's checks).
+/// and the server's checks of its terms) and as the server's answer (the client's checks),
+/// each from a stream and from a CONNECT-IP field (`hello::from_field`).
 pub fn hello(data: &[u8]) {
     let rt = runtime();
-    if let Ok(h) = rt.block_on(hello::read::<Hello>(&mut &data[..])) {
+    let streamed = rt.block_on(hello::read::<Hello>(&mut &data[..]));
+    for h in [streamed.ok(), hello::from_field::<Hello>(data).ok()]
+        .into_iter()
+        .flatten()
+    {
         // Past a refused policy or FEC mode, the lanes are checked anyway (the fuzzer should
         // reach them without guessing both).
         let (policy, fec) = crate::server::terms(&h).unwrap_or((Policy::Failover, FecMode::Off));
@@ -54,7 +59,11 @@ pub fn hello(data: &[u8]) {
             let _ = mpquic_core::classify::Prefix::parse(r);
         }
     }
-    if let Ok(ack) = rt.block_on(hello::read::<HelloAck>(&mut &data[..])) {
+    let streamed = rt.block_on(hello::read::<HelloAck>(&mut &data[..]));
+    for ack in [streamed.ok(), hello::from_field::<HelloAck>(data).ok()]
+        .into_iter()
+        .flatten()
+    {
         let _ = crate::client::Assigned::from_answer(&ack);
     }
 }
@@ -138,6 +147,12 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         .flatten()
     {
         out.push(("hello", msg));
+    }
+    for field in [hello::to_field(&h), hello::to_field(&ack)]
+        .into_iter()
+        .flatten()
+    {
+        out.push(("hello", field.into_bytes()));
     }
     for req in [
         "GET /status HTTP/1.1\r\nhost: localhost\r\n\r\n",

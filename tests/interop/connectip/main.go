@@ -89,26 +89,33 @@ func tunDevice(name string, addrs []netip.Prefix, rts []string) *water.Interface
 	return dev
 }
 
+// fromTun sends the TUN's packets into the session `to` names at the time (none: dropped),
+// until the device fails.
+func fromTun(dev *water.Interface, to func() *connectip.Conn) error {
+	b := make([]byte, 2000)
+	for {
+		n, err := dev.Read(b)
+		if err != nil {
+			return fmt.Errorf("tun read: %w", err)
+		}
+		conn := to()
+		if conn == nil {
+			continue
+		}
+		icmp, err := conn.WritePacket(b[:n])
+		if err != nil {
+			log.Printf("write packet: %v", err)
+		}
+		if len(icmp) > 0 {
+			dev.Write(icmp)
+		}
+	}
+}
+
 // pump moves packets both ways until one side fails.
 func pump(dev *water.Interface, conn *connectip.Conn) {
 	errs := make(chan error, 2)
-	go func() {
-		b := make([]byte, 2000)
-		for {
-			n, err := dev.Read(b)
-			if err != nil {
-				errs <- fmt.Errorf("tun read: %w", err)
-				return
-			}
-			icmp, err := conn.WritePacket(b[:n])
-			if err != nil {
-				log.Printf("write packet: %v", err)
-			}
-			if len(icmp) > 0 {
-				dev.Write(icmp)
-			}
-		}
-	}()
+	go func() { errs <- fromTun(dev, func() *connectip.Conn { return conn }) }()
 	go func() {
 		b := make([]byte, 2000)
 		for {
@@ -240,26 +247,7 @@ func server(args []string) {
 	// packets go to the newest, and a new session closes the one before (a client that moved
 	// to another path; its old connection may be black-holed and never say goodbye).
 	var current atomic.Pointer[connectip.Conn]
-	go func() {
-		b := make([]byte, 2000)
-		for {
-			n, err := dev.Read(b)
-			if err != nil {
-				log.Fatalf("tun read: %v", err)
-			}
-			conn := current.Load()
-			if conn == nil {
-				continue
-			}
-			icmp, err := conn.WritePacket(b[:n])
-			if err != nil {
-				log.Printf("write packet: %v", err)
-			}
-			if len(icmp) > 0 {
-				dev.Write(icmp)
-			}
-		}
-	}()
+	go func() { log.Fatal(fromTun(dev, current.Load)) }()
 	proxy := connectip.Proxy{}
 	mux := http.NewServeMux()
 	mux.HandleFunc(*path, func(w http.ResponseWriter, r *http.Request) {
