@@ -72,7 +72,8 @@ impl Turns {
     }
 
     /// Path `id` stands by: ready for its turn, or failed but held back by a better path that
-    /// carries (a standard server ended its session when the better one came back).
+    /// carries or is trying (e.g. a standard server ended this one's session when the better
+    /// one came back).
     pub(super) fn standing_by(&self, id: PathId) -> bool {
         let s = self.states.borrow();
         s.standing(id) == Some(Standing::Ready) || (s.standing(id).is_some() && !s.may_dial(id))
