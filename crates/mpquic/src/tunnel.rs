@@ -567,18 +567,16 @@ impl Tunnel {
         self.lock().core.fell_back(path);
     }
 
-    /// A CONNECT-IP client learnt what its server speaks from the first answer (core
-    /// `TunnelCore::peer_speaks_mpquic` / `peer_speaks_ip_only`); `standard`: IP packets only.
-    /// Whether a per-packet policy gave way to failover.
-    pub fn learn_peer(&self, standard: bool) -> bool {
-        let mut s = self.lock();
-        match standard {
-            true => s.core.peer_speaks_ip_only(),
-            false => {
-                s.core.peer_speaks_mpquic();
-                false
-            }
-        }
+    /// A CONNECT-IP client's first answer came from an mpquic server
+    /// (`TunnelCore::peer_speaks_mpquic`).
+    pub fn peer_speaks_mpquic(&self) {
+        self.lock().core.peer_speaks_mpquic();
+    }
+
+    /// ... from a standard server (`TunnelCore::peer_speaks_ip_only`): whether a per-packet
+    /// policy gave way to failover.
+    pub fn peer_speaks_ip_only(&self) -> bool {
+        self.lock().core.peer_speaks_ip_only()
     }
 
     /// Whether this side watches its paths' packet size (`pmtu.rs`: the client, when its

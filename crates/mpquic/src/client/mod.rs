@@ -850,15 +850,16 @@ impl Client {
     /// tunnel's framing and policy cannot change under a running session.
     fn learn(&self, carrier: Carrier) -> Result<()> {
         let known = *self.carrier.get_or_init(|| {
-            let standard = carrier.plain();
-            let unbonded = self.tunnel.learn_peer(standard);
-            match &self.turns {
-                Some(turns) if !standard => {
+            if !carrier.plain() {
+                self.tunnel.peer_speaks_mpquic();
+                if let Some(turns) = &self.turns {
                     turns.end();
-                    info!("the CONNECT-IP server is an mpquic server: the paths bond as on the native protocol");
                 }
-                _ if unbonded => warn!(policy = self.ccfg.policy.as_str(), "the CONNECT-IP server does not bond (a standard server): the paths take turns, and the policy gives way to failover"),
-                _ => info!("the CONNECT-IP server is a standard one: the paths take turns"),
+                info!("the CONNECT-IP server is an mpquic server: the paths bond as on the native protocol");
+            } else if self.tunnel.peer_speaks_ip_only() {
+                warn!(policy = self.ccfg.policy.as_str(), "the CONNECT-IP server does not bond (a standard server): the paths take turns, and the policy gives way to failover");
+            } else {
+                info!("the CONNECT-IP server is a standard one: the paths take turns");
             }
             carrier
         });

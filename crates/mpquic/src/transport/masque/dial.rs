@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
 use super::streams::{read_stream, spawn_acceptors, Input, INBOX};
-use crate::config::MasqueClient;
+use crate::config::{parse_cidr, parse_cidr6, MasqueClient};
 use crate::hello::{self, Hello, HelloAck};
 use crate::transport::Carrier;
 
@@ -272,13 +272,10 @@ impl Driver {
 
 /// The addresses an mpquic server's answer gives, as its ADDRESS_ASSIGN names them.
 fn assigned_in(ack: &HelloAck) -> Result<(Ipv4Addr, Option<IpAddr>), String> {
-    let ip = |a: &Option<String>| {
-        a.as_deref()
-            .and_then(|s| s.split('/').next()?.parse::<IpAddr>().ok())
-    };
-    match (ip(&ack.addr), ip(&ack.addr6)) {
-        (Some(IpAddr::V4(v4)), v6) => Ok((v4, v6)),
-        _ => Err("the server's mpquic-hello-ack gives no IPv4 address".into()),
+    let v6 = ack.addr6.as_deref().and_then(parse_cidr6);
+    match ack.addr.as_deref().and_then(parse_cidr) {
+        Some((v4, _)) => Ok((v4, v6.map(|(a, _)| a.into()))),
+        None => Err("the server's mpquic-hello-ack gives no IPv4 address".into()),
     }
 }
 
