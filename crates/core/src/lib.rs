@@ -6,6 +6,7 @@ pub mod ackwatch;
 pub mod addressing;
 pub mod admission;
 pub mod bond;
+pub mod budget;
 pub mod cc;
 pub mod classify;
 pub mod coalesce;
