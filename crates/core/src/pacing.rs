@@ -32,6 +32,15 @@ pub fn on_the_wire(bytes: usize, udp_payload: u16) -> usize {
     bytes + bytes.div_ceil(per_packet) * QUIC_PACKET_OVERHEAD
 }
 
+/// The rate to pace at (bytes/s): the controller's, or a path's cap (`rate_limit`) when that is
+/// lower or the controller gives none (an unpaced path with a cap is paced at the cap).
+pub fn capped(rate: Option<u64>, cap: Option<u64>) -> Option<u64> {
+    match (rate, cap) {
+        (Some(r), Some(c)) => Some(r.min(c)),
+        (r, c) => r.or(c),
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Pacer {
     /// Bytes per second; `None`: not paced (the controller gives no rate).
@@ -101,6 +110,15 @@ mod tests {
         assert_eq!(on_the_wire(1424, 1472), 1472);
         assert_eq!(on_the_wire(1425, 1472), 1425 + 96);
         assert_eq!(on_the_wire(10, 10), 10 + 10 * 48);
+    }
+
+    #[test]
+    fn a_cap_lowers_the_rate_and_paces_an_unpaced_path() {
+        assert_eq!(capped(Some(10), Some(4)), Some(4));
+        assert_eq!(capped(Some(3), Some(4)), Some(3));
+        assert_eq!(capped(None, Some(4)), Some(4));
+        assert_eq!(capped(Some(10), None), Some(10));
+        assert_eq!(capped(None, None), None);
     }
 
     #[test]

@@ -134,6 +134,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             fec: true,
         }],
         routes: vec!["192.168.10.0/24".into()],
+        rate_limit: Some(5_000_000),
     };
     let ack = HelloAck {
         ok: true,

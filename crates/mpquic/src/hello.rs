@@ -56,6 +56,9 @@ pub struct Hello {
     /// its session when its `clients:` entry on the server allows them; absent: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<String>,
+    /// The path's `rate_limit` (bits/s, each direction): the server paces its side under it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<u64>,
 }
 
 /// A traffic class: its name, its rank (its lane: 0 = highest priority), whether it is the

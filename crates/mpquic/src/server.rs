@@ -630,6 +630,7 @@ impl Server {
                 };
                 match reply.accept(ack).await {
                     Ok(transport) => {
+                        transport.set_rate_cap(h.rate_limit);
                         tunnel.install(path, transport);
                     }
                     Err(e) => {

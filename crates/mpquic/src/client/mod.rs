@@ -817,6 +817,7 @@ impl Client {
                 .iter()
                 .map(|p| p.to_string())
                 .collect(),
+            rate_limit: p.rate_limit,
         };
         let known = Known {
             payload: self.slot(id).payload,
@@ -841,6 +842,7 @@ impl Client {
         }
         self.learn(carrier)?;
         self.set_address(Assigned::from_answer(&ack)?)?;
+        transport.get().set_rate_cap(p.rate_limit);
         Ok(transport.keep())
     }
 

@@ -108,6 +108,8 @@ struct RawPath {
     weight: Option<u32>,
     pipes: Option<u32>,
     transport: Option<String>,
+    /// Mbit/s, each direction.
+    rate_limit: Option<f64>,
 }
 
 /// One value or a list of them (`dscp: 46` or `dscp: [46, 34]`).
@@ -265,6 +267,9 @@ pub struct PathConfig {
     /// or with `transport: stripe` the stripe sockets beside the path's one QUIC connection.
     pub pipes: u8,
     pub transport: PathKind,
+    /// `rate_limit`: the path carries no more than this, each direction (bits/s; both ends
+    /// pace under it, the server learning it from the hello).
+    pub rate_limit: Option<u64>,
 }
 
 /// How a path carries the tunnel's datagrams.
@@ -1055,6 +1060,32 @@ multipath_paths:
             .unwrap_err()
             .to_string()
             .contains("`protocol` is a client option"));
+    }
+
+    #[test]
+    fn rate_limit_takes_mbit_per_second_and_says_where_it_cannot_apply() {
+        const CLIENT: &str = "role: client\nremote_addr: 1.2.3.4\ntls_ca_file: ca\nmultipath_enabled: true\nmultipath_paths:\n";
+        let c = parse(&format!(
+            "{CLIENT}- {{name: lte, rate_limit: 5}}\n- {{name: dsl}}\n"
+        ))
+        .unwrap();
+        let RoleConfig::Client(cc) = &c.role else {
+            panic!()
+        };
+        let caps: Vec<_> = cc.paths.iter().map(|p| p.rate_limit).collect();
+        assert_eq!(caps, [Some(5_000_000), None]);
+        for (path, says) in [
+            ("{name: lte, rate_limit: 0}", "from 0.1 to 100000"),
+            (
+                "{name: lte, rate_limit: 5, pipes: 2}",
+                "not applied to pipes or stripe",
+            ),
+        ] {
+            let e = parse(&format!("{CLIENT}- {path}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says) && e.contains("test.yaml:6:"), "{e}");
+        }
     }
 
     #[test]

@@ -776,6 +776,7 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
             weight: 1,
             pipes: 1,
             transport: PathKind::Quic,
+            rate_limit: None,
         });
         return out;
     }
@@ -828,6 +829,35 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
         if p.weight == Some(0) {
             c.at(&at("weight"), "`weight` must be at least 1".into(), None);
         }
+        let rate_limit = match p.rate_limit {
+            None => None,
+            Some(m) if m.is_finite() && (0.1..=100_000.0).contains(&m) => {
+                Some((m * 1e6).round() as u64)
+            }
+            Some(m) => {
+                c.at(
+                    &at("rate_limit"),
+                    format!("`rate_limit: {m}`: Mbit/s from 0.1 to 100000"),
+                    Some(
+                        "e.g. rate_limit: 5 for 5 Mbit/s each way; leave it out for no cap".into(),
+                    ),
+                );
+                None
+            }
+        };
+        if rate_limit.is_some() && (pipes > 1 || transport == PathKind::Stripe) {
+            c.at(
+                &at("rate_limit"),
+                format!(
+                    "path `{}`: `rate_limit` is not applied to pipes or stripe paths",
+                    p.name
+                ),
+                Some(
+                    "remove `pipes` / `transport: stripe` from this path, or its `rate_limit`"
+                        .into(),
+                ),
+            );
+        }
         let bind = match &p.bind_ip {
             Some(b) => c.bind(Some(b), &at("bind_ip")),
             None => c.bind(raw.bind_ip.as_deref(), "bind_ip"),
@@ -849,6 +879,7 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
             weight: p.weight.unwrap_or(1),
             pipes,
             transport,
+            rate_limit,
         });
     }
     out

@@ -173,6 +173,9 @@ pub trait PathTransport: Send + Sync + 'static {
     /// queue short for the higher classes (`mpquic_core::cc::Bbr::yielding`). A transport or
     /// controller without that mode ignores it.
     fn set_yielding(&self) {}
+    /// `rate_limit`: the path sends no faster than this (bits/s; `None`: as its controller
+    /// allows). A transport without a pacer of its own ignores it.
+    fn set_rate_cap(&self, _bits_per_s: Option<u64>) {}
     fn remote(&self) -> SocketAddr;
     fn stats(&self) -> TransportStats;
     /// What the per-packet schedulers need, cheaply (read before routing each batch).

@@ -112,6 +112,8 @@ pub struct QuicTransport {
     link_payload: Option<u16>,
     /// The controller's window and bytes in flight (`load`).
     meter: Option<Arc<quic::WindowMeter>>,
+    /// `rate_limit` in bits/s, 0 for none (`set_rate_cap`): the writer's pacer keeps under it.
+    rate_cap: Arc<AtomicU64>,
     /// CONNECT-IP (`transport/masque`): the HTTP Datagram prefix (the request's quarter stream
     /// ID, context 0) in front of every datagram each way. Empty on the native protocol.
     prefix: Vec<u8>,
@@ -201,6 +203,7 @@ impl QuicTransport {
             })),
             endpoint,
             link_payload,
+            rate_cap: Arc::default(),
             prefix,
         })
     }
@@ -338,6 +341,11 @@ impl PathTransport for QuicTransport {
         if let Some(m) = &self.meter {
             m.set_yielding(true);
         }
+    }
+
+    fn set_rate_cap(&self, bits_per_s: Option<u64>) {
+        self.rate_cap
+            .store(bits_per_s.unwrap_or(0), Ordering::Relaxed);
     }
 
     fn set_carry(&self, carry: Carry) {
@@ -501,6 +509,7 @@ impl PathTransport for QuicTransport {
             recent: self.recent.clone(),
             hand_over: self.hand_over.clone(),
             meter: self.meter.clone(),
+            rate_cap: self.rate_cap.clone(),
         };
         tokio::spawn(path_writer(writer));
     }
@@ -1269,6 +1278,8 @@ struct Writer {
     hand_over: Arc<AtomicBool>,
     /// The controller's figures without cloning it (`pace`).
     meter: Option<Arc<quic::WindowMeter>>,
+    /// `rate_limit` (bits/s, 0: none).
+    rate_cap: Arc<AtomicU64>,
 }
 
 /// A path's send side, in every mode. Frames from `send_batch` wait in a `SendQueue` per lane
@@ -1300,6 +1311,7 @@ async fn path_writer(w: Writer) {
         recent,
         hand_over,
         meter,
+        rate_cap,
     } = w;
     let mut streams = LaneStreams::new(send);
     // What goes on the streams this turn, by lane rank (each lane its own stream).
@@ -1355,7 +1367,11 @@ async fn path_writer(w: Writer) {
         let stream = on_stream
             .as_ref()
             .is_some_and(|s| s.load(Ordering::Relaxed));
-        pacer.set_rate(pace(&conn, meter.as_deref(), stream));
+        let cap = Some(rate_cap.load(Ordering::Relaxed) / 8).filter(|&c| c > 0);
+        pacer.set_rate(mpquic_core::pacing::capped(
+            pace(&conn, meter.as_deref(), stream),
+            cap,
+        ));
         let now = Instant::now();
         queue.set_max_wait(max_wait(stream, conn.rtt()));
         let at = pacer.ready_at(now, PACED_PACKET);

@@ -310,6 +310,7 @@ impl Driver {
             instance: None,
             classes: Vec::new(),
             routes: Vec::new(),
+            rate_limit: None,
         });
         let (tx, rx) = oneshot::channel();
         let offer = Offer {
