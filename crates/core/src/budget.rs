@@ -154,6 +154,69 @@ impl Usage {
     }
 }
 
+/// A path's budget as the tunnel keeps it: what it has used, fed from its connection's byte
+/// counters (`on_wire`), which start from zero with each new connection (`reconnected`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Meter {
+    pub budget: Budget,
+    pub usage: Usage,
+    /// The current connection's bytes already counted.
+    seen: u64,
+    standing: Standing,
+}
+
+impl Meter {
+    /// Metering from `now`, with what a state file said was used (`None`: nothing yet).
+    pub fn new(budget: Budget, usage: Option<Usage>, now: i64) -> Meter {
+        let usage = usage.map_or_else(|| budget.start(now), |u| budget.current(u, now));
+        Meter {
+            budget,
+            usage,
+            seen: 0,
+            standing: budget.standing(&usage),
+        }
+    }
+
+    /// A new connection carries the path: its counters start from zero.
+    pub fn reconnected(&mut self) {
+        self.seen = 0;
+    }
+
+    /// The connection's bytes so far, both directions, at `now`: what is new is counted.
+    /// `in_flight`: what the path will still carry of what it has taken already (at its pace,
+    /// for about a round trip): the budget is used up when that would use it up, so the path
+    /// stops taking traffic in time to end at its limit, not past it. Used up stays used up
+    /// until the period ends. Returns the new standing when it changed (a warning crossed, used
+    /// up, a new period).
+    pub fn on_wire(&mut self, total: u64, in_flight: u64, now: i64) -> Option<Standing> {
+        // Counters that went back belong to a connection `reconnected` was not told of.
+        let new = total.checked_sub(self.seen).unwrap_or(total);
+        self.seen = total;
+        let period = self.usage.since;
+        self.budget.add(&mut self.usage, new, now);
+        let latched = self.standing == Standing::Exhausted && self.usage.since == period;
+        let standing = match self.usage.used.saturating_add(in_flight) >= self.budget.limit {
+            true => Standing::Exhausted,
+            false if latched => Standing::Exhausted,
+            false => self.budget.standing(&self.usage),
+        };
+        (standing != self.standing).then(|| {
+            self.standing = standing;
+            standing
+        })
+    }
+
+    pub fn standing(&self) -> Standing {
+        self.standing
+    }
+}
+
+/// The UTC date of `secs` since the epoch, as `YYYY-MM-DD`.
+pub fn iso_date(secs: i64) -> String {
+    let (y, m, d) = civil(secs.div_euclid(DAY));
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
 /// The day of month `y`-`m` a budget with `reset_day` resets on.
 fn reset_on(y: i64, m: u32, reset_day: u8) -> u32 {
     u32::from(reset_day.clamp(1, 31)).min(days_in_month(y, m))
@@ -231,6 +294,7 @@ mod tests {
             assert_eq!(days_from_civil(y, m, d), days, "{y}-{m}-{d}");
         }
         assert_eq!(civil(0), (1970, 1, 1));
+        assert_eq!(iso_date(at(2026, 12, 1, 23)), "2026-12-01");
         assert_eq!(civil(days_from_civil(2028, 2, 29)), (2028, 2, 29));
     }
 
@@ -304,6 +368,48 @@ mod tests {
             used: 1_000_000,
         };
         assert_eq!(b.runs_out(&slow, at(2026, 11, 10, 0)), None);
+    }
+
+    #[test]
+    fn a_meter_counts_each_connection_from_zero_and_says_when_its_standing_changes() {
+        let b = monthly(1);
+        let t = at(2026, 11, 20, 0);
+        let mut m = Meter::new(
+            b,
+            Some(Usage {
+                since: at(2026, 11, 1, 0),
+                used: 70_000_000,
+            }),
+            t,
+        );
+        assert_eq!(m.standing(), Standing::Within);
+        assert_eq!(m.on_wire(5_000_000, 0, t), None);
+        assert_eq!(m.on_wire(15_000_000, 0, t), Some(Standing::Warn));
+        assert_eq!(m.usage.used, 85_000_000);
+        // A new connection: its counters start again.
+        m.reconnected();
+        assert_eq!(m.on_wire(10_000_000, 0, t), None);
+        // What it has in flight would use up the rest: used up now, and it stays so when the
+        // path goes quiet.
+        assert_eq!(
+            m.on_wire(14_000_000, 1_500_000, t),
+            Some(Standing::Exhausted)
+        );
+        assert_eq!(m.usage.used, 99_000_000);
+        assert_eq!(m.on_wire(15_000_000, 0, t), None);
+        assert_eq!(m.usage.used, 100_000_000);
+        // Counters that went back without a word: a connection the meter was not told of.
+        assert_eq!(m.on_wire(1_000, 0, t), None);
+        assert_eq!(m.usage.used, 100_001_000);
+        // The next period: within again, with no traffic at all.
+        assert_eq!(
+            m.on_wire(1_000, 0, at(2026, 12, 1, 0)),
+            Some(Standing::Within)
+        );
+        assert_eq!(m.usage.used, 0);
+        // Last month's count from a state file starts afresh.
+        let stale = Meter::new(b, Some(m.usage), at(2027, 1, 2, 0));
+        assert_eq!(stale.usage, b.start(at(2027, 1, 2, 0)));
     }
 
     #[test]

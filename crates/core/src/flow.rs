@@ -197,6 +197,7 @@ mod tests {
                     name: format!("p{i}"),
                     priority: 1,
                     weight: 1,
+                    ..Default::default()
                 })
                 .unwrap()
             })

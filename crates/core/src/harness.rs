@@ -45,6 +45,7 @@ pub fn tunnel_receive(data: &[u8]) {
                         name: (*n).into(),
                         priority: 1,
                         weight: 1,
+                        ..Default::default()
                     },
                     8,
                 )
@@ -236,6 +237,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         min_rtt: Some(Duration::from_millis(18)),
         loss_permille: 10,
         probe_interval: Some(Duration::from_millis(100)),
+        role: Some(crate::Role::Overflow),
     };
     let bonded = cat(&[&wire::encode_bonded(0, 1), &udp4]);
     let classed = cat(&[&wire::encode_classed(1).expect("lane 1"), &bonded]);

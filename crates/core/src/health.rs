@@ -17,6 +17,7 @@
 //! path: backups included) detects a dead path as fast as ever. The probe carries the interval, so
 //! the follower scales its own silence bound the same way.
 
+use crate::role::Role;
 use std::time::{Duration, Instant};
 
 /// Which side of a path probes.
@@ -99,6 +100,9 @@ pub struct PeerView {
     /// When the prober sends its next probe after this one (`None` from a peer that does not
     /// say): the follower's silence bound follows it.
     pub probe_interval: Option<Duration>,
+    /// The path's role as the client has it now (`role.rs`; `None` from a peer that does not
+    /// say): a follower (the server) schedules by it. Health itself leaves it alone.
+    pub role: Option<Role>,
 }
 
 /// Outstanding probes remembered for RTT measurement; older replies are ignored.
@@ -308,6 +312,14 @@ impl PathHealth {
         }
     }
 
+    /// Send the next probe now (it carries news for the peer: the path's role changed). A
+    /// follower sends none.
+    pub fn probe_now(&mut self, now: Instant) {
+        if self.cfg.mode == HealthMode::Probe {
+            self.next_probe_at = self.next_probe_at.min(now);
+        }
+    }
+
     /// When the shell must call `poll` again at the latest: the next probe, or the moment the
     /// silence since the last reply takes the path down, whichever comes first.
     pub fn next_deadline(&self) -> Instant {
@@ -341,6 +353,8 @@ impl PathHealth {
             min_rtt: self.min_rtt,
             loss_permille: (self.loss() * 1000.0).round().clamp(0.0, 1000.0) as u16,
             probe_interval: Some(self.interval),
+            // The path set fills it in (`PathSet::poll`): health does not know roles.
+            role: None,
         }
     }
 
@@ -653,6 +667,7 @@ mod tests {
                 min_rtt: None,
                 loss_permille: 1000,
                 probe_interval: None,
+                role: None,
             }),
             later,
         );

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::drops::{DropReason, Drops};
 use crate::health::{HealthConfig, HealthMode, PathHealth, PathState, PeerView};
+use crate::role::Role;
 
 /// A path of one `PathSet`: stable for the set's lifetime (paths are added, never removed, so an
 /// id never comes to mean another path; a path taken out of the configuration is `retired`, and
@@ -33,11 +34,16 @@ impl fmt::Display for PathId {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PathSpec {
     pub name: String,
     pub priority: u32,
     pub weight: u32,
+    /// `role` (the client's configuration; on the server, what the client's hello and probes
+    /// say).
+    pub role: Role,
+    /// `rate_limit` (bits/s each way; the transport paces under it): shown, not scheduled by.
+    pub rate_limit: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -138,6 +144,9 @@ pub struct Path {
     /// The smoothed RTT its probes measured when its last connection went away: a redial
     /// starts its handshake timers from it.
     pub last_srtt: Option<Duration>,
+    /// Its data budget is used up (`budget.rs`): it carries only as a backup until the budget's
+    /// period ends.
+    pub used_up: bool,
 }
 
 impl Path {
@@ -146,6 +155,22 @@ impl Path {
     }
     pub fn is_up(&self) -> bool {
         self.state() == Some(PathState::Up)
+    }
+    /// Which paths carry first: 0 the primaries, 1 the backups, 2 the paths whose budget is
+    /// used up (`candidates`).
+    fn tier(&self) -> u8 {
+        match (self.used_up, self.spec.role) {
+            (true, _) => 2,
+            (false, Role::Primary) => 0,
+            (false, _) => 1,
+        }
+    }
+    /// Its role now: the configured one, or backup while its data budget is used up.
+    pub fn role(&self) -> Role {
+        match self.used_up {
+            true => Role::Backup,
+            false => self.spec.role,
+        }
     }
     /// The RTT its probes measured: its live connection's, or the one it had when its last
     /// connection went away.
@@ -259,6 +284,7 @@ impl PathSet {
             connects: 0,
             retired: false,
             last_srtt: None,
+            used_up: false,
         });
         Some(PathId((self.paths.len() - 1) as u16))
     }
@@ -365,6 +391,7 @@ impl PathSet {
         self.update_quiet(now);
         for (i, p) in self.paths.iter_mut().enumerate() {
             p.throughput.sample(now, &p.counters);
+            let role = p.role();
             let Some(h) = p.health.as_mut() else { continue };
             let id = PathId(i as u16);
             let before = h.state();
@@ -372,7 +399,10 @@ impl PathSet {
                 probes.push(ProbeDue {
                     path: id,
                     seq,
-                    view: h.view(),
+                    view: PeerView {
+                        role: Some(role),
+                        ..h.view()
+                    },
                 });
             }
             if h.state() != before {
@@ -414,6 +444,11 @@ impl PathSet {
         view: Option<&PeerView>,
         now: Instant,
     ) -> Option<Transition> {
+        // The server schedules by the role the client has for the path now (its budget may
+        // have been used up since the hello).
+        if let (Some(role), Some(p)) = (view.and_then(|v| v.role), self.paths.get_mut(id.index())) {
+            p.spec.role = role;
+        }
         self.health_event(id, |h| h.on_peer_probe(seq, view, now))
     }
 
@@ -502,19 +537,45 @@ impl PathSet {
         }
     }
 
-    /// Paths eligible for traffic: those that are up or, when none is, any connected path
-    /// (a best effort: a mis-judged path is better than a certain black hole).
+    /// Paths eligible for traffic: the primary paths that are up; while none is, the backups
+    /// that are up; while none of those is either, the paths whose data budget is used up.
+    /// The `overflow` backups join the primaries while every primary that is up is crowded.
+    /// When no path is up, any connected path (a best effort: a mis-judged path is better
+    /// than a certain black hole).
     pub fn candidates(&self) -> impl Iterator<Item = PathId> + '_ {
-        let any_up = self.paths.iter().any(Path::is_up);
+        let best = self
+            .paths
+            .iter()
+            .filter(|p| p.is_up())
+            .map(Path::tier)
+            .min();
+        let all_crowded = self
+            .paths
+            .iter()
+            .filter(|p| p.is_up() && p.tier() == 0)
+            .all(|p| p.load.crowded());
         self.iter()
-            .filter(move |(_, p)| {
-                if any_up {
+            .filter(move |(_, p)| match best {
+                None => p.health.is_some(),
+                Some(best) => {
                     p.is_up()
-                } else {
-                    p.health.is_some()
+                        && (p.tier() == best
+                            || (best == 0 && all_crowded && p.role() == Role::Overflow))
                 }
             })
             .map(|(i, _)| i)
+    }
+
+    /// A path's data budget was used up (`true`) or starts again (`false`). `now`: when (the
+    /// peer hears of its role with a probe at once, so the server stops sending on it too);
+    /// `None` for a path set up so (no probe needed yet).
+    pub fn set_used_up(&mut self, id: PathId, used_up: bool, now: Option<Instant>) {
+        let p = &mut self.paths[id.index()];
+        let changed = p.used_up != used_up;
+        p.used_up = used_up;
+        if let (true, Some(now), Some(h)) = (changed, now, p.health.as_mut()) {
+            h.probe_now(now);
+        }
     }
 }
 

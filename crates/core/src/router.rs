@@ -102,6 +102,12 @@ impl Router {
         self.paths.set_load(id, load);
     }
 
+    /// `id`'s data budget was used up (it carries only as a backup now), or starts again
+    /// (`PathSet::set_used_up`).
+    pub fn set_used_up(&mut self, id: PathId, used_up: bool, now: Option<Instant>) {
+        self.paths.set_used_up(id, used_up, now);
+    }
+
     /// A bonded packet (`wire::BOND_DATA`) of `lane` arrived on `id`: deliver it now, hold
     /// it, or drop it as a duplicate; then take `released`. A lane the router does not have
     /// (the shell checks `lanes()` first) drops it as a duplicate would be.
@@ -364,13 +370,14 @@ impl Router {
 mod tests {
     use super::*;
     use crate::packet::tests::tcp4;
-    use crate::PathState;
+    use crate::{PathLoad, PathState, Role};
 
     fn spec(name: &str, priority: u32, weight: u32) -> PathSpec {
         PathSpec {
             name: name.into(),
             priority,
             weight,
+            ..Default::default()
         }
     }
 
@@ -422,6 +429,60 @@ mod tests {
         r.disconnected(b);
         assert_eq!(r.hand_over_since(a, later), None);
         assert!(!r.can_hand_over(a));
+    }
+
+    /// A backup carries nothing while a primary is up, whatever the policy and its priority;
+    /// an `overflow` backup takes what the primary cannot (its queue half full); a path whose
+    /// budget is used up is a backup; the server follows the role the client's probes carry.
+    #[test]
+    fn backups_carry_only_what_the_primaries_cannot() {
+        let t0 = Instant::now();
+        let pkt = tcp4([10, 0, 0, 1], [10, 0, 0, 2], 1000, 80, None);
+        let info = PacketInfo::parse(&pkt).unwrap();
+        let role = |role| PathSpec {
+            role,
+            ..spec("b", 1, 1)
+        };
+        for policy in [
+            Policy::Failover,
+            Policy::Balanced,
+            Policy::Wlb,
+            Policy::MinRtt,
+        ] {
+            // The backup has the better priority: still idle while the primary is up.
+            let (mut r, a, b) = two_up(policy, spec("a", 2, 1), role(Role::Backup), t0);
+            for _ in 0..50 {
+                assert_eq!(r.route(0, Some(&info), 100, t0).map(|x| x.path), Some(a));
+            }
+            r.disconnected(a);
+            assert_eq!(r.route(0, Some(&info), 100, t0).map(|x| x.path), Some(b));
+        }
+        let (mut r, a, b) = two_up(Policy::Wlb, spec("a", 1, 1), role(Role::Overflow), t0);
+        let load = |backlog| PathLoad {
+            backlog,
+            backlog_limit: Some(100_000),
+            ..Default::default()
+        };
+        r.set_load(a, load(10_000));
+        assert_eq!(r.route(0, Some(&info), 100, t0).map(|x| x.path), Some(a));
+        r.set_load(a, load(60_000));
+        assert_eq!(r.route(0, Some(&info), 100, t0).map(|x| x.path), Some(b));
+        // A primary used up is a backup, and behind the configured ones: the overflow path
+        // now carries alone.
+        r.set_load(a, load(0));
+        r.set_used_up(a, true, Some(t0));
+        assert_eq!(r.paths().get(a).role(), Role::Backup);
+        assert_eq!(r.route(0, Some(&info), 100, t0).map(|x| x.path), Some(b));
+        // The client's probe says the role; a follower takes it.
+        let mut probes = Vec::new();
+        r.poll(t0 + Duration::from_secs(1), &mut probes, &mut Vec::new());
+        let view = probes.iter().find(|p| p.path == a).expect("a probe").view;
+        assert_eq!(view.role, Some(Role::Backup));
+        let mut server = Router::new(Policy::Wlb, HealthConfig::default());
+        let s = server.path(spec("a", 1, 1)).unwrap();
+        server.connected(s, t0);
+        server.on_peer_probe(s, 1, Some(&view), t0);
+        assert_eq!(server.paths().get(s).spec.role, Role::Backup);
     }
 
     #[test]

@@ -420,6 +420,7 @@ mod tests {
             name: format!("p{i}"),
             priority: 1,
             weight: 1,
+            ..Default::default()
         };
         for i in 0..MAX_PATHS_PER_SESSION {
             assert!(r.path_within(spec(i), MAX_PATHS_PER_SESSION).is_some());

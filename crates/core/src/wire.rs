@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::health::{PathState, PeerView};
+use crate::role::Role;
 
 pub const PROBE: u8 = 0x01;
 pub const PROBE_REPLY: u8 = 0x02;
@@ -35,9 +36,12 @@ pub const FEC_REPAIR_HEADER: usize = 6;
 /// Type and sequence number: a probe reply, or a probe without the sender's view.
 pub const PROBE_LEN: usize = 5;
 /// A probe with the prober's view: state (1), srtt, rttvar, min RTT (4 each, microseconds,
-/// all ones = not measured), loss in 1/1000 (2), the interval to the next probe in ms (2).
-pub const PROBE_VIEW_LEN: usize = PROBE_LEN + 17;
-/// The same without the interval (an earlier build's probe; still accepted).
+/// all ones = not measured), loss in 1/1000 (2), the interval to the next probe in ms (2), the
+/// path's role (1, `Role::to_wire`).
+pub const PROBE_VIEW_LEN: usize = PROBE_LEN + 18;
+/// The same without the role, and without the interval too (earlier builds' probes; still
+/// accepted).
+const PROBE_VIEW_LEN_V1: usize = PROBE_LEN + 17;
 const PROBE_VIEW_LEN_V0: usize = PROBE_LEN + 15;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,7 +120,7 @@ pub fn decode(buf: &[u8]) -> Option<Datagram<'_>> {
     }
     match (first, buf.len()) {
         (PROBE, PROBE_LEN) => Some(Datagram::Probe { seq, view: None }),
-        (PROBE, PROBE_VIEW_LEN | PROBE_VIEW_LEN_V0) => Some(Datagram::Probe {
+        (PROBE, PROBE_VIEW_LEN | PROBE_VIEW_LEN_V1 | PROBE_VIEW_LEN_V0) => Some(Datagram::Probe {
             seq,
             view: Some(decode_view(&buf[PROBE_LEN..])?),
         }),
@@ -247,6 +251,10 @@ fn decode_view(b: &[u8]) -> Option<PeerView> {
     let probe_interval = b
         .get(15..17)
         .map(|i| Duration::from_millis(u64::from(u16::from_be_bytes([i[0], i[1]]))));
+    let role = match b.get(17) {
+        Some(&r) => Some(Role::from_wire(r)?),
+        None => None,
+    };
     Some(PeerView {
         state,
         srtt: dur(1),
@@ -254,6 +262,7 @@ fn decode_view(b: &[u8]) -> Option<PeerView> {
         min_rtt: dur(9),
         loss_permille,
         probe_interval,
+        role,
     })
 }
 
@@ -288,6 +297,7 @@ pub fn encode_probe_view(seq: u32, v: &PeerView) -> [u8; PROBE_VIEW_LEN] {
         .probe_interval
         .map_or(0, |i| i.as_millis().min(0xffff) as u16);
     out[20..22].copy_from_slice(&interval_ms.to_be_bytes());
+    out[22] = v.role.unwrap_or_default().to_wire();
     out
 }
 
@@ -311,22 +321,31 @@ mod tests {
             min_rtt: None,
             loss_permille: 125,
             probe_interval: Some(Duration::from_millis(500)),
+            role: Some(Role::Backup),
         };
         let p = encode_probe_view(7, &view);
         assert_eq!(
             p,
             [
                 1, 0, 0, 0, 7, 2, 0, 0, 0x50, 0x14, 0, 0, 0x03, 0xe8, 0xff, 0xff, 0xff, 0xff, 0,
-                125, 0x01, 0xf4
+                125, 0x01, 0xf4, 1
             ]
         );
-        // An earlier build's probe (no interval) is still understood.
+        // Earlier builds' probes (no role; no interval either) are still understood.
+        assert_eq!(
+            decode(&p[..22]),
+            Some(Datagram::Probe {
+                seq: 7,
+                view: Some(PeerView { role: None, ..view })
+            })
+        );
         assert_eq!(
             decode(&p[..20]),
             Some(Datagram::Probe {
                 seq: 7,
                 view: Some(PeerView {
                     probe_interval: None,
+                    role: None,
                     ..view
                 })
             })
@@ -344,6 +363,9 @@ mod tests {
         let mut bad = p;
         bad[18..20].copy_from_slice(&1001u16.to_be_bytes());
         assert_eq!(decode(&bad), None, "loss above 100%");
+        let mut bad = p;
+        bad[22] = 9;
+        assert_eq!(decode(&bad), None, "unknown role");
         assert_eq!(decode(&p[..19]), None);
         assert_eq!(decode(&p[..21]), None);
         assert_eq!(decode(&[0x02, 0, 0, 1, 0]), Some(Datagram::ProbeReply(256)));

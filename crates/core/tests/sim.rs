@@ -538,6 +538,7 @@ fn spec(name: &str, priority: u32, weight: u32) -> PathSpec {
         name: name.into(),
         priority,
         weight,
+        ..Default::default()
     }
 }
 

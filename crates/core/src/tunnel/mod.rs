@@ -6,6 +6,7 @@
 //! when it next has work. The binary's `tunnel.rs` keeps connections, locks and wake-ups; the
 //! simulator (`tests/sim.rs`) drives this same state machine over modelled links.
 
+mod metering;
 mod receive;
 mod send;
 mod timers;
@@ -59,6 +60,9 @@ pub struct LinkStats {
     pub acks: Option<u64>,
     /// Its own RTT estimate.
     pub rtt: Option<std::time::Duration>,
+    /// Bytes it has carried on its link, both directions, IP and UDP headers included (what a
+    /// metered link counts: `data_budget`); `None`: a transport that does not count them.
+    pub wire_bytes: Option<u64>,
 }
 
 /// FEC on one path: what we send (encoder) and what we receive (decoder). Kept across
@@ -100,6 +104,10 @@ pub struct TunnelCore {
     /// The peer speaks IP only (`HealthMode::Transport`: a standard CONNECT-IP client): every
     /// datagram must be a bare IP packet, a control frame of ours from it is malformed.
     plain: bool,
+    /// Metered paths' budgets (`metering.rs`), by `PathId::index()`; `None`: not metered.
+    meters: Vec<Option<metering::Metered>>,
+    /// Wall-clock seconds since the epoch, for the budgets (`set_wall_clock`).
+    wall: i64,
 }
 
 impl TunnelCore {
@@ -127,6 +135,8 @@ impl TunnelCore {
             adaptive: false,
             acks: Vec::new(),
             plain: health == HealthMode::Transport,
+            meters: Vec::new(),
+            wall: 0,
         }
     }
 
@@ -255,6 +265,7 @@ impl TunnelCore {
     /// starts over at that size.
     pub fn connected(&mut self, path: PathId, link: LinkStats, now: Instant) {
         self.router.connected(path, now);
+        self.meter_reconnected(path);
         if let (Some(payload), Some(ceiling), true) =
             (link.udp_payload, link.link_payload, self.watch_mtu)
         {
@@ -383,10 +394,75 @@ mod tests {
             name: "wan1".into(),
             priority: 1,
             weight: 1,
+            ..Default::default()
         };
         let id = core.path(spec, 4).unwrap();
         core.connected(id, LinkStats::default(), Instant::now());
         (core, id)
+    }
+
+    /// A metered path counts its connections' bytes (each from zero), warns, and is a backup
+    /// once its budget is used up, until its period starts again.
+    #[test]
+    fn a_used_up_budget_makes_the_path_a_backup_until_the_next_period() {
+        use crate::budget::{Budget, Period, Standing};
+        let mut core = TunnelCore::new(Policy::Failover, HealthMode::Transport, FecMode::Off, None);
+        let spec = |name: &str, priority| PathSpec {
+            name: name.into(),
+            priority,
+            weight: 1,
+            ..Default::default()
+        };
+        let (a, b) = (
+            core.path(spec("lte", 1), 2).unwrap(),
+            core.path(spec("dsl", 2), 2).unwrap(),
+        );
+        let now = Instant::now();
+        core.connected(a, LinkStats::default(), now);
+        core.connected(b, LinkStats::default(), now);
+        let day = 86_400;
+        let budget = Budget {
+            limit: 1_000_000,
+            period: Period::Day,
+            warn_at: 0.8,
+        };
+        core.set_budget(a, Some(budget), None, 10 * day);
+        let mut out = Recorded::default();
+        let mut polled = Polled::default();
+        let mut poll = |core: &mut TunnelCore, wire: u64, wall: i64| {
+            core.set_wall_clock(wall);
+            let link = LinkStats {
+                wire_bytes: Some(wire),
+                ..Default::default()
+            };
+            core.poll(now, |_| Some(link), &mut out, &mut polled);
+            std::mem::take(&mut polled.budgets)
+        };
+        let route = |core: &mut TunnelCore| {
+            let p = tcp4([10, 9, 0, 2], [1, 1, 1, 1], 1000, 80, None);
+            core.router_mut()
+                .route(0, None, p.len(), now)
+                .map(|r| r.path)
+        };
+        assert_eq!(poll(&mut core, 500_000, 10 * day), vec![]);
+        assert_eq!(route(&mut core), Some(a));
+        assert_eq!(
+            poll(&mut core, 850_000, 10 * day + 60),
+            vec![(a, Standing::Warn)]
+        );
+        // A new connection counts from zero.
+        core.connected(a, LinkStats::default(), now);
+        assert_eq!(
+            poll(&mut core, 150_000, 10 * day + 120),
+            vec![(a, Standing::Exhausted)]
+        );
+        assert_eq!(core.meter(a).unwrap().usage.used, 1_000_000);
+        assert_eq!(route(&mut core), Some(b), "used up: the other path carries");
+        assert_eq!(
+            poll(&mut core, 150_000, 11 * day),
+            vec![(a, Standing::Within)]
+        );
+        assert_eq!(route(&mut core), Some(a), "a new day, a new budget");
     }
 
     /// A standard CONNECT-IP peer's tunnel (`HealthMode::Transport`): its path up from the
@@ -399,6 +475,7 @@ mod tests {
             name: "masque".into(),
             priority: 1,
             weight: 1,
+            ..Default::default()
         };
         let id = core.path(spec, 1).unwrap();
         let now = Instant::now();
@@ -433,6 +510,7 @@ mod tests {
             name: "wan1".into(),
             priority: 1,
             weight: 1,
+            ..Default::default()
         };
         let now = Instant::now();
         let mut core = TunnelCore::new(Policy::Wlb, HealthMode::Transport, FecMode::Off, None);

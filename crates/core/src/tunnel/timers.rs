@@ -28,6 +28,9 @@ pub struct Polled {
     pub resized: Vec<(PathId, Resize, u16)>,
     /// `transport_mode: auto`: paths whose carriage changed now (tell their transports).
     pub carry: Vec<(PathId, Carry, Why)>,
+    /// Metered paths whose standing against their budget changed now (log them; a path used
+    /// up is a backup now).
+    pub budgets: Vec<(PathId, crate::budget::Standing)>,
     /// Packets were delivered (released by the resequencer): flush the TUN device.
     pub delivered: bool,
     /// What each path's connection reported, read once per poll (by `PathId::index()`).
@@ -42,6 +45,7 @@ impl Polled {
         self.mtu_probes.clear();
         self.resized.clear();
         self.carry.clear();
+        self.budgets.clear();
         self.delivered = false;
     }
 }
@@ -86,6 +90,8 @@ impl TunnelCore {
             next = next.into_iter().chain(fec_next).min();
         }
         self.poll_recovery(now, &stats, out);
+        let budget_next = self.poll_budgets(now, &stats, out);
+        next = next.into_iter().chain(budget_next).min();
         if self.watch_mtu {
             let mtu_next = self.poll_mtu(now, &stats, out);
             next = next.into_iter().chain(mtu_next).min();
