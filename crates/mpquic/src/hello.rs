@@ -59,6 +59,10 @@ pub struct Hello {
     /// The path's `rate_limit` (bits/s, each direction): the server paces its side under it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<u64>,
+    /// The path's role now (`backup`, `overflow`; absent: primary): the server sends on a
+    /// backup only as the client would. Its probes say it from then on (`wire`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
 }
 
 /// A traffic class: its name, its rank (its lane: 0 = highest priority), whether it is the

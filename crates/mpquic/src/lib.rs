@@ -6,6 +6,7 @@
 //! configuration loader, the hello, the control socket and the dashboard.
 
 mod batch;
+mod budgets;
 pub mod client;
 pub mod config;
 pub mod control;

@@ -705,10 +705,16 @@ impl Server {
         }
         let tunnel =
             self.session_tunnel(&joined.value, &name, joined.addr, h, (policy, fec), carrier)?;
+        let role = match h.role.as_deref() {
+            None => mpquic_core::Role::Primary,
+            Some(r) => mpquic_core::Role::parse(r).ok_or_else(|| format!("unknown role `{r}`"))?,
+        };
         let spec = PathSpec {
             name: h.path.clone(),
             priority: h.priority,
             weight: h.weight.max(1),
+            role,
+            rate_limit: h.rate_limit,
         };
         let path = tunnel
             .path(spec, sessions::MAX_PATHS_PER_SESSION)

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+use mpquic_core::budget::{Budget, Standing, Usage};
 use mpquic_core::classify::{FlowClasses, Prefix};
 use mpquic_core::fec::FecMode;
 use mpquic_core::pmtu::Resize;
@@ -55,6 +56,29 @@ impl State {
     }
 }
 
+/// A metered path's budget for status, at `wall` (seconds since the epoch).
+fn budget_status(m: &mpquic_core::budget::Meter, wall: i64) -> crate::status::BudgetStatus {
+    let (b, u) = (&m.budget, &m.usage);
+    let end = b.period_end(u.since);
+    let runs_out = b.runs_out(u, wall);
+    crate::status::BudgetStatus {
+        limit_bytes: b.limit,
+        used_bytes: u.used,
+        left_bytes: b.left(u),
+        state: match m.standing() {
+            Standing::Within => "within",
+            Standing::Warn => "warn",
+            Standing::Exhausted => "used up",
+        }
+        .into(),
+        period_start: crate::budgets::date(u.since),
+        period_end: crate::budgets::date(end),
+        period_end_unix: end,
+        runs_out: runs_out.map(crate::budgets::date),
+        runs_out_unix: runs_out,
+    }
+}
+
 /// What a connection tells the core about itself.
 fn link_stats(t: &dyn PathTransport) -> LinkStats {
     let st = t.stats();
@@ -66,6 +90,7 @@ fn link_stats(t: &dyn PathTransport) -> LinkStats {
         max_datagram: st.max_datagram,
         acks: st.acks,
         rtt: st.rtt,
+        wire_bytes: st.wire_bytes,
     }
 }
 
@@ -255,6 +280,30 @@ impl Tunnel {
             s.links.resize_with(id.index() + 1, || None);
         }
         Some(id)
+    }
+
+    /// `path`'s role now: its configured one, or backup while its data budget is used up.
+    pub fn role(&self, path: PathId) -> mpquic_core::Role {
+        self.lock().core.router().paths().get(path).role()
+    }
+
+    /// Meter `path` against `budget` (`None`: not metered), counting on from `usage` (the
+    /// state file's; `None`: nothing used yet).
+    pub fn set_budget(&self, path: PathId, budget: Option<Budget>, usage: Option<Usage>) {
+        self.lock()
+            .core
+            .set_budget(path, budget, usage, crate::budgets::wall_clock());
+        self.timers_changed.notify_one();
+    }
+
+    /// What each metered path has used in its period, by name (the state file's lines).
+    pub fn budget_usage(&self) -> Vec<(String, Usage)> {
+        let s = self.lock();
+        let paths = s.core.router().paths();
+        paths
+            .ids()
+            .filter_map(|id| Some((paths.get(id).spec.name.clone(), s.core.meter(id)?.usage)))
+            .collect()
     }
 
     /// The first lane's policy (a tunnel without classes has only that one).
@@ -690,6 +739,7 @@ impl Tunnel {
         let next = {
             let mut s = self.lock();
             let State { core, links, .. } = &mut *s;
+            core.set_wall_clock(crate::budgets::wall_clock());
             let link = |id: PathId| links.get(id.index()).and_then(Option::as_ref);
             let next = core.poll(
                 now,
@@ -767,10 +817,36 @@ impl Tunnel {
                     "path clean under traffic: inner packets as datagrams"),
             }
         }
+        for &(path, standing) in &polled.budgets {
+            self.log_budget(path, standing);
+        }
         for t in &polled.transitions {
             self.on_transition(t);
         }
         next
+    }
+
+    /// A metered path crossed its warning share, used its budget up, or started a new period.
+    fn log_budget(&self, path: PathId, standing: Standing) {
+        let name = self.path_name(path);
+        let Some(m) = self.lock().core.meter(path).copied() else {
+            return;
+        };
+        let (used, limit) = (m.usage.used, m.budget.limit);
+        match standing {
+            Standing::Within => {
+                info!(tunnel = %self.peer, path = %name, limit, "data budget: a new period starts; the path carries as configured again")
+            }
+            Standing::Warn => {
+                warn!(tunnel = %self.peer, path = %name, used, limit, left = m.budget.left(&m.usage),
+                      "data budget: past its warning share")
+            }
+            Standing::Exhausted => {
+                warn!(tunnel = %self.peer, path = %name, used, limit,
+                      ends = %crate::budgets::date(m.budget.period_end(m.usage.since)),
+                      "data budget used up: the path carries only as a backup until its period ends")
+            }
+        }
     }
 
     /// Serve the core's timers for the tunnel's life: sleep until its next deadline, or until a
@@ -874,6 +950,7 @@ impl Tunnel {
 
     pub fn status(&self, address: Option<String>) -> TunnelStatus {
         let now = Instant::now();
+        let wall = crate::budgets::wall_clock();
         let s = self.lock();
         let router = s.core.router();
         let paths = router
@@ -891,6 +968,9 @@ impl Tunnel {
                     .into(),
                     priority: p.spec.priority,
                     weight: p.spec.weight,
+                    role: p.role().as_str().into(),
+                    rate_limit_mbit: p.spec.rate_limit.map(|r| r as f64 / 1e6),
+                    budget: s.core.meter(id).map(|m| budget_status(m, wall)),
                     tx_bytes: p.counters.tx_bytes,
                     tx_packets: p.counters.tx_packets,
                     rx_bytes: p.counters.rx_bytes,

@@ -129,6 +129,37 @@ pub struct PathStatus {
     /// What carries the path's datagrams: `quic` or `stripe` (empty: not connected).
     #[serde(default)]
     pub transport: String,
+    /// Its role now: `primary`, `backup` or `overflow` (a path whose data budget is used up
+    /// is a `backup` until its period ends).
+    #[serde(default)]
+    pub role: String,
+    /// `rate_limit` (Mbit/s each way, IP packets counted whole).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit_mbit: Option<f64>,
+    /// `data_budget`: the path's budget for the period and where it stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetStatus>,
+}
+
+/// A metered path's data budget (`data_budget`), both directions counted, IP packets whole.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+pub struct BudgetStatus {
+    pub limit_bytes: u64,
+    pub used_bytes: u64,
+    pub left_bytes: u64,
+    /// `within`, `warn` (past its warning share) or `used up` (a backup until `period_end`).
+    pub state: String,
+    /// The period: when it began and when the next begins (UTC dates, and seconds since the
+    /// epoch for the metrics).
+    pub period_start: String,
+    pub period_end: String,
+    pub period_end_unix: i64,
+    /// When it runs out at the pace the period has had so far (UTC date; absent: not before
+    /// the period ends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs_out: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs_out_unix: Option<i64>,
 }
 
 /// One pipe of a path: a UDP 5-tuple (its own QUIC connection) under the path's shared
@@ -340,6 +371,35 @@ impl PathStatus {
             self.to_stream,
             self.stream_s
         ))
+    }
+
+    /// One line on the path's role, cap and budget when any is set (`None` for a primary
+    /// without limits).
+    pub fn limits_summary(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if !self.role.is_empty() && self.role != "primary" {
+            parts.push(self.role.clone());
+        }
+        if let Some(cap) = self.rate_limit_mbit {
+            parts.push(format!("capped at {cap} Mbit/s each way"));
+        }
+        if let Some(b) = &self.budget {
+            let gb = |n: u64| n as f64 / 1e9;
+            parts.push(format!(
+                "budget {:.2} of {:.2} GB used ({:.0}%, {}), {:.2} GB left until {}{}",
+                gb(b.used_bytes),
+                gb(b.limit_bytes),
+                b.used_bytes as f64 * 100.0 / b.limit_bytes.max(1) as f64,
+                b.state,
+                gb(b.left_bytes),
+                b.period_end,
+                match &b.runs_out {
+                    Some(d) if b.state != "used up" => format!(", runs out {d} at this pace"),
+                    _ => String::new(),
+                }
+            ));
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
     }
 
     /// One line on the path's packet size when it is below its link's (`None` otherwise).

@@ -85,6 +85,41 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Gauge(|p| Some(p.weight as f64)),
     ),
     (
+        "mpquic_path_backup",
+        "1 while the path carries only as a backup (role backup or overflow, or its data budget used up), else 0",
+        PathValue::Gauge(|p| Some(if p.role.is_empty() || p.role == "primary" { 0.0 } else { 1.0 })),
+    ),
+    (
+        "mpquic_path_rate_limit_mbit",
+        "The path's rate_limit (Mbit/s each way)",
+        PathValue::Gauge(|p| p.rate_limit_mbit),
+    ),
+    (
+        "mpquic_path_budget_limit_bytes",
+        "The path's data budget for its period (bytes, both directions)",
+        PathValue::Gauge(|p| p.budget.as_ref().map(|b| b.limit_bytes as f64)),
+    ),
+    (
+        "mpquic_path_budget_used_bytes",
+        "Bytes of its data budget the path has used in the period (IP packets, both directions)",
+        PathValue::Gauge(|p| p.budget.as_ref().map(|b| b.used_bytes as f64)),
+    ),
+    (
+        "mpquic_path_budget_used_up",
+        "1 while the path's data budget is used up (it carries only as a backup), else 0",
+        PathValue::Gauge(|p| p.budget.as_ref().map(|b| if b.state == "used up" { 1.0 } else { 0.0 })),
+    ),
+    (
+        "mpquic_path_budget_period_end_timestamp_seconds",
+        "When the path's budget period ends (UNIX seconds)",
+        PathValue::Gauge(|p| p.budget.as_ref().map(|b| b.period_end_unix as f64)),
+    ),
+    (
+        "mpquic_path_budget_runs_out_timestamp_seconds",
+        "When the path's budget runs out at the period's pace so far (UNIX seconds; absent: not within the period)",
+        PathValue::Gauge(|p| p.budget.as_ref().and_then(|b| b.runs_out_unix).map(|t| t as f64)),
+    ),
+    (
         "mpquic_path_srtt_ms",
         "Smoothed probe round trip (ms)",
         PathValue::Gauge(|p| p.srtt_ms),

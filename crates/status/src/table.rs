@@ -137,6 +137,9 @@ impl StatusReport {
                 );
             }
             for p in &t.paths {
+                if let Some(limits) = p.limits_summary() {
+                    let _ = writeln!(o, "  limits {:<3} {limits}", p.name);
+                }
                 if let Some(carry) = p.carry_summary() {
                     let _ = writeln!(o, "  carry {:<4} {carry}", p.name);
                 }

@@ -99,6 +99,10 @@ struct Client {
     /// How the session is carried: native from the start; over CONNECT-IP what the first
     /// answer said (`learn`).
     carrier: std::sync::OnceLock<Carrier>,
+    /// Where the metered paths' counts are kept (`data_budget`), and what it said at start
+    /// for the paths not yet added.
+    budget_file: crate::budgets::StateFile,
+    saved_usage: Mutex<std::collections::HashMap<String, mpquic_core::budget::Usage>>,
 }
 
 /// The tunnel addresses the server gave: IPv4, and IPv6 when its tunnel is dual-stack.
@@ -246,6 +250,14 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
     let initial_paths = std::mem::take(&mut ccfg.paths);
     // The first refusal ends the process; later ones (other paths) are dropped.
     let (fatal_tx, mut fatal_rx) = mpsc::channel(1);
+    let budget_file = crate::budgets::StateFile::new(&ccfg.state_dir, &cfg.tun_name);
+    let saved_usage = match initial_paths.iter().any(|p| p.data_budget.is_some()) {
+        true => {
+            info!(file = %budget_file.path().display(), "data budgets: the metered paths' counts are kept in this file");
+            budget_file.load()
+        }
+        false => Default::default(),
+    };
     let client = Arc::new(Client {
         session: runtime::random_u64(),
         tun: tun.clone(),
@@ -271,6 +283,8 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
             None => Carrier::Native.into(),
             Some(_) => std::sync::OnceLock::new(),
         },
+        budget_file,
+        saved_usage: Mutex::new(saved_usage),
         cfg,
         ccfg,
     });
@@ -303,6 +317,8 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
     }
     let t = client.tunnel.clone();
     tokio::spawn(async move { t.run_timers().await });
+    let t = client.tunnel.clone();
+    tokio::spawn(client.budget_file.clone().keep(t));
     let c = client.clone();
     tokio::spawn(async move { c.tun_reader().await });
     for k in 0..client.classes.len() {
@@ -325,6 +341,12 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
     client
         .tunnel
         .close_all(close::LEAVING, "client shutting down");
+    let usage = client.tunnel.budget_usage();
+    if !usage.is_empty() {
+        if let Err(e) = client.budget_file.save(&usage) {
+            warn!(error = %format!("{e:#}"), "data budget file not written at shutdown");
+        }
+    }
     // Give the close frames a moment to leave; the TUN device goes with the process.
     tokio::time::sleep(Duration::from_millis(50)).await;
     info!("client stopped");
@@ -678,6 +700,8 @@ impl Client {
                     // Priority and weight count here at once; the server learns them from
                     // the new connection's hello, made before the old one is closed.
                     tunnel.path(spec_of(&p), sessions::MAX_PATHS_PER_SESSION);
+                    // A changed budget counts on from what the period has used.
+                    tunnel.set_budget(id, p.data_budget, None);
                     match self.dial(id, &p).await {
                         Ok(new) => {
                             info!(path = %p.name, "path reconfigured; new connection in place");
@@ -818,6 +842,10 @@ impl Client {
                 .map(|p| p.to_string())
                 .collect(),
             rate_limit: p.rate_limit,
+            // Backup while its budget is used up, whatever its configured role.
+            role: Some(self.tunnel.role(id))
+                .filter(|r| *r != mpquic_core::Role::Primary)
+                .map(|r| r.as_str().into()),
         };
         let known = Known {
             payload: self.slot(id).payload,
@@ -905,6 +933,8 @@ impl Client {
         let id = (self.tunnel)
             .path(spec_of(p), sessions::MAX_PATHS_PER_SESSION)
             .ok_or_else(|| anyhow!("too many paths"))?;
+        let saved = (self.saved_usage.lock().unwrap_or_else(|e| e.into_inner())).remove(&p.name);
+        self.tunnel.set_budget(id, p.data_budget, saved);
         self.with_slot(id, |_| ());
         self.stand(id, p, Standing::Ready);
         Ok(id)
@@ -947,5 +977,7 @@ fn spec_of(p: &PathConfig) -> PathSpec {
         name: p.name.clone(),
         priority: p.priority,
         weight: p.weight,
+        role: p.role,
+        rate_limit: p.rate_limit,
     }
 }

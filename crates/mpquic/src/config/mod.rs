@@ -17,6 +17,7 @@ use serde::Deserialize;
 
 mod classes;
 mod masque;
+mod metering;
 pub use classes::MAX_CLASSES;
 pub use masque::{MasqueClient, MasqueServer};
 mod positions;
@@ -110,6 +111,8 @@ struct RawPath {
     transport: Option<String>,
     /// Mbit/s, each direction.
     rate_limit: Option<f64>,
+    role: Option<String>,
+    data_budget: Option<metering::RawBudget>,
 }
 
 /// One value or a list of them (`dscp: 46` or `dscp: [46, 34]`).
@@ -242,6 +245,7 @@ struct RawConfig {
     /// Client: `native` (default) or `masque` (CONNECT-IP to a standard server).
     protocol: Option<String>,
     masque_token: Option<String>,
+    state_dir: Option<String>,
     masque_path: Option<String>,
 }
 
@@ -267,9 +271,13 @@ pub struct PathConfig {
     /// or with `transport: stripe` the stripe sockets beside the path's one QUIC connection.
     pub pipes: u8,
     pub transport: PathKind,
-    /// `rate_limit`: the path carries no more than this, each direction (bits/s; both ends
-    /// pace under it, the server learning it from the hello).
+    /// `rate_limit`: the path carries no more than this, each direction (bits/s, IP packets
+    /// counted whole; both ends pace under it, the server learning it from the hello).
     pub rate_limit: Option<u64>,
+    /// `role`: primary (default), backup or overflow (`mpquic_core::Role`).
+    pub role: mpquic_core::Role,
+    /// `data_budget`: bytes per day or month, both directions; used up, the path is a backup.
+    pub data_budget: Option<mpquic_core::budget::Budget>,
 }
 
 /// How a path carries the tunnel's datagrams.
@@ -306,6 +314,8 @@ pub struct ClientConfig {
     pub classifier: mpquic_core::classify::Classifier,
     /// `protocol: masque`: CONNECT-IP instead of the native protocol.
     pub masque: Option<MasqueClient>,
+    /// `state_dir`: where the metered paths' counts are kept (`TUN_NAME.budget`).
+    pub state_dir: PathBuf,
 }
 
 /// A traffic class: its own bond (policy), and on every path its own connection (congestion
@@ -1063,29 +1073,84 @@ multipath_paths:
     }
 
     #[test]
-    fn rate_limit_takes_mbit_per_second_and_says_where_it_cannot_apply() {
+    fn path_limits_take_rates_roles_and_budgets_and_say_where_they_are_wrong() {
         const CLIENT: &str = "role: client\nremote_addr: 1.2.3.4\ntls_ca_file: ca\nmultipath_enabled: true\nmultipath_paths:\n";
         let c = parse(&format!(
-            "{CLIENT}- {{name: lte, rate_limit: 5}}\n- {{name: dsl}}\n"
+            "{CLIENT}- {{name: lte, rate_limit: 5, role: backup, data_budget: {{limit: 30GB, reset_day: 15}}}}\n- {{name: dsl, data_budget: {{limit: 500MB, period: day, warn_at: 90}}}}\n- {{name: sat, role: overflow}}\n"
         ))
         .unwrap();
         let RoleConfig::Client(cc) = &c.role else {
             panic!()
         };
         let caps: Vec<_> = cc.paths.iter().map(|p| p.rate_limit).collect();
-        assert_eq!(caps, [Some(5_000_000), None]);
+        assert_eq!(caps, [Some(5_000_000), None, None]);
+        let roles: Vec<_> = cc.paths.iter().map(|p| p.role.as_str()).collect();
+        assert_eq!(roles, ["backup", "primary", "overflow"]);
+        use mpquic_core::budget::{Budget, Period};
+        assert_eq!(
+            cc.paths[0].data_budget,
+            Some(Budget {
+                limit: 30_000_000_000,
+                period: Period::Month { reset_day: 15 },
+                warn_at: 0.8
+            })
+        );
+        assert_eq!(
+            cc.paths[1].data_budget,
+            Some(Budget {
+                limit: 500_000_000,
+                period: Period::Day,
+                warn_at: 0.9
+            })
+        );
+        assert_eq!(cc.state_dir, Path::new("/var/lib/mpquic"));
         for (path, says) in [
             ("{name: lte, rate_limit: 0}", "from 0.1 to 100000"),
             (
                 "{name: lte, rate_limit: 5, pipes: 2}",
                 "not applied to pipes or stripe",
             ),
+            (
+                "{name: lte, role: standby}",
+                "valid values: primary, backup, overflow",
+            ),
+            (
+                "{name: lte, data_budget: {limit: 30 gigs}}",
+                "at least 1 MB",
+            ),
+            (
+                "{name: lte, data_budget: {limit: 1GB, reset_day: 32}}",
+                "1 to 31",
+            ),
+            (
+                "{name: lte, data_budget: {limit: 1GB, period: week}}",
+                "unknown period",
+            ),
+            (
+                "{name: lte, data_budget: {limit: 1GB, period: day, reset_day: 3}}",
+                "monthly",
+            ),
+            (
+                "{name: lte, data_budget: {limit: 1GB, warn_at: 0}}",
+                "1 to 100",
+            ),
+            (
+                "{name: lte, transport: stripe, data_budget: {limit: 1GB}}",
+                "not applied to stripe",
+            ),
         ] {
             let e = parse(&format!("{CLIENT}- {path}\n"))
                 .unwrap_err()
                 .to_string();
-            assert!(e.contains(says) && e.contains("test.yaml:6:"), "{e}");
+            assert!(
+                e.contains(says) && e.contains("test.yaml:6:"),
+                "{path}: {e}"
+            );
         }
+        let e = parse(&format!("state_dir: var/mpquic\n{CLIENT}- {{name: a}}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("absolute"), "{e}");
     }
 
     #[test]

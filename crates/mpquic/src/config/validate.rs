@@ -238,6 +238,13 @@ fn general(raw: &RawConfig, c: &mut Checker) -> General {
 }
 
 fn server(raw: &RawConfig, g: &General, c: &mut Checker) -> ServerConfig {
+    if raw.state_dir.is_some() {
+        c.at(
+            "state_dir",
+            "`state_dir` is a client option (where its paths' data budgets are kept)".into(),
+            None,
+        );
+    }
     let listen_ip = match raw.bind_ip.as_deref().map(parse_bind) {
         None | Some(Some(Bind::Any)) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         Some(Some(Bind::Ip(ip))) => ip,
@@ -644,6 +651,7 @@ fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
         // Filled in by `validate` once the transport mode is known (`classes.rs`).
         classes: Vec::new(),
         classifier: mpquic_core::classify::Classifier::new(vec![Vec::new()], 0),
+        state_dir: super::metering::state_dir(raw, c),
     }
 }
 
@@ -777,6 +785,8 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
             pipes: 1,
             transport: PathKind::Quic,
             rate_limit: None,
+            role: mpquic_core::Role::Primary,
+            data_budget: None,
         });
         return out;
     }
@@ -829,35 +839,7 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
         if p.weight == Some(0) {
             c.at(&at("weight"), "`weight` must be at least 1".into(), None);
         }
-        let rate_limit = match p.rate_limit {
-            None => None,
-            Some(m) if m.is_finite() && (0.1..=100_000.0).contains(&m) => {
-                Some((m * 1e6).round() as u64)
-            }
-            Some(m) => {
-                c.at(
-                    &at("rate_limit"),
-                    format!("`rate_limit: {m}`: Mbit/s from 0.1 to 100000"),
-                    Some(
-                        "e.g. rate_limit: 5 for 5 Mbit/s each way; leave it out for no cap".into(),
-                    ),
-                );
-                None
-            }
-        };
-        if rate_limit.is_some() && (pipes > 1 || transport == PathKind::Stripe) {
-            c.at(
-                &at("rate_limit"),
-                format!(
-                    "path `{}`: `rate_limit` is not applied to pipes or stripe paths",
-                    p.name
-                ),
-                Some(
-                    "remove `pipes` / `transport: stripe` from this path, or its `rate_limit`"
-                        .into(),
-                ),
-            );
-        }
+        let limits = super::metering::path_limits(p, &at, pipes, transport, c);
         let bind = match &p.bind_ip {
             Some(b) => c.bind(Some(b), &at("bind_ip")),
             None => c.bind(raw.bind_ip.as_deref(), "bind_ip"),
@@ -879,8 +861,16 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
             weight: p.weight.unwrap_or(1),
             pipes,
             transport,
-            rate_limit,
+            rate_limit: limits.rate_limit,
+            role: limits.role,
+            data_budget: limits.data_budget,
         });
+    }
+    if !out.is_empty() && out.iter().all(|p| p.role.is_backup()) {
+        c.warnings.push(
+            "every path has `role: backup` or `overflow`: with no primary they carry as primaries would"
+                .into(),
+        );
     }
     out
 }

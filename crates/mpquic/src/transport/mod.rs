@@ -100,6 +100,9 @@ pub struct TransportStats {
     /// Packets the peer has newly acknowledged (the tunnel core's ACK watch); `None` where
     /// data is not acknowledged (stripe).
     pub acks: Option<u64>,
+    /// Bytes on the link both ways, IP and UDP headers included (`data_budget`); `None`
+    /// where the transport does not count them.
+    pub wire_bytes: Option<u64>,
 }
 
 /// Where a transport delivers what it receives, and reports what it lost after accepting it.

@@ -385,6 +385,7 @@ impl PathTransport for QuicTransport {
             link_payload: self.link_payload,
             playout: self.has_stream.then(|| stream_rx::delay(&self.playout_us)),
             acks: self.meter.as_ref().map(|m| m.acked()),
+            wire_bytes: Some(on_the_link(&st, self.conn.remote_address())),
         }
     }
 
@@ -1367,7 +1368,12 @@ async fn path_writer(w: Writer) {
         let stream = on_stream
             .as_ref()
             .is_some_and(|s| s.load(Ordering::Relaxed));
-        let cap = Some(rate_cap.load(Ordering::Relaxed) / 8).filter(|&c| c > 0);
+        let cap = Some(rate_cap.load(Ordering::Relaxed))
+            .filter(|&c| c > 0)
+            .map(|c| {
+                let ipv6 = conn.remote_address().is_ipv6();
+                mpquic_core::pacing::link_cap(c, conn.stats().path.current_mtu, ipv6)
+            });
         pacer.set_rate(mpquic_core::pacing::capped(
             pace(&conn, meter.as_deref(), stream),
             cap,
@@ -1659,6 +1665,13 @@ fn max_wait(stream: bool, srtt: Duration) -> Duration {
 
 /// A packet's size for the pacer: it waits until one full packet may go.
 const PACED_PACKET: usize = 1500;
+
+/// The bytes a connection has carried on its link both ways, its datagrams' IP and UDP headers
+/// included: what a metered link counts (`data_budget`).
+fn on_the_link(st: &quinn::ConnectionStats, remote: SocketAddr) -> u64 {
+    let header = mpquic_core::pacing::ip_udp_header(remote.is_ipv6()) as u64;
+    st.udp_tx.bytes + st.udp_rx.bytes + (st.udp_tx.datagrams + st.udp_rx.datagrams) * header
+}
 
 /// Send one datagram, refusing (and reporting) rather than letting the QUIC engine silently
 /// drop older queued datagrams when its buffer is full. `send_datagram_wait` checks for space

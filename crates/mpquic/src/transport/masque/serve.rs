@@ -311,6 +311,7 @@ impl Driver {
             classes: Vec::new(),
             routes: Vec::new(),
             rate_limit: None,
+            role: None,
         });
         let (tx, rx) = oneshot::channel();
         let offer = Offer {

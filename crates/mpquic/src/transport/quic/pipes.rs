@@ -243,6 +243,7 @@ impl PathTransport for QuicPipes {
             playout: all.iter().filter_map(|s| s.playout).max(),
             // Any pipe's ACKs show the path alive.
             acks: all.iter().map(|s| s.acks).sum(),
+            wire_bytes: all.iter().map(|s| s.wire_bytes).sum(),
         }
     }
 

@@ -698,6 +698,8 @@ impl PathTransport for StripeTransport {
             udp_payload: q.udp_payload,
             max_datagram: self.max_datagram(),
             link_payload: q.link_payload,
+            // The stripe sockets' bytes are not counted (`data_budget` is refused there).
+            wire_bytes: None,
             playout: None,
             // Stripe packets are acknowledged by their own feedback, not by QUIC's ACKs.
             acks: None,
