@@ -215,6 +215,7 @@ fn main() -> ExitCode {
                 requires: Vec::new(),
                 fec: None,
                 classes: None,
+                path_yaml: None,
             },
         ),
         Cmd::Route {

@@ -162,7 +162,7 @@ fn client_yaml(lab: &LabState, c: usize, m: &MpquicOpts, pki: &str, me: &Instanc
          tun_cidr: {tun}\nlog_level: info\n\
          tls_ca_file: {pki}/ca.crt\ntls_cert_file: {pki}/{site}.crt\ntls_key_file: {pki}/{site}.key\n\
          tls_server_name: {SERVER_NAME}\n{cc}{mode}\
-         control_socket: {s}\n{fec}{extra}{classes}multipath_paths:\n",
+         control_socket: {s}\nstate_dir: {state}\n{fec}{extra}{classes}multipath_paths:\n",
         fec = m.fec.as_ref().map(|f| format!("fec: {f}\n")).unwrap_or_default(),
         classes = classes_yaml(m),
         pol = m.policy,
@@ -171,6 +171,10 @@ fn client_yaml(lab: &LabState, c: usize, m: &MpquicOpts, pki: &str, me: &Instanc
         cc = key("congestion_algorithm", &m.congestion),
         mode = key("transport_mode", &m.mode),
         s = me.socket.display(),
+        // The lab's own directory: a data budget counts from zero in every run.
+        state = std::path::absolute(me.socket.parent().unwrap_or(Path::new(".")))
+            .unwrap_or_default()
+            .display(),
         extra = m.extra_yaml,
     );
     for path in lab.client_paths(c) {
@@ -194,6 +198,11 @@ fn client_yaml(lab: &LabState, c: usize, m: &MpquicOpts, pki: &str, me: &Instanc
         }
         if let Some(t) = m.transport.as_ref().and_then(|t| t.get(i)) {
             let _ = writeln!(y, "  transport: {t}");
+        }
+        if let Some(extra) = m.path_yaml.as_ref().and_then(|e| e.get(i)) {
+            for line in extra.split("; ").filter(|l| !l.trim().is_empty()) {
+                let _ = writeln!(y, "  {}", line.trim());
+            }
         }
     }
     y

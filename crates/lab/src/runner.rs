@@ -444,7 +444,7 @@ fn sample(what: &Sampled, t0: Instant, every: Duration, stop: &AtomicBool) -> Ve
         let paths: Vec<Value> = (1..=*npaths)
             .map(|k| {
                 let f = if_counters(&dev, &format!("wan{k}"));
-                json!({"rx_bytes": f.first(), "tx_bytes": f.get(8)})
+                json!({"rx_bytes": f.first(), "tx_bytes": f.get(8), "rx_packets": f.get(1), "tx_packets": f.get(9)})
             })
             .collect();
         // The kernel drops packets on their way into a tunnel when its TUN queue is full, before
@@ -527,6 +527,9 @@ fn if_counters(dev: &str, name: &str) -> Vec<u64> {
         .unwrap_or_default()
 }
 
+/// Bytes of Ethernet header in each frame the interface counters count.
+const ETHERNET_HEADER: f64 = 14.0;
+
 /// Mean Mbit/s per path and direction over the run (client side: tx = upload, rx = download).
 fn mean_rates(samples: &[Value], npaths: usize) -> Value {
     let (Some(a), Some(b)) = (samples.first(), samples.last()) else {
@@ -544,7 +547,14 @@ fn mean_rates(samples: &[Value], npaths: usize) -> Value {
                     / dt.max(1e-9)
                     / 1e6
             };
-            json!({"path": i + 1, "up_mbit": d("tx_bytes"), "down_mbit": d("rx_bytes")})
+            // IP packets whole (as a `rate_limit` or a carrier counts them): the frames less
+            // their Ethernet headers.
+            let ip = |bytes: &str, packets: &str| {
+                let frames = d(bytes);
+                frames - d(packets) * ETHERNET_HEADER
+            };
+            json!({"path": i + 1, "up_mbit": d("tx_bytes"), "down_mbit": d("rx_bytes"),
+                   "up_ip_mbit": ip("tx_bytes", "tx_packets"), "down_ip_mbit": ip("rx_bytes", "rx_packets")})
         })
         .collect()
 }

@@ -89,6 +89,10 @@ pub struct MpquicOpts {
     /// none.
     #[serde(default)]
     pub classes: Option<serde_yaml_ng::Value>,
+    /// YAML added to each path's entry, by path (e.g. `["rate_limit: 5", "role: backup"]`;
+    /// several keys separated by `; `).
+    #[serde(default)]
+    pub path_yaml: Option<Vec<String>>,
 }
 
 impl Default for MpquicOpts {
@@ -105,6 +109,7 @@ impl Default for MpquicOpts {
             extra_yaml: String::new(),
             fec: None,
             classes: None,
+            path_yaml: None,
         }
     }
 }
@@ -123,6 +128,7 @@ pub struct Variant {
     pub pipes: Option<Vec<u32>>,
     pub transport: Option<Vec<String>>,
     pub classes: Option<serde_yaml_ng::Value>,
+    pub path_yaml: Option<Vec<String>>,
     #[serde(default)]
     pub requires: Vec<String>,
 }
@@ -453,6 +459,7 @@ impl Scenario {
                         o.pipes = v.pipes.clone().or(o.pipes);
                         o.transport = v.transport.clone().or(o.transport);
                         o.classes = v.classes.clone().or(o.classes);
+                        o.path_yaml = v.path_yaml.clone().or(o.path_yaml);
                         o.requires.extend(v.requires.iter().cloned());
                         out.push((format!("mpquic-{}", v.label), System::Mpquic(o)));
                     }
