@@ -3,9 +3,10 @@
 set -euo pipefail
 missing=()
 # wireguard-go + wg: the reference VPN of the scenario runner and bench/throughput.py;
-# fonts-dejavu-core: the text of mpquic-lab's PNG plots.
+# fonts-dejavu-core: the text of mpquic-lab's PNG plots; mptcpize: the lab's kernel-MPTCP
+# reference row (iperf3 on MPTCP sockets).
 for pair in iperf3:iperf3 nft:nftables ping:iputils-ping ip:iproute2 tc:iproute2 ss:iproute2 sysctl:procps ethtool:ethtool \
-            wireguard-go:wireguard-go wg:wireguard-tools; do
+            wireguard-go:wireguard-go wg:wireguard-tools mptcpize:mptcpize; do
   cmd=${pair%%:*}; pkg=${pair#*:}
   command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
 done

@@ -139,6 +139,20 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
                 lab.paths[*path].server_addr.clone(),
             ),
         ),
+        System::Mptcp => {
+            step("kernel MPTCP endpoints on every path", || {
+                crate::sut::mptcp_endpoints(&lab)
+            })?;
+            (
+                Vec::new(),
+                None,
+                (
+                    lab.namespaces.client.clone(),
+                    lab.namespaces.server.clone(),
+                    lab.paths[0].server_addr.clone(),
+                ),
+            )
+        }
         System::Mpquic(opts) => {
             let pids = step("start mpquic", || start_mpquic(opts, &lab, dir, &mut procs))?;
             step("route the LAN through mpquic", || {
@@ -158,12 +172,20 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
             (pids, Some(tun), through_tunnel)
         }
     };
+    // Under kernel MPTCP both ends' iperf3 open MPTCP sockets (mptcpize: an LD_PRELOAD that
+    // asks for IPPROTO_MPTCP where the program asks for TCP).
+    let launch: Vec<&'static str> = match sys {
+        System::Mptcp => vec!["mptcpize", "run"],
+        _ => Vec::new(),
+    };
     step("start iperf3 servers", || {
         for (i, t) in scn.traffic.iter().enumerate() {
             if matches!(t.kind, Kind::Iperf3) {
                 let port = (5201 + i).to_string();
+                let mut args = launch.clone();
+                args.extend(["iperf3", "-s", "-p", &port]);
                 procs.0.push(
-                    ns_cmd(&dst_ns, &["iperf3", "-s", "-p", &port])
+                    ns_cmd(&dst_ns, &args)
                         .stdout(Stdio::null())
                         .stderr(Stdio::null())
                         .spawn()?,
@@ -241,8 +263,16 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            let (t, src, dst) = (t.clone(), src_ns.clone(), dst_addr.clone());
-            std::thread::spawn(move || traffic(&t, i, &src, &dst, t0, t0_unix))
+            let (t, ns, dst, launch) =
+                (t.clone(), src_ns.clone(), dst_addr.clone(), launch.clone());
+            std::thread::spawn(move || {
+                let from = Sender {
+                    ns: &ns,
+                    dst: &dst,
+                    launch: &launch,
+                };
+                traffic(&t, i, &from, t0, t0_unix)
+            })
         })
         .collect();
     let results: Vec<Value> = handles
@@ -282,7 +312,17 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
     }))
 }
 
-fn traffic(t: &Traffic, i: usize, src_ns: &str, dst: &str, t0: Instant, t0_unix: f64) -> Value {
+/// Where traffic starts: its namespace, the address it goes to, and the command prefix its
+/// iperf3 runs under (`mptcpize run` for kernel MPTCP).
+struct Sender<'a> {
+    ns: &'a str,
+    dst: &'a str,
+    launch: &'a [&'static str],
+}
+
+/// Traffic item `i`, sent `from`.
+fn traffic(t: &Traffic, i: usize, from: &Sender, t0: Instant, t0_unix: f64) -> Value {
+    let (src_ns, dst) = (from.ns, from.dst);
     let start = parse_duration(&t.start).unwrap_or_default();
     let dur = parse_duration(&t.duration).unwrap_or_default();
     if let Some(w) = (t0 + start).checked_duration_since(Instant::now()) {
@@ -303,7 +343,7 @@ fn traffic(t: &Traffic, i: usize, src_ns: &str, dst: &str, t0: Instant, t0_unix:
                 // a 30 ms path in 4 s.
                 let mut steps: Vec<Value> = Vec::new();
                 for r in rates {
-                    let v = iperf3(t, i, src_ns, dst, Some(r), &label, start);
+                    let v = iperf3(t, i, from, Some(r), &label, start);
                     let fine = sweep_ok(&v);
                     steps.push(v);
                     if !fine {
@@ -322,7 +362,7 @@ fn traffic(t: &Traffic, i: usize, src_ns: &str, dst: &str, t0: Instant, t0_unix:
                     "sweep": steps,
                 })
             }
-            None => iperf3(t, i, src_ns, dst, t.rate.as_deref(), &label, start),
+            None => iperf3(t, i, from, t.rate.as_deref(), &label, start),
         },
         Kind::Idle => {
             std::thread::sleep(dur);
@@ -568,8 +608,7 @@ fn sweep_ok(v: &Value) -> bool {
 fn iperf3(
     t: &Traffic,
     i: usize,
-    src_ns: &str,
-    dst: &str,
+    from: &Sender,
     rate: Option<&str>,
     label: &str,
     start: Duration,
@@ -580,10 +619,11 @@ fn iperf3(
     let streams = t.streams.to_string();
     // A server it cannot reach (its path black-holed) fails in 5 s, not at the kernel's SYN
     // timeout of about two minutes.
-    let mut args = vec![
+    let mut args = from.launch.to_vec();
+    args.extend([
         "iperf3",
         "-c",
-        dst,
+        from.dst,
         "-p",
         &port,
         "-t",
@@ -595,7 +635,7 @@ fn iperf3(
         "1",
         "--connect-timeout",
         "5000",
-    ];
+    ]);
     if t.reverse {
         args.push("-R");
     }
@@ -622,7 +662,7 @@ fn iperf3(
     if let Some(cc) = &t.tcp_congestion {
         args.extend(["-C", cc]);
     }
-    let out = ns_cmd(src_ns, &args).output();
+    let out = ns_cmd(from.ns, &args).output();
     let v: Value = out
         .ok()
         .and_then(|o| serde_json::from_slice(&o.stdout).ok())

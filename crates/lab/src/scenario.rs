@@ -269,6 +269,9 @@ fn located(path: &Path, e: &serde_yaml_ng::Error) -> anyhow::Error {
 pub enum System {
     /// No VPN: client to server over this path (0-based; `direct` is path 1, `direct-N` path N).
     Direct(usize),
+    /// No VPN: kernel MPTCP from client to server, a subflow on every path (`mptcp`; iperf3
+    /// under `mptcpize`).
+    Mptcp,
     Mpquic(MpquicOpts),
     Vpn(VpnDef),
 }
@@ -439,7 +442,8 @@ impl Scenario {
         Ok(out)
     }
 
-    /// The systems to run, by label: `direct` (or `direct-N`: over path N); `mpquic`, or one
+    /// The systems to run, by label: `direct` (or `direct-N`: over path N); `mptcp` (kernel
+    /// MPTCP over every path, no VPN); `mpquic`, or one
     /// `mpquic-LABEL` per variant; and the other VPNs.
     pub fn systems(&self) -> Vec<(String, System)> {
         let mut out = Vec::new();
@@ -449,6 +453,7 @@ impl Scenario {
                 continue;
             }
             match s.as_str() {
+                "mptcp" => out.push((s.clone(), System::Mptcp)),
                 "mpquic" if !self.mpquic_variants.is_empty() => {
                     for v in &self.mpquic_variants {
                         let mut o = self.mpquic.clone();

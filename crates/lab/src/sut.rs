@@ -120,6 +120,38 @@ pub fn route_lan_through(
     Ok(())
 }
 
+/// Kernel MPTCP over every path of client 1, with no VPN (the `mptcp` system: the reference for
+/// one flow over several links, with the kernel's own scheduler): the server announces its
+/// address on paths 2.. (`signal`), the client opens a subflow from its own address on each
+/// (`subflow`); path 1 carries the first subflow. The endpoints go with the namespaces.
+pub(crate) fn mptcp_endpoints(lab: &LabState) -> Result<()> {
+    let (client, server) = (lab.client(1)?.client, lab.namespaces.server.clone());
+    for ns in [&client, &server] {
+        topo::ns_run(ns, "sysctl -qw net.mptcp.enabled=1")?;
+        topo::ns_run(ns, "ip mptcp limits set subflow 8 add_addr_accepted 8")?;
+    }
+    let bare = |a: &str| a.split('/').next().unwrap_or(a).to_string();
+    for p in lab.client_paths(1).skip(1) {
+        topo::ns_run(
+            &server,
+            &format!(
+                "ip mptcp endpoint add {} dev {} signal",
+                bare(&p.server_addr),
+                p.server_if
+            ),
+        )?;
+        topo::ns_run(
+            &client,
+            &format!(
+                "ip mptcp endpoint add {} dev {} subflow",
+                bare(&p.client_addr),
+                p.client_if
+            ),
+        )?;
+    }
+    Ok(())
+}
+
 /// The LAN host reaches the internet host (only possible through a tunnel: the client router has
 /// no other route to it), within 20 s.
 pub(crate) fn wait_reachable(lab: &LabState) -> Result<()> {
