@@ -340,8 +340,10 @@ impl Scenario {
                         self.paths.len()
                     );
                 }
-            } else if s != "mpquic" && !self.vpns.contains_key(s) {
-                bail!("systems: unknown `{s}` (direct, direct-N for path N, mpquic, or a VPN defined under `vpns`)");
+            } else if s == "mptcp" && self.paths.len() < 2 {
+                bail!("systems: `mptcp` needs two paths or more (a subflow on each)");
+            } else if s != "mpquic" && s != "mptcp" && !self.vpns.contains_key(s) {
+                bail!("systems: unknown `{s}` (direct, direct-N for path N, mptcp, mpquic, or a VPN defined under `vpns`)");
             }
         }
         for name in self.vpns.keys() {
