@@ -26,10 +26,6 @@ pub fn wall_clock() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-pub fn date(secs: i64) -> String {
-    mpquic_core::budget::iso_date(secs)
-}
-
 /// One instance's budget file.
 #[derive(Debug, Clone)]
 pub struct StateFile {

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use mpquic_core::budget::{Budget, Standing, Usage};
+use mpquic_core::budget::{iso_date, Budget, Standing, Usage};
 use mpquic_core::classify::{FlowClasses, Prefix};
 use mpquic_core::fec::FecMode;
 use mpquic_core::pmtu::Resize;
@@ -71,10 +71,10 @@ fn budget_status(m: &mpquic_core::budget::Meter, wall: i64) -> crate::status::Bu
             Standing::Exhausted => "used up",
         }
         .into(),
-        period_start: crate::budgets::date(u.since),
-        period_end: crate::budgets::date(end),
+        period_start: iso_date(u.since),
+        period_end: iso_date(end),
         period_end_unix: end,
-        runs_out: runs_out.map(crate::budgets::date),
+        runs_out: runs_out.map(iso_date),
         runs_out_unix: runs_out,
     }
 }
@@ -843,7 +843,7 @@ impl Tunnel {
             }
             Standing::Exhausted => {
                 warn!(tunnel = %self.peer, path = %name, used, limit,
-                      ends = %crate::budgets::date(m.budget.period_end(m.usage.since)),
+                      ends = %iso_date(m.budget.period_end(m.usage.since)),
                       "data budget used up: the path carries only as a backup until its period ends")
             }
         }
