@@ -138,6 +138,19 @@ impl Classifier {
         self.default
     }
 
+    /// Class `c`'s rules (empty for the default class: it takes what no other matches).
+    pub fn rules(&self, c: usize) -> &[Rule] {
+        match c == self.default {
+            true => &[],
+            false => self.rules.get(c).map_or(&[], Vec::as_slice),
+        }
+    }
+
+    /// How many classes there are.
+    pub fn classes(&self) -> usize {
+        self.rules.len().max(1)
+    }
+
     /// The class of a packet and whether a rule matched it (`false`: the default class because
     /// nothing matched, or the packet could not be parsed).
     pub fn classify(&self, info: Option<&PacketInfo>) -> (usize, bool) {

@@ -37,6 +37,7 @@ pub mod sendq;
 pub mod sessions;
 pub mod standby;
 pub mod stripe;
+pub mod tcp_lane;
 pub mod tunnel;
 pub mod varint;
 pub mod wire;

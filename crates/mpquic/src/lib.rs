@@ -15,6 +15,7 @@ pub mod harness;
 pub mod hello;
 #[cfg(test)]
 mod inprocess_tests;
+pub mod lane;
 #[cfg(test)]
 mod memnet;
 pub mod pki;

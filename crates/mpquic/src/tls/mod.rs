@@ -28,6 +28,8 @@ pub use certificate::normal_serial;
 pub const ALPN: &[u8] = b"mpquic/4";
 /// HTTP/3's (RFC 9114), on the CONNECT-IP endpoint.
 pub const ALPN_H3: &[u8] = b"h3";
+/// The MPTCP lane's connections (`lane/`).
+pub const ALPN_LANE: &[u8] = b"mpquic-lane/1";
 
 /// What `mpquic status` shows of TLS: the key exchange and the certificates in use.
 pub fn status(
@@ -120,7 +122,7 @@ pub fn server_crypto(
     let verifier =
         WebPkiClientVerifier::builder_with_provider(Arc::new(roots(client_ca)?), provider.clone());
     let verifier = match served {
-        Served::Native => verifier,
+        Served::Native | Served::Lane => verifier,
         // A certificate, when one is presented, is still verified (and checked against
         // `revoked`); without one the request's bearer token must name the client.
         Served::Http3 => verifier.allow_unauthenticated(),
@@ -137,11 +139,16 @@ pub fn server_crypto(
         .with_client_cert_verifier(verifier)
         .with_single_cert(load_certs(cert)?, load_key(key)?)
         .context("server certificate and key do not match")?;
-    cfg.alpn_protocols = vec![match served {
-        Served::Native => ALPN.to_vec(),
-        Served::Http3 => ALPN_H3.to_vec(),
-    }];
+    cfg.alpn_protocols = vec![alpn(served).to_vec()];
     Ok(cfg)
+}
+
+fn alpn(served: Served) -> &'static [u8] {
+    match served {
+        Served::Native => ALPN,
+        Served::Http3 => ALPN_H3,
+        Served::Lane => ALPN_LANE,
+    }
 }
 
 /// What a server endpoint speaks: the native protocol (a client certificate required), or
@@ -150,6 +157,8 @@ pub fn server_crypto(
 pub enum Served {
     Native,
     Http3,
+    /// The MPTCP lane (TLS over a TCP/MPTCP connection; a client certificate required).
+    Lane,
 }
 
 pub fn client_crypto(
@@ -176,10 +185,7 @@ pub fn client_crypto(
             .context("client certificate and key do not match")?,
         None => builder.with_no_client_auth(),
     };
-    cfg.alpn_protocols = vec![match served {
-        Served::Native => ALPN.to_vec(),
-        Served::Http3 => ALPN_H3.to_vec(),
-    }];
+    cfg.alpn_protocols = vec![alpn(served).to_vec()];
     Ok(cfg)
 }
 

@@ -1,0 +1,112 @@
+//! The client's end of the MPTCP lane for one LAN connection: an MPTCP connection to the
+//! server's lane (its subflows on the paths: `endpoints.rs`), TLS 1.3 with the client's
+//! certificate, the request (core `tcp_lane`), then both ways. What the LAN host sends goes
+//! on at once, before the server's answer (the lane adds its handshakes and nothing more);
+//! what comes back waits for the answer. A destination the server could not reach is reset
+//! to the LAN host (it had its handshake from us already: TPROXY answers the SYN locally).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use mpquic_core::tcp_lane;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::socket;
+
+/// The lane's handshakes (MPTCP, TLS) within this, or the LAN connection is reset.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where lane connections go and how they are secured.
+pub struct Lane {
+    pub server: SocketAddr,
+    pub server_name: ServerName<'static>,
+    pub tls: tokio_rustls::TlsConnector,
+}
+
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub opened: AtomicU64,
+    pub active: AtomicU64,
+    /// LAN connections reset because the lane could not be set up, or the server could not
+    /// reach the destination (by `Outcome`: refused, unreachable, timed out, not allowed).
+    pub setup_failed: AtomicU64,
+    pub failed: [AtomicU64; 4],
+    pub bytes_up: AtomicU64,
+    pub bytes_down: AtomicU64,
+}
+
+/// Carry `lan`, whose destination was `dst`, over the lane until either end closes.
+pub async fn carry(lan: TcpStream, dst: SocketAddr, lane: Arc<Lane>, counters: Arc<Counters>) {
+    counters.opened.fetch_add(1, Ordering::Relaxed);
+    counters.active.fetch_add(1, Ordering::Relaxed);
+    if let Err(e) = relay(lan, dst, &lane, &counters).await {
+        tracing::debug!(dst = %dst, error = %format!("{e:#}"), "lane connection ended");
+    }
+    counters.active.fetch_sub(1, Ordering::Relaxed);
+}
+
+async fn relay(lan: TcpStream, dst: SocketAddr, lane: &Lane, counters: &Counters) -> Result<()> {
+    let _ = lan.set_nodelay(true);
+    let setup = async {
+        let s = socket::mptcp_connect(lane.server, None).await?;
+        lane.tls
+            .connect(lane.server_name.clone(), s)
+            .await
+            .context("TLS handshake with the lane")
+    };
+    let tls = match tokio::time::timeout(SETUP_TIMEOUT, setup).await {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => {
+            counters.setup_failed.fetch_add(1, Ordering::Relaxed);
+            reset(lan);
+            return Err(e);
+        }
+        Err(_) => {
+            counters.setup_failed.fetch_add(1, Ordering::Relaxed);
+            reset(lan);
+            bail!("lane setup took over {SETUP_TIMEOUT:?}");
+        }
+    };
+    let (mut from_server, mut to_server) = tokio::io::split(tls);
+    let (mut from_lan, mut to_lan) = lan.into_split();
+    to_server.write_all(&tcp_lane::encode_request(dst)).await?;
+    // The LAN host's bytes go on now; its connection is reset if the answer says no.
+    let up = tokio::spawn(async move {
+        let n = tokio::io::copy(&mut from_lan, &mut to_server).await;
+        let _ = to_server.shutdown().await;
+        n
+    });
+    let mut answer = [0u8; tcp_lane::ANSWER_LEN];
+    from_server.read_exact(&mut answer).await?;
+    let outcome =
+        tcp_lane::decode_answer(&answer).ok_or_else(|| anyhow!("malformed lane answer"))?;
+    if let Some(i) = outcome.failure_index() {
+        counters.failed[i].fetch_add(1, Ordering::Relaxed);
+        // Reset when the last half goes (the read half, with the aborted task); the write
+        // half goes without its FIN (`forget`), or the host would read an orderly end first.
+        let _ = socket2::SockRef::from(to_lan.as_ref()).set_linger(Some(Duration::ZERO));
+        to_lan.forget();
+        up.abort();
+        let _ = up.await;
+        bail!("the server could not reach {dst}: {}", outcome.as_str());
+    }
+    let down = tokio::io::copy(&mut from_server, &mut to_lan).await?;
+    let _ = to_lan.shutdown().await;
+    counters.bytes_down.fetch_add(down, Ordering::Relaxed);
+    if let Ok(Ok(n)) = up.await {
+        counters.bytes_up.fetch_add(n, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// Close with a reset (SO_LINGER 0): the LAN host learns at once that the connection failed,
+/// as it would from the destination.
+fn reset(lan: TcpStream) {
+    let _ = socket2::SockRef::from(&lan).set_linger(Some(Duration::ZERO));
+    drop(lan);
+}

@@ -1,0 +1,16 @@
+//! The MPTCP lane (`tcp_lane: mptcp`): a traffic class's TCP connections carried over kernel
+//! MPTCP instead of the tunnel, one lane connection per LAN connection, its subflows on the
+//! client's paths; TLS 1.3 with the client's certificate inside. The server opens the TCP
+//! connection to the destination and relays (`serve.rs`); the client takes the LAN host's
+//! connection (`carry.rs`). The request and answer are the core's (`tcp_lane.rs`).
+
+pub mod carry;
+pub mod endpoints;
+mod netlink;
+mod nft;
+pub mod serve;
+mod socket;
+pub mod tproxy;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,150 @@
+//! The lane end to end in one process over loopback (plain TCP where the kernel refuses
+//! MPTCP): a connection relayed both ways, a refused destination reset to the LAN host, a
+//! client without a certificate refused at the handshake.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::carry::{self, Lane};
+use super::serve::{self, Destinations};
+use crate::pki;
+use crate::tls::{self, Served};
+
+fn pki_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    pki::init(d, false).unwrap();
+    pki::issue(d, "mpquic-server", pki::Kind::Server { sans: vec![] }).unwrap();
+    pki::issue(d, "site1", pki::Kind::Client).unwrap();
+    dir
+}
+
+async fn server(d: &Path) -> (SocketAddr, Arc<serve::Counters>) {
+    let tls = tls::server_crypto(
+        &d.join("mpquic-server.crt"),
+        &d.join("mpquic-server.key"),
+        &d.join("ca.crt"),
+        false,
+        &[],
+        Served::Lane,
+    )
+    .unwrap();
+    let listener = super::socket::mptcp_listener("127.0.0.1:0".parse().unwrap()).unwrap();
+    let at = listener.local_addr().unwrap();
+    let counters = Arc::new(serve::Counters::default());
+    let c = counters.clone();
+    tokio::spawn(serve::run(listener, Arc::new(tls), Destinations::Any, c));
+    (at, counters)
+}
+
+fn lane(d: &Path, server: SocketAddr, cert: bool) -> Arc<Lane> {
+    let (c, k) = (d.join("site1.crt"), d.join("site1.key"));
+    let tls = tls::client_crypto(
+        Some(&d.join("ca.crt")),
+        false,
+        cert.then_some((c.as_path(), k.as_path())),
+        false,
+        Served::Lane,
+    )
+    .unwrap();
+    Arc::new(Lane {
+        server,
+        server_name: "mpquic-server".try_into().unwrap(),
+        tls: tokio_rustls::TlsConnector::from(Arc::new(tls)),
+    })
+}
+
+/// A LAN host's connection as the client takes it: the host's end and ours.
+async fn lan_pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let host = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+    let (ours, _) = l.accept().await.unwrap();
+    (host, ours)
+}
+
+#[tokio::test]
+async fn a_connection_goes_both_ways_and_a_refused_one_is_reset() {
+    let dir = pki_dir();
+    let (at, served) = server(dir.path()).await;
+    // The destination: an echo server.
+    let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dst = echo.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = echo.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    let counters = Arc::new(carry::Counters::default());
+    let (mut host, ours) = lan_pair().await;
+    tokio::spawn(carry::carry(
+        ours,
+        dst,
+        lane(dir.path(), at, true),
+        counters.clone(),
+    ));
+    // Sent before the server could have answered: it goes on all the same.
+    let data: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+    host.write_all(&data).await.unwrap();
+    let mut back = vec![0u8; data.len()];
+    tokio::time::timeout(Duration::from_secs(10), host.read_exact(&mut back))
+        .await
+        .expect("echoed in time")
+        .unwrap();
+    assert_eq!(back, data);
+    drop(host);
+    assert_eq!(served.connected.load(Ordering::Relaxed), 1);
+
+    // A destination that refuses: the LAN host's connection is reset, not held open.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let refused = closed.local_addr().unwrap();
+    drop(closed);
+    let (mut host, ours) = lan_pair().await;
+    tokio::spawn(carry::carry(
+        ours,
+        refused,
+        lane(dir.path(), at, true),
+        counters.clone(),
+    ));
+    let mut buf = [0u8; 16];
+    let r = tokio::time::timeout(Duration::from_secs(10), host.read(&mut buf))
+        .await
+        .expect("answered in time");
+    assert_eq!(
+        r.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::ConnectionReset),
+        "reset, as the destination would"
+    );
+    assert_eq!(
+        counters.failed[0].load(Ordering::Relaxed),
+        1,
+        "counted as refused"
+    );
+    assert_eq!(served.failed[0].load(Ordering::Relaxed), 1);
+
+    // Without a client certificate: no lane, the LAN connection is reset.
+    let (mut host, ours) = lan_pair().await;
+    tokio::spawn(carry::carry(
+        ours,
+        dst,
+        lane(dir.path(), at, false),
+        counters.clone(),
+    ));
+    let r = tokio::time::timeout(Duration::from_secs(10), host.read(&mut buf))
+        .await
+        .expect("answered in time");
+    assert!(matches!(r, Err(_) | Ok(0)), "{r:?}");
+    assert_eq!(
+        served.connected.load(Ordering::Relaxed),
+        1,
+        "nothing relayed for it"
+    );
+}
