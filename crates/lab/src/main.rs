@@ -216,6 +216,7 @@ fn main() -> ExitCode {
                 fec: None,
                 classes: None,
                 path_yaml: None,
+                lane: None,
             },
         ),
         Cmd::Route {

@@ -133,8 +133,12 @@ fn server_yaml(m: &MpquicOpts, pki: &str, me: &Instance) -> String {
         "role: server\nbind_ip: 0.0.0.0\nremote_port: {PORT}\nmulti_conn_enabled: true\n\
          tun_name: mpq0\ntun_cidr: {tun}\nlog_level: info\n\
          tls_cert_file: {pki}/{SERVER_NAME}.crt\ntls_key_file: {pki}/{SERVER_NAME}.key\n\
-         {cc}{mode}control_socket: {s}\n{stripe}{extra}",
+         {cc}{mode}control_socket: {s}\n{stripe}{lane}{extra}",
         tun = me.tun_addr,
+        lane = match m.lane {
+            Some(true) => format!("tcp_lane_listen: 0.0.0.0:{}\n", PORT + 1),
+            _ => String::new(),
+        },
         cc = key("congestion_algorithm", &m.congestion),
         mode = key("transport_mode", &m.mode),
         s = me.socket.display(),
@@ -162,7 +166,11 @@ fn client_yaml(lab: &LabState, c: usize, m: &MpquicOpts, pki: &str, me: &Instanc
          tun_cidr: {tun}\nlog_level: info\n\
          tls_ca_file: {pki}/ca.crt\ntls_cert_file: {pki}/{site}.crt\ntls_key_file: {pki}/{site}.key\n\
          tls_server_name: {SERVER_NAME}\n{cc}{mode}\
-         control_socket: {s}\nstate_dir: {state}\n{fec}{extra}{classes}multipath_paths:\n",
+         control_socket: {s}\nstate_dir: {state}\n{fec}{lane}{extra}{classes}multipath_paths:\n",
+        lane = match m.lane {
+            Some(true) => "tcp_lane: mptcp\n",
+            _ => "",
+        },
         fec = m.fec.as_ref().map(|f| format!("fec: {f}\n")).unwrap_or_default(),
         classes = classes_yaml(m),
         pol = m.policy,

@@ -93,6 +93,10 @@ pub struct MpquicOpts {
     /// several keys separated by `; `).
     #[serde(default)]
     pub path_yaml: Option<Vec<String>>,
+    /// The MPTCP lane: the clients' TCP over kernel MPTCP (`tcp_lane: mptcp`), the server's
+    /// `tcp_lane_listen` on the lane port.
+    #[serde(default)]
+    pub lane: Option<bool>,
 }
 
 impl Default for MpquicOpts {
@@ -110,6 +114,7 @@ impl Default for MpquicOpts {
             fec: None,
             classes: None,
             path_yaml: None,
+            lane: None,
         }
     }
 }
@@ -129,6 +134,7 @@ pub struct Variant {
     pub transport: Option<Vec<String>>,
     pub classes: Option<serde_yaml_ng::Value>,
     pub path_yaml: Option<Vec<String>>,
+    pub lane: Option<bool>,
     #[serde(default)]
     pub requires: Vec<String>,
 }
@@ -467,6 +473,7 @@ impl Scenario {
                         o.transport = v.transport.clone().or(o.transport);
                         o.classes = v.classes.clone().or(o.classes);
                         o.path_yaml = v.path_yaml.clone().or(o.path_yaml);
+                        o.lane = v.lane.or(o.lane);
                         o.requires.extend(v.requires.iter().cloned());
                         out.push((format!("mpquic-{}", v.label), System::Mpquic(o)));
                     }

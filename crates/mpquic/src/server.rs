@@ -190,6 +190,10 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
         None => None,
     };
 
+    let _lane = match scfg.tcp_lane {
+        Some(listen) => Some(crate::lane::serve::start(&cfg, &scfg, listen)?),
+        None => None,
+    };
     let mtu = runtime::tun_mtu(&cfg, quic::DEFAULT_LINK_MTU);
     // One queue per runtime thread: that many readers can run at once.
     let queues: Vec<Arc<Tun>> =

@@ -307,6 +307,10 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
     )
     .await?;
 
+    // Held until run returns: the lane's kernel setup goes with it.
+    let _lane = crate::lane::client::start(&client.cfg, &client.ccfg, &initial_paths)
+        .await
+        .context("the MPTCP lane (tcp_lane)")?;
     // Every path in place before any task runs: with turns, the first dials first.
     let ids = (initial_paths.iter())
         .map(|p| client.add_path(p))

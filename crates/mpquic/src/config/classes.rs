@@ -173,6 +173,7 @@ fn class(rc: &RawClass, c: &mut Checker, top: &ClassConfig, i: usize) -> ClassCo
         policy,
         mode,
         fec,
+        tcp_lane: super::lane::lane(rc.tcp_lane.as_deref(), &at("tcp_lane"), c),
     }
 }
 

@@ -16,6 +16,7 @@ use mpquic_core::Policy;
 use serde::Deserialize;
 
 mod classes;
+mod lane;
 mod masque;
 mod metering;
 pub use classes::MAX_CLASSES;
@@ -174,6 +175,7 @@ struct RawClass {
     congestion_algorithm: Option<Congestion>,
     fec: Option<String>,
     tun_name: Option<String>,
+    tcp_lane: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -246,6 +248,11 @@ struct RawConfig {
     protocol: Option<String>,
     masque_token: Option<String>,
     state_dir: Option<String>,
+    /// The MPTCP lane: a client's (implicit class's) `tcp_lane`, its server port; a server's
+    /// listening address.
+    tcp_lane: Option<String>,
+    tcp_lane_port: Option<u16>,
+    tcp_lane_listen: Option<String>,
     masque_path: Option<String>,
 }
 
@@ -316,6 +323,9 @@ pub struct ClientConfig {
     pub masque: Option<MasqueClient>,
     /// `state_dir`: where the metered paths' counts are kept (`TUN_NAME.budget`).
     pub state_dir: PathBuf,
+    /// The server's MPTCP lane port (`tcp_lane_port`; default: its `remote_port` + 1), used
+    /// when a class has `tcp_lane: mptcp`.
+    pub tcp_lane_port: u16,
 }
 
 /// A traffic class: its own bond (policy), and on every path its own connection (congestion
@@ -332,6 +342,8 @@ pub struct ClassConfig {
     /// reads goes in this class, what the class receives is written to it. `None`: the
     /// instance's device.
     pub tun_name: Option<String>,
+    /// `tcp_lane: mptcp`: the class's TCP connections go over the MPTCP lane, not the tunnel.
+    pub tcp_lane: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -355,6 +367,9 @@ pub struct ServerConfig {
     pub revoked: Vec<String>,
     /// `masque_listen`: CONNECT-IP served to standard clients.
     pub masque: Option<MasqueServer>,
+    /// `tcp_lane_listen`: where the MPTCP lane takes its clients' TCP connections (off unless
+    /// set).
+    pub tcp_lane: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone)]
@@ -1151,6 +1166,65 @@ multipath_paths:
             .unwrap_err()
             .to_string();
         assert!(e.contains("absolute"), "{e}");
+    }
+
+    #[test]
+    fn the_mptcp_lane_is_a_class_key_with_a_server_port() {
+        const CLIENT: &str =
+            "role: client\nremote_addr: 1.2.3.4\nremote_port: 5000\ntls_ca_file: ca\n";
+        let c = parse(&format!("{CLIENT}tcp_lane: mptcp\n")).unwrap();
+        let RoleConfig::Client(cc) = &c.role else {
+            panic!()
+        };
+        assert!(cc.classes[0].tcp_lane);
+        assert_eq!(cc.tcp_lane_port, 5001);
+        let c = parse(&format!(
+            "{CLIENT}tcp_lane_port: 443\nclasses:\n- {{name: web, tcp_lane: mptcp, match: [{{port: 443}}]}}\n- {{name: default}}\n"
+        ))
+        .unwrap();
+        let RoleConfig::Client(cc) = &c.role else {
+            panic!()
+        };
+        let lanes: Vec<bool> = cc.classes.iter().map(|k| k.tcp_lane).collect();
+        assert_eq!((lanes, cc.tcp_lane_port), (vec![true, false], 443));
+        for (text, says) in [
+            (
+                format!("{CLIENT}tcp_lane: quic\n"),
+                "valid values: mptcp, off",
+            ),
+            (
+                format!("{CLIENT}tcp_lane: mptcp\nclasses:\n- {{name: default}}\n"),
+                "a class's key",
+            ),
+            (
+                format!("{CLIENT}tcp_lane_listen: 0.0.0.0:1\n"),
+                "a server option",
+            ),
+            (
+                format!("{CLIENT}protocol: masque\ntcp_lane: mptcp\n"),
+                "not with `protocol: masque`",
+            ),
+        ] {
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(e.contains(says), "{text}: {e}");
+        }
+        const SERVER: &str = "role: server\nremote_port: 45017\ntun_name: mp1\ntun_cidr: 10.200.17.254/24\ntls_cert_file: /s.crt\ntls_key_file: /s.key\n";
+        let s = parse(&format!("{SERVER}tcp_lane_listen: 0.0.0.0:45018\n")).unwrap();
+        let RoleConfig::Server(sc) = &s.role else {
+            panic!()
+        };
+        assert_eq!(sc.tcp_lane, Some("0.0.0.0:45018".parse().unwrap()));
+        let e = parse(&format!("{SERVER}tcp_lane_listen: 45018\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("an address and a TCP port") && e.contains("test.yaml:7:"),
+            "{e}"
+        );
+        let e = parse(&format!("{SERVER}tcp_lane: mptcp\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("client option"), "{e}");
     }
 
     #[test]

@@ -108,10 +108,12 @@ pub(super) fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem
             mode,
             fec: cl.fec,
             tun_name: None,
+            tcp_lane: super::lane::lane(raw.tcp_lane.as_deref(), "tcp_lane", &mut c),
         };
         let stripe = cl.paths.iter().any(|p| p.transport == PathKind::Stripe);
         (cl.classes, cl.classifier) =
             super::classes::classes(&raw, &mut c, top, congestion, stripe, &g.tun_name);
+        super::lane::client_checks(&raw, cl, &mut c);
     } else if !raw.classes.is_empty() {
         c.at(
             "classes",
@@ -436,6 +438,7 @@ fn server(raw: &RawConfig, g: &General, c: &mut Checker) -> ServerConfig {
             super::masque::not_on_server(raw, c);
             super::masque::server(raw, c, listen, stripe)
         },
+        tcp_lane: super::lane::server(raw, c),
     }
 }
 
@@ -637,6 +640,11 @@ fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
             );
         }
     }
+    let tcp_lane_port = super::lane::client_port(
+        raw,
+        paths.first().map_or(DEFAULT_PORT, |p| p.remote_port),
+        c,
+    );
     ClientConfig {
         masque,
         policy: g.policy,
@@ -652,6 +660,7 @@ fn client(raw: &RawConfig, g: &General, c: &mut Checker) -> ClientConfig {
         classes: Vec::new(),
         classifier: mpquic_core::classify::Classifier::new(vec![Vec::new()], 0),
         state_dir: super::metering::state_dir(raw, c),
+        tcp_lane_port,
     }
 }
 

@@ -37,7 +37,8 @@ const FIRST_ID: u8 = 200;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
     pub addr: IpAddr,
-    pub ifindex: u32,
+    /// Its device (`None`: the kernel's routing picks one).
+    pub ifindex: Option<u32>,
     pub backup: bool,
 }
 
@@ -48,12 +49,23 @@ pub struct Installed {
     ids: Vec<u8>,
 }
 
-/// Raise the limits to `subflows` and add one endpoint per path.
-pub fn install(endpoints: &[Endpoint], subflows: u32) -> Result<Installed> {
+/// The path manager's socket and family id.
+fn path_manager() -> Result<(Netlink, u16)> {
     let mut sock = Netlink::open(NETLINK_GENERIC).context("generic netlink socket")?;
     let family = sock
         .family(MPTCP_PM_NAME)
         .context("the kernel's MPTCP path manager (is MPTCP built in?)")?;
+    Ok((sock, family))
+}
+
+/// Let each MPTCP connection have `subflows` more subflows and take as many addresses its
+/// peer announces (the server: a subflow per client path).
+pub fn set_limits(subflows: u32) -> Result<()> {
+    let (mut sock, family) = path_manager()?;
+    limits(&mut sock, family, subflows)
+}
+
+fn limits(sock: &mut Netlink, family: u16, subflows: u32) -> Result<()> {
     let limits = [
         attr(ATTR_SUBFLOWS, &subflows.to_ne_bytes()),
         attr(ATTR_RCV_ADD_ADDRS, &subflows.to_ne_bytes()),
@@ -61,6 +73,13 @@ pub fn install(endpoints: &[Endpoint], subflows: u32) -> Result<Installed> {
     .concat();
     sock.request(family, 0, &genl(CMD_SET_LIMITS, MPTCP_PM_VER, &limits))
         .context("setting the MPTCP limits")?;
+    Ok(())
+}
+
+/// Raise the limits to `subflows` and add one endpoint per path.
+pub fn install(endpoints: &[Endpoint], subflows: u32) -> Result<Installed> {
+    let (mut sock, family) = path_manager()?;
+    limits(&mut sock, family, subflows)?;
     let mut installed = Installed {
         sock,
         family,
@@ -98,12 +117,16 @@ fn endpoint(id: u8, e: &Endpoint) -> Vec<u8> {
         IpAddr::V6(a) => (libc::AF_INET6 as u16, attr(ADDR_ADDR6, &a.octets())),
     };
     let flags = FLAG_SUBFLOW | if e.backup { FLAG_BACKUP } else { 0 };
+    let device = e
+        .ifindex
+        .map(|i| attr(ADDR_IF_IDX, &(i as i32).to_ne_bytes()))
+        .unwrap_or_default();
     let inner = [
         attr(ADDR_FAMILY, &family.to_ne_bytes()),
         attr(ADDR_ID, &[id]),
         addr,
         attr(ADDR_FLAGS, &flags.to_ne_bytes()),
-        attr(ADDR_IF_IDX, &(e.ifindex as i32).to_ne_bytes()),
+        device,
     ]
     .concat();
     attr(ATTR_ADDR | NLA_F_NESTED, &inner)
@@ -123,7 +146,7 @@ mod tests {
     fn an_endpoint_is_the_attributes_ip_mptcp_sends() {
         let e = Endpoint {
             addr: "10.1.2.3".parse().unwrap(),
-            ifindex: 7,
+            ifindex: Some(7),
             backup: true,
         };
         let m = endpoint(200, &e);

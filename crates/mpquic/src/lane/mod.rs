@@ -5,6 +5,7 @@
 //! connection (`carry.rs`). The request and answer are the core's (`tcp_lane.rs`).
 
 pub mod carry;
+pub mod client;
 pub mod endpoints;
 mod netlink;
 mod nft;

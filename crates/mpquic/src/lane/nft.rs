@@ -18,13 +18,13 @@ pub fn table(tun: &str) -> String {
 }
 
 /// `nft -f` input creating the instance's table: connections already taken keep their mark
-/// (`socket transparent`), new ones of `lane` (a class index) go to `port` with `mark`; an
-/// earlier table of the same name is replaced.
+/// (`socket transparent`), new ones of the `lanes` classes (class indices) go to `port` with
+/// `mark`; an earlier table of the same name is replaced.
 pub fn ruleset(
     tun: &str,
     not_from: &[String],
     classifier: &Classifier,
-    lane: usize,
+    lanes: &[usize],
     port: u16,
     mark: u32,
 ) -> String {
@@ -55,21 +55,30 @@ pub fn ruleset(
         "    iifname {{ {ifaces} }} return\n    meta l4proto != tcp return\n    fib daddr type local return"
     );
     let take = format!("meta l4proto tcp tproxy to :{port} meta mark set {mark:#x} accept");
+    let last = lanes
+        .iter()
+        .copied()
+        .filter(|&c| c != classifier.default_class())
+        .max();
     for c in 0..classifier.classes() {
         if c == classifier.default_class() {
             continue;
         }
-        let verdict = if c == lane { take.as_str() } else { "return" };
+        let verdict = match lanes.contains(&c) {
+            true => take.as_str(),
+            false => "return",
+        };
         for r in classifier.rules(c) {
             for m in matches(r) {
                 let _ = writeln!(out, "    {m}{verdict}");
             }
         }
-        if c == lane {
+        // Past the last lane class, only the default class could still be one.
+        if Some(c) == last && !lanes.contains(&classifier.default_class()) {
             break;
         }
     }
-    if lane == classifier.default_class() {
+    if lanes.contains(&classifier.default_class()) {
         let _ = writeln!(out, "    {take}");
     }
     out.push_str("  }\n}\n");
@@ -173,7 +182,7 @@ mod tests {
             "mpq0",
             &["wan1".into(), "wan2".into()],
             &c,
-            1,
+            &[1],
             40000,
             0x4d51,
         );
@@ -198,7 +207,7 @@ mod tests {
             "the default class is not taken: {r}"
         );
         // The default class as the lane: everything the others do not match.
-        let r = ruleset("mpq0", &[], &c, 2, 40000, 1);
+        let r = ruleset("mpq0", &[], &c, &[2], 40000, 1);
         assert!(r.contains("tcp sport { 80, 8000-8080 } return"), "{r}");
         assert!(
             r.ends_with("    meta l4proto tcp tproxy to :40000 meta mark set 0x1 accept\n  }\n}\n"),

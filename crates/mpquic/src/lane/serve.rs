@@ -50,16 +50,54 @@ pub struct Counters {
     pub bytes_from_destination: AtomicU64,
 }
 
-pub async fn serve(
+/// The server's lane, running until dropped.
+pub struct Serving {
+    pub counters: Arc<Counters>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Listen on `listen` with the server's certificate, its clients' CA and `revoked:` list (as
+/// they are at start).
+pub fn start(
+    cfg: &crate::config::Config,
+    scfg: &crate::config::ServerConfig,
     listen: SocketAddr,
-    tls: Arc<rustls::ServerConfig>,
-    destinations: Destinations,
-    counters: Arc<Counters>,
-) -> Result<()> {
+) -> Result<Serving> {
+    let (cert, key) = cfg
+        .cert_file
+        .as_deref()
+        .zip(cfg.key_file.as_deref())
+        .context("the lane needs tls_cert_file and tls_key_file")?;
+    let tls = crate::tls::server_crypto(
+        cert,
+        key,
+        &scfg.client_ca_file,
+        cfg.tls_post_quantum,
+        &scfg.revoked,
+        crate::tls::Served::Lane,
+    )?;
     let listener =
         socket::mptcp_listener(listen).with_context(|| format!("tcp_lane_listen {listen}"))?;
+    // A subflow per client path (a client has at most 8 paths on the lane).
+    if let Err(e) = super::endpoints::set_limits(8) {
+        warn!(error = %format!("{e:#}"), "MPTCP lane: the kernel's limits are as they were (a client gets fewer subflows)");
+    }
     info!(listen = %listen, "MPTCP lane listening");
-    run(listener, tls, destinations, counters).await
+    let counters = Arc::new(Counters::default());
+    let c = counters.clone();
+    let task = tokio::spawn(async move {
+        if let Err(e) = run(listener, Arc::new(tls), Destinations::Internet, c).await {
+            warn!(error = %format!("{e:#}"), "MPTCP lane stopped");
+        }
+    })
+    .abort_handle();
+    Ok(Serving { counters, task })
 }
 
 pub(super) async fn run(

@@ -27,11 +27,6 @@ fn stream_socket(addr: SocketAddr) -> Result<Socket> {
     }
 }
 
-/// Whether the lane's sockets are plain TCP (the kernel refused MPTCP).
-pub fn fell_back() -> bool {
-    FELL_BACK.load(Ordering::Relaxed)
-}
-
 pub fn mptcp_listener(addr: SocketAddr) -> Result<TcpListener> {
     let s = stream_socket(addr)?;
     s.set_reuse_address(true)?;

@@ -54,14 +54,14 @@ pub struct Taken {
     ruled: bool,
 }
 
-/// Take `lane`'s TCP connections (a class of `classifier`) arriving on any device but the
-/// tunnel's (`tun`) and the paths' (`not_from`) to `port`, marked `mark` (also the routing
-/// table's number).
+/// Take the TCP connections of the `lanes` classes (of `classifier`) arriving on any device
+/// but the tunnel's (`tun`) and the paths' (`not_from`) to `port`, marked `mark` (also the
+/// routing table's number).
 pub fn take(
     tun: &str,
     not_from: &[String],
     classifier: &Classifier,
-    lane: usize,
+    lanes: &[usize],
     port: u16,
     mark: u32,
 ) -> Result<Taken> {
@@ -71,7 +71,7 @@ pub fn take(
         routed: false,
         ruled: false,
     };
-    let lo = nix_index("lo")?;
+    let lo = ifindex("lo")?;
     let mut nl = Netlink::open(NETLINK_ROUTE).context("routing netlink socket")?;
     // What a process that did not end cleanly left goes first.
     let _ = nl.request(RTM_DELRULE, 0, &rule_body(mark));
@@ -86,7 +86,7 @@ pub fn take(
     nl.request(RTM_NEWRULE, NLM_F_CREATE | NLM_F_EXCL, &rule_body(mark))
         .context("the lane's policy rule")?;
     taken.ruled = true;
-    let rules = super::nft::ruleset(tun, not_from, classifier, lane, port, mark);
+    let rules = super::nft::ruleset(tun, not_from, classifier, lanes, port, mark);
     nft(&rules).context("loading the lane's nftables rules")?;
     Ok(taken)
 }
@@ -94,7 +94,7 @@ pub fn take(
 impl Drop for Taken {
     fn drop(&mut self) {
         let _ = nft(&format!("delete table ip {}\n", self.table));
-        if let (Ok(mut nl), Ok(lo)) = (Netlink::open(NETLINK_ROUTE), nix_index("lo")) {
+        if let (Ok(mut nl), Ok(lo)) = (Netlink::open(NETLINK_ROUTE), ifindex("lo")) {
             if self.ruled {
                 let _ = nl.request(RTM_DELRULE, 0, &rule_body(self.mark));
             }
@@ -124,7 +124,8 @@ fn nft(rules: &str) -> Result<()> {
     Ok(())
 }
 
-fn nix_index(name: &str) -> Result<u32> {
+/// A device's index.
+pub(super) fn ifindex(name: &str) -> Result<u32> {
     let c = std::ffi::CString::new(name)?;
     // SAFETY: a NUL-terminated name.
     let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
