@@ -153,6 +153,8 @@ impl Session {
 
 struct Server {
     cfg: Config,
+    /// The MPTCP lane's counters, when `tcp_lane_listen` is set.
+    lane: Option<Arc<crate::lane::serve::Counters>>,
     /// The server's certificate and the clients' CA as loaded (at start, at each reload).
     certificates: RwLock<Vec<crate::status::CertificateStatus>>,
     /// The running server configuration; a reload replaces it (only `clients:` may differ).
@@ -216,6 +218,7 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
     info!(listen = %scfg.listen, tun = %cfg.tun_name, address = %format!("{}/{}", scfg.tun_addr, scfg.prefix), address6, mtu, queues = queues.len(), "server listening");
 
     let server = Arc::new(Server {
+        lane: _lane.as_ref().map(|l| l.counters.clone()),
         certificates: RwLock::new(crate::tls::loaded(
             cfg.cert_file.as_deref(),
             Some(&scfg.client_ca_file),
@@ -470,6 +473,7 @@ impl Server {
         StatusReport {
             last_reload: self.reloads.last(),
             process: crate::runtime::process_status(),
+            lane: self.lane.as_ref().map(|c| c.status()),
             tls: crate::tls::status(self.cfg.tls_post_quantum, {
                 let mut certs = self
                     .certificates

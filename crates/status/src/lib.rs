@@ -284,6 +284,30 @@ pub struct StatusReport {
     /// What the process holds now (churn and soak tests watch these return to a baseline).
     #[serde(default)]
     pub process: ProcessStatus,
+    /// The MPTCP lane (`tcp_lane`, `tcp_lane_listen`), when this instance runs one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lane: Option<LaneStatus>,
+}
+
+/// The MPTCP lane's connections: the client's LAN connections carried, or the server's lane
+/// connections taken.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LaneStatus {
+    /// Connections taken since start, and those open now.
+    pub connections: u64,
+    pub active: u64,
+    /// Relayed to their destination (server), or whose destination was reached (client).
+    pub connected: u64,
+    /// Not relayed, by reason: `refused`, `unreachable`, `timed_out`, `not_allowed` (the
+    /// destination's answer, reset to the LAN host), `setup_failed` (client: no lane
+    /// connection), `bad_request` (server: a handshake or request that failed).
+    pub failed: BTreeMap<String, u64>,
+    /// Bytes toward the destination and back.
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    /// Client: the lane's TCP subflows now, by path (a connection has one on each path).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub subflows: BTreeMap<String, u64>,
 }
 
 /// What the process holds.

@@ -56,6 +56,79 @@ struct QueueLabels {
 
 type FloatGauge = Gauge<f64, AtomicU64>;
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabels {
+    direction: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PathLabels {
+    path: String,
+}
+
+/// The MPTCP lane's series (`mpquic_lane_*`).
+fn register_lane(registry: &mut Registry, lane: &crate::LaneStatus) {
+    let counter = |n: u64| {
+        let c = Counter::<u64, AtomicU64>::default();
+        c.inc_by(n);
+        c
+    };
+    registry.register(
+        "mpquic_lane_connections",
+        "MPTCP lane connections taken",
+        counter(lane.connections),
+    );
+    registry.register(
+        "mpquic_lane_connected",
+        "MPTCP lane connections relayed to their destination",
+        counter(lane.connected),
+    );
+    let active = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+    active.set(lane.active as i64);
+    registry.register(
+        "mpquic_lane_active",
+        "MPTCP lane connections open now",
+        active,
+    );
+    let failed = Family::<ReasonLabels, Counter>::default();
+    for (reason, n) in &lane.failed {
+        failed
+            .get_or_create(&ReasonLabels {
+                reason: reason.clone(),
+            })
+            .inc_by(*n);
+    }
+    registry.register(
+        "mpquic_lane_failed",
+        "MPTCP lane connections not relayed, by reason",
+        failed,
+    );
+    let bytes = Family::<DirectionLabels, Counter>::default();
+    for (d, n) in [("up", lane.bytes_up), ("down", lane.bytes_down)] {
+        bytes
+            .get_or_create(&DirectionLabels {
+                direction: d.into(),
+            })
+            .inc_by(n);
+    }
+    registry.register(
+        "mpquic_lane_bytes",
+        "MPTCP lane bytes toward the destination (up) and back (down)",
+        bytes,
+    );
+    let subflows = Family::<PathLabels, Gauge>::default();
+    for (path, n) in &lane.subflows {
+        subflows
+            .get_or_create(&PathLabels { path: path.clone() })
+            .set(*n as i64);
+    }
+    registry.register(
+        "mpquic_lane_subflows",
+        "The MPTCP lane's TCP subflows now, by path",
+        subflows,
+    );
+}
+
 /// A per-path metric: its name (counters without `_total`, the encoder adds it), help and value.
 enum PathValue {
     Counter(fn(&PathStatus) -> u64),
@@ -364,6 +437,10 @@ impl StatusReport {
             "Connections the server refused, by reason",
             refused,
         );
+
+        if let Some(lane) = &self.lane {
+            register_lane(&mut registry, lane);
+        }
 
         // The process collector's standard names, so stock dashboards find them.
         for (name, help, v) in [

@@ -192,6 +192,28 @@ impl StatusReport {
         if !gd.is_empty() {
             let _ = writeln!(o, "\ndrops: {gd}");
         }
+        if let Some(l) = &self.lane {
+            let subflows: Vec<String> =
+                l.subflows.iter().map(|(p, n)| format!("{p} {n}")).collect();
+            let failed = nonzero(&l.failed);
+            let _ = writeln!(
+                o,
+                "MPTCP lane: {} open, {} taken ({} relayed), {} up / {} down{}{}",
+                l.active,
+                l.connections,
+                l.connected,
+                human_bytes(l.bytes_up),
+                human_bytes(l.bytes_down),
+                match subflows.is_empty() {
+                    true => String::new(),
+                    false => format!("; subflows {}", subflows.join(", ")),
+                },
+                match failed.is_empty() {
+                    true => String::new(),
+                    false => format!("; not relayed: {failed}"),
+                }
+            );
+        }
         let refused = nonzero(&self.refused);
         if !refused.is_empty() {
             let _ = writeln!(o, "refused connections: {refused}");

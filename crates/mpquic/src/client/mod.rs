@@ -102,6 +102,8 @@ struct Client {
     /// Where the metered paths' counts are kept (`data_budget`), and what it said at start
     /// for the paths not yet added.
     budget_file: crate::budgets::StateFile,
+    /// The MPTCP lane's view for status, once it runs.
+    lane: std::sync::OnceLock<Arc<crate::lane::client::View>>,
     saved_usage: Mutex<std::collections::HashMap<String, mpquic_core::budget::Usage>>,
 }
 
@@ -284,6 +286,7 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
             Some(_) => std::sync::OnceLock::new(),
         },
         budget_file,
+        lane: std::sync::OnceLock::new(),
         saved_usage: Mutex::new(saved_usage),
         cfg,
         ccfg,
@@ -311,6 +314,9 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
     let _lane = crate::lane::client::start(&client.cfg, &client.ccfg, &initial_paths)
         .await
         .context("the MPTCP lane (tcp_lane)")?;
+    if let Some(l) = &_lane {
+        let _ = client.lane.set(l.view.clone());
+    }
     // Every path in place before any task runs: with turns, the first dials first.
     let ids = (initial_paths.iter())
         .map(|p| client.add_path(p))
@@ -394,6 +400,7 @@ impl Client {
             tun_queue_packets: Vec::new(),
             last_reload: self.reloads.last(),
             process: crate::runtime::process_status(),
+            lane: self.lane.get().map(|l| l.status()),
             tls: crate::tls::status(
                 self.cfg.tls_post_quantum,
                 (self.certificates.read().unwrap_or_else(|e| e.into_inner())).clone(),

@@ -11,11 +11,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use mpquic_core::tcp_lane;
+use std::collections::BTreeMap;
+
+use mpquic_core::tcp_lane::{self, Outcome};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::counted::Counted;
 use super::socket;
 
 /// The lane's handshakes (MPTCP, TLS) within this, or the LAN connection is reset.
@@ -30,6 +33,8 @@ pub struct Lane {
 
 #[derive(Debug, Default)]
 pub struct Counters {
+    /// LAN connections whose destination the server reached.
+    pub connected: AtomicU64,
     pub opened: AtomicU64,
     pub active: AtomicU64,
     /// LAN connections reset because the lane could not be set up, or the server could not
@@ -40,17 +45,43 @@ pub struct Counters {
     pub bytes_down: AtomicU64,
 }
 
+impl Counters {
+    /// For status, with the subflows by path.
+    pub fn status(&self, subflows: BTreeMap<String, u64>) -> crate::status::LaneStatus {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut failed: BTreeMap<String, u64> = (Outcome::FAILURES.iter())
+            .zip(&self.failed)
+            .map(|(o, c)| (o.as_str().to_string(), n(c)))
+            .collect();
+        failed.insert("setup_failed".into(), n(&self.setup_failed));
+        crate::status::LaneStatus {
+            connections: n(&self.opened),
+            active: n(&self.active),
+            connected: n(&self.connected),
+            failed,
+            bytes_up: n(&self.bytes_up),
+            bytes_down: n(&self.bytes_down),
+            subflows,
+        }
+    }
+}
+
 /// Carry `lan`, whose destination was `dst`, over the lane until either end closes.
 pub async fn carry(lan: TcpStream, dst: SocketAddr, lane: Arc<Lane>, counters: Arc<Counters>) {
     counters.opened.fetch_add(1, Ordering::Relaxed);
     counters.active.fetch_add(1, Ordering::Relaxed);
-    if let Err(e) = relay(lan, dst, &lane, &counters).await {
+    if let Err(e) = relay(lan, dst, &lane, counters.clone()).await {
         tracing::debug!(dst = %dst, error = %format!("{e:#}"), "lane connection ended");
     }
     counters.active.fetch_sub(1, Ordering::Relaxed);
 }
 
-async fn relay(lan: TcpStream, dst: SocketAddr, lane: &Lane, counters: &Counters) -> Result<()> {
+async fn relay(
+    lan: TcpStream,
+    dst: SocketAddr,
+    lane: &Lane,
+    counters: Arc<Counters>,
+) -> Result<()> {
     let _ = lan.set_nodelay(true);
     let setup = async {
         let s = socket::mptcp_connect(lane.server, None).await?;
@@ -72,8 +103,10 @@ async fn relay(lan: TcpStream, dst: SocketAddr, lane: &Lane, counters: &Counters
             bail!("lane setup took over {SETUP_TIMEOUT:?}");
         }
     };
-    let (mut from_server, mut to_server) = tokio::io::split(tls);
-    let (mut from_lan, mut to_lan) = lan.into_split();
+    let (from_server, mut to_server) = tokio::io::split(tls);
+    let (from_lan, mut to_lan) = lan.into_split();
+    let mut from_server = Counted::new(from_server, counters.clone(), |c| &c.bytes_down);
+    let mut from_lan = Counted::new(from_lan, counters.clone(), |c| &c.bytes_up);
     to_server.write_all(&tcp_lane::encode_request(dst)).await?;
     // The LAN host's bytes go on now; its connection is reset if the answer says no.
     let up = tokio::spawn(async move {
@@ -95,12 +128,10 @@ async fn relay(lan: TcpStream, dst: SocketAddr, lane: &Lane, counters: &Counters
         let _ = up.await;
         bail!("the server could not reach {dst}: {}", outcome.as_str());
     }
-    let down = tokio::io::copy(&mut from_server, &mut to_lan).await?;
+    counters.connected.fetch_add(1, Ordering::Relaxed);
+    tokio::io::copy(&mut from_server, &mut to_lan).await?;
     let _ = to_lan.shutdown().await;
-    counters.bytes_down.fetch_add(down, Ordering::Relaxed);
-    if let Ok(Ok(n)) = up.await {
-        counters.bytes_up.fetch_add(n, Ordering::Relaxed);
-    }
+    let _ = up.await;
     Ok(())
 }
 

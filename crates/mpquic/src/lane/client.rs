@@ -21,10 +21,32 @@ use crate::tls::{self, Served};
 const MAX_CONNECTIONS: usize = 4096;
 
 pub struct Running {
-    pub counters: Arc<carry::Counters>,
+    pub view: Arc<View>,
     task: tokio::task::AbortHandle,
     _taken: tproxy::Taken,
     _endpoints: Option<endpoints::Installed>,
+}
+
+/// What status reads of the lane: its counters, and which path each subflow address is.
+pub struct View {
+    counters: Arc<carry::Counters>,
+    server: std::net::SocketAddr,
+    paths: Vec<(IpAddr, String)>,
+}
+
+impl View {
+    pub fn status(&self) -> crate::status::LaneStatus {
+        let text = std::fs::read_to_string("/proc/self/net/tcp").unwrap_or_default();
+        let by_addr = super::subflows::count(&text, self.server);
+        let mut subflows = std::collections::BTreeMap::new();
+        for (a, n) in by_addr {
+            let name = (self.paths.iter())
+                .find(|(p, _)| *p == IpAddr::V4(a))
+                .map_or_else(|| a.to_string(), |(_, name)| name.clone());
+            *subflows.entry(name).or_default() += n;
+        }
+        self.counters.status(subflows)
+    }
 }
 
 impl Drop for Running {
@@ -67,27 +89,34 @@ pub async fn start(
     // A subflow from every path's address, on its device; a backup path's marked so.
     let mut devices = Vec::new();
     let mut eps = Vec::new();
+    let mut names = Vec::new();
     for p in paths {
         let backup = p.role.is_backup();
         match &p.bind {
             Bind::Interface(name) => {
                 devices.push(name.clone());
                 match crate::tun::interface_v4(name) {
-                    Ok(a) => eps.push(Endpoint {
-                        addr: IpAddr::V4(a),
-                        ifindex: Some(tproxy::ifindex(name)?),
-                        backup,
-                    }),
+                    Ok(a) => {
+                        names.push((IpAddr::V4(a), p.name.clone()));
+                        eps.push(Endpoint {
+                            addr: IpAddr::V4(a),
+                            ifindex: Some(tproxy::ifindex(name)?),
+                            backup,
+                        })
+                    }
                     Err(e) => {
                         warn!(path = %p.name, error = %e, "MPTCP lane: the path's device has no IPv4 address; no subflow on it")
                     }
                 }
             }
-            Bind::Ip(ip) => eps.push(Endpoint {
-                addr: *ip,
-                ifindex: None,
-                backup,
-            }),
+            Bind::Ip(ip) => {
+                names.push((*ip, p.name.clone()));
+                eps.push(Endpoint {
+                    addr: *ip,
+                    ifindex: None,
+                    backup,
+                })
+            }
             Bind::Any => {}
         }
     }
@@ -132,7 +161,11 @@ pub async fn start(
     .abort_handle();
     info!(server = %server, subflow_endpoints = eps.len(), classes = ?lanes, "MPTCP lane: the classes' TCP connections go over kernel MPTCP");
     Ok(Some(Running {
-        counters,
+        view: Arc::new(View {
+            counters,
+            server,
+            paths: names,
+        }),
         task,
         _taken: taken,
         _endpoints: installed,

@@ -6,11 +6,13 @@
 
 pub mod carry;
 pub mod client;
+mod counted;
 pub mod endpoints;
 mod netlink;
 mod nft;
 pub mod serve;
 mod socket;
+mod subflows;
 pub mod tproxy;
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
+use super::counted::Counted;
 use super::socket;
 
 /// Lane connections served at once; more wait for a slot (the kernel's backlog holds them).
@@ -48,6 +49,26 @@ pub struct Counters {
     pub bad: AtomicU64,
     pub bytes_to_destination: AtomicU64,
     pub bytes_from_destination: AtomicU64,
+}
+
+impl Counters {
+    pub fn status(&self) -> crate::status::LaneStatus {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut failed: std::collections::BTreeMap<String, u64> = (Outcome::FAILURES.iter())
+            .zip(&self.failed)
+            .map(|(o, c)| (o.as_str().to_string(), n(c)))
+            .collect();
+        failed.insert("bad_request".into(), n(&self.bad));
+        crate::status::LaneStatus {
+            connections: n(&self.accepted),
+            active: n(&self.active),
+            connected: n(&self.connected),
+            failed,
+            bytes_up: n(&self.bytes_to_destination),
+            bytes_down: n(&self.bytes_from_destination),
+            subflows: Default::default(),
+        }
+    }
 }
 
 /// The server's lane, running until dropped.
@@ -123,7 +144,7 @@ pub(super) async fn run(
         let (acceptor, counters) = (acceptor.clone(), counters.clone());
         tokio::spawn(async move {
             counters.active.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = one(stream, acceptor, destinations, &counters).await {
+            if let Err(e) = one(stream, acceptor, destinations, counters.clone()).await {
                 debug!(from = %from, error = %format!("{e:#}"), "MPTCP lane connection ended");
             }
             counters.active.fetch_sub(1, Ordering::Relaxed);
@@ -136,7 +157,7 @@ async fn one(
     stream: TcpStream,
     acceptor: tokio_rustls::TlsAcceptor,
     destinations: Destinations,
-    counters: &Counters,
+    counters: Arc<Counters>,
 ) -> Result<()> {
     let _ = stream.set_nodelay(true);
     let request = async {
@@ -184,13 +205,12 @@ async fn one(
     counters.connected.fetch_add(1, Ordering::Relaxed);
     let _ = dest.set_nodelay(true);
     dest.write_all(&early).await?;
-    let (up, down) = tokio::io::copy_bidirectional(&mut tls, &mut dest).await?;
     counters
         .bytes_to_destination
-        .fetch_add(up + early.len() as u64, Ordering::Relaxed);
-    counters
-        .bytes_from_destination
-        .fetch_add(down, Ordering::Relaxed);
+        .fetch_add(early.len() as u64, Ordering::Relaxed);
+    let mut tls = Counted::new(tls, counters.clone(), |c| &c.bytes_to_destination);
+    let mut dest = Counted::new(dest, counters, |c| &c.bytes_from_destination);
+    tokio::io::copy_bidirectional(&mut tls, &mut dest).await?;
     Ok(())
 }
 
