@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::BTreeMap;
 
-use mpquic_core::tcp_lane::{self, Outcome};
+use mpquic_core::tcp_lane;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -49,10 +49,7 @@ impl Counters {
     /// For status, with the subflows by path.
     pub fn status(&self, subflows: BTreeMap<String, u64>) -> crate::status::LaneStatus {
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let mut failed: BTreeMap<String, u64> = (Outcome::FAILURES.iter())
-            .zip(&self.failed)
-            .map(|(o, c)| (o.as_str().to_string(), n(c)))
-            .collect();
+        let mut failed = super::failures(&self.failed);
         failed.insert("setup_failed".into(), n(&self.setup_failed));
         crate::status::LaneStatus {
             connections: n(&self.opened),

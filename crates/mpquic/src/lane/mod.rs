@@ -17,3 +17,16 @@ pub mod tproxy;
 
 #[cfg(test)]
 mod tests;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use mpquic_core::tcp_lane::Outcome;
+
+/// Counts kept by `Outcome::failure_index`, by the outcome's name (status).
+fn failures(counts: &[AtomicU64; 4]) -> BTreeMap<String, u64> {
+    (Outcome::FAILURES.iter())
+        .zip(counts)
+        .map(|(o, c)| (o.as_str().to_string(), c.load(Ordering::Relaxed)))
+        .collect()
+}

@@ -54,10 +54,7 @@ pub struct Counters {
 impl Counters {
     pub fn status(&self) -> crate::status::LaneStatus {
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let mut failed: std::collections::BTreeMap<String, u64> = (Outcome::FAILURES.iter())
-            .zip(&self.failed)
-            .map(|(o, c)| (o.as_str().to_string(), n(c)))
-            .collect();
+        let mut failed = super::failures(&self.failed);
         failed.insert("bad_request".into(), n(&self.bad));
         crate::status::LaneStatus {
             connections: n(&self.accepted),
