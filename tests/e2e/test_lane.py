@@ -7,6 +7,9 @@ import threading
 import time
 
 from conftest import measured, report
+from test_metered import with_path_keys
+from test_reload import wait_until
+import labctl
 
 
 def lane_yaml(lab):
@@ -48,9 +51,8 @@ def test_tcp_goes_over_the_lane_and_the_rest_through_the_tunnel(make_lab):
     assert mbit > 48, "more than one path carries"
     assert len(ping["received"]) == 5, "ICMP stays in the tunnel"
     # A closed port at the destination: the LAN host's connection is reset, not held open.
-    r = lab.sh(lab.lan_ns(), ["python3", "-c",
-               f"import socket\ns=socket.create_connection(('{lab.inet_addr}', 7999), timeout=5)\n"
-               "try:\n print(s.recv(1))\nexcept ConnectionResetError:\n print('reset')\n"], check=False)
+    r = lab.sh(lab.lan_ns(), ["python3", "-c", RESET_PROBE.format(dst=lab.inet_addr, port=7999)],
+               check=False)
     assert r.stdout.strip() == "reset", (r.stdout, r.stderr)
     client, server = lab.status("client0")["lane"], lab.status("server")["lane"]
     assert client["failed"]["refused"] == 1 and server["failed"]["refused"] == 1, (client, server)
@@ -63,7 +65,68 @@ def test_tcp_goes_over_the_lane_and_the_rest_through_the_tunnel(make_lab):
     assert "mpquic_lane" not in lab.sh(lab.client_ns(), "nft list tables").stdout
 
 
+RESET_PROBE = ("import socket\ns=socket.create_connection(('{dst}', {port}), timeout=5)\n"
+               "try:\n s.sendall(b'x')\n print(s.recv(1))\nexcept ConnectionResetError:\n print('reset')\n")
+
+
+def reload(lab, key, ns):
+    r = lab.sh(ns, [labctl.BIN, "reload", "--socket", lab.sock(key)], check=False)
+    return r.stdout + r.stderr
+
+
+@measured
+def test_a_reload_moves_the_endpoints_and_a_revocation_closes_lane_connections(make_lab):
+    """A reload reaches the lane: a path made a backup gets its endpoint replaced (the other
+    is left alone), and a client revoked on the server has its open lane connections closed
+    at once and its next one reset to the LAN host."""
+    lab = make_lab(paths=2, mode=None, congestion=None,
+                   specs=["rate=40mbit,delay=5ms", "rate=40mbit,delay=5ms"])
+    lab.pki()
+    server, client = lane_yaml(lab)
+    lab.start_server(yaml=server)
+    lab.start_client(yaml=client)
+    lab.wait_tunnel(up=["wan1", "wan2"])
+
+    def endpoints():
+        return lab.sh(lab.client_ns(), "ip mptcp endpoint show").stdout
+
+    assert endpoints().count("subflow") == 2 and "backup" not in endpoints(), endpoints()
+    lab.write("client0-run.yaml", with_path_keys(client, "wan2", ["role: backup"]))
+    out = reload(lab, "client0", lab.client_ns())
+    assert "MPTCP lane: TLS read again, endpoints 1 removed / 1 added" in out, out
+    eps = endpoints()
+    assert eps.count("subflow") == 2 and eps.count("backup") == 1, eps
+
+    lab.iperf_server()
+    got = {}
+
+    def flow():
+        try:
+            got["d"] = lab.iperf(seconds=10, timeout=30)
+        except RuntimeError as e:
+            got["error"] = str(e)
+
+    t = threading.Thread(target=flow)
+    t.start()
+    wait_until("a lane connection open", lambda: lab.status("server")["lane"]["active"] >= 2)
+    lab.write("server-run.yaml", server + "revoked:\n- site1\n")
+    t0 = time.monotonic()
+    out = reload(lab, "server", lab.server_ns)
+    assert "MPTCP lane connections closed, certificate revoked: 2" in out, out
+    wait_until("the lane's connections gone", lambda: lab.status("server")["lane"]["active"] == 0,
+               timeout=1.0)
+    gone = time.monotonic() - t0
+    t.join()
+    assert "error" in got, f"the transfer was cut short: {got}"
+    r = lab.sh(lab.lan_ns(), ["python3", "-c", RESET_PROBE.format(dst=lab.inet_addr, port=5201)],
+               check=False)
+    assert r.stdout.strip() == "reset", (r.stdout, r.stderr)
+    assert lab.status("client0")["lane"]["failed"]["setup_failed"] >= 1
+    report(f"MPTCP lane reload: wan2 made a backup, its endpoint replaced; site1 revoked, its 2 lane "
+           f"connections closed {gone * 1000:.0f} ms after the reload (iperf3: {got['error']}); the next "
+           f"connection reset to the LAN host")
+
+
 def labctl_table(lab):
     """The client's `mpquic status` table."""
-    import labctl
     return labctl.run([labctl.BIN, "status", "--socket", lab.sock("client0")]).stdout

@@ -197,6 +197,7 @@ fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
             );
             differ("fec", &a.fec, &b.fec);
             differ("stripe_port", &a.stripe_port, &b.stripe_port);
+            differ("tcp_lane_port", &a.tcp_lane_port, &b.tcp_lane_port);
             // Without `classes:`, the one implicit class holds transport_mode (its policy,
             // congestion and FEC are the keys above); with them, everything of each class.
             match a.classes.iter().any(|k| k.explicit) || b.classes.iter().any(|k| k.explicit) {
@@ -204,7 +205,10 @@ fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
                 false => {
                     let modes =
                         |c: &ClientConfig| c.classes.iter().map(|k| k.mode).collect::<Vec<_>>();
-                    differ("transport_mode", &modes(a), &modes(b))
+                    differ("transport_mode", &modes(a), &modes(b));
+                    let lane =
+                        |c: &ClientConfig| c.classes.iter().map(|k| k.tcp_lane).collect::<Vec<_>>();
+                    differ("tcp_lane", &lane(a), &lane(b))
                 }
             }
             // The rules change live (`Client::apply`), not which class is the default: the
@@ -227,6 +231,7 @@ fn restart_needed(old: &Config, new: &Config) -> Vec<&'static str> {
             // The template and the tokens change live; the endpoint does not.
             let masque = |c: &crate::config::ServerConfig| c.masque.as_ref().map(|m| m.listen);
             differ("masque_listen", &masque(a), &masque(b));
+            differ("tcp_lane_listen", &a.tcp_lane, &b.tcp_lane);
         }
         _ => keys.push("role"),
     }

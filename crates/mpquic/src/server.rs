@@ -153,8 +153,8 @@ impl Session {
 
 struct Server {
     cfg: Config,
-    /// The MPTCP lane's counters, when `tcp_lane_listen` is set.
-    lane: Option<Arc<crate::lane::serve::Counters>>,
+    /// The MPTCP lane (its counters, TLS and open connections), when `tcp_lane_listen` is set.
+    lane: Option<Arc<crate::lane::serve::Shared>>,
     /// The server's certificate and the clients' CA as loaded (at start, at each reload).
     certificates: RwLock<Vec<crate::status::CertificateStatus>>,
     /// The running server configuration; a reload replaces it (only `clients:` may differ).
@@ -218,7 +218,7 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
     info!(listen = %scfg.listen, tun = %cfg.tun_name, address = %format!("{}/{}", scfg.tun_addr, scfg.prefix), address6, mtu, queues = queues.len(), "server listening");
 
     let server = Arc::new(Server {
-        lane: _lane.as_ref().map(|l| l.counters.clone()),
+        lane: _lane.as_ref().map(|l| l.shared.clone()),
         certificates: RwLock::new(crate::tls::loaded(
             cfg.cert_file.as_deref(),
             Some(&scfg.client_ca_file),
@@ -353,6 +353,10 @@ impl Server {
             }
             _ => None,
         };
+        let lane_tls = match &self.lane {
+            Some(_) => Some(crate::lane::serve::tls(&new, snew).map_err(|e| format!("{e:#}"))?),
+            None => None,
+        };
         let new = snew.clone();
         let old = self.scfg();
         let lans = |c: &ServerConfig| -> Vec<Prefix> {
@@ -384,6 +388,10 @@ impl Server {
         if let (Some(l), Some(settings), Some(m)) = (masque, masque_tls, &new.masque) {
             l.install(settings, m);
         }
+        let lane_closed = match (&self.lane, lane_tls) {
+            (Some(l), Some(tls)) => l.install(tls, &new.revoked),
+            _ => 0,
+        };
         *self.certificates.write().unwrap_or_else(|e| e.into_inner()) =
             crate::tls::loaded(self.cfg.cert_file.as_deref(), Some(&new.client_ca_file));
         for p in &gone {
@@ -458,6 +466,15 @@ impl Server {
         if old.revoked != new.revoked {
             parts.push(format!("revoked: {} entries", new.revoked.len()));
         }
+        if lane_closed > 0 {
+            warn!(
+                connections = lane_closed,
+                "certificate revoked; MPTCP lane connections closed"
+            );
+            parts.push(format!(
+                "MPTCP lane connections closed, certificate revoked: {lane_closed}"
+            ));
+        }
         parts.push("TLS certificate, key and CA read again".into());
         Ok(parts.join("; "))
     }
@@ -473,7 +490,7 @@ impl Server {
         StatusReport {
             last_reload: self.reloads.last(),
             process: crate::runtime::process_status(),
-            lane: self.lane.as_ref().map(|c| c.status()),
+            lane: self.lane.as_ref().map(|l| l.counters.status()),
             tls: crate::tls::status(self.cfg.tls_post_quantum, {
                 let mut certs = self
                     .certificates

@@ -102,8 +102,8 @@ struct Client {
     /// Where the metered paths' counts are kept (`data_budget`), and what it said at start
     /// for the paths not yet added.
     budget_file: crate::budgets::StateFile,
-    /// The MPTCP lane's view for status, once it runs.
-    lane: std::sync::OnceLock<Arc<crate::lane::client::View>>,
+    /// The MPTCP lane (status reads it, a reload changes it), once it runs.
+    lane: std::sync::OnceLock<Arc<crate::lane::client::Live>>,
     saved_usage: Mutex<std::collections::HashMap<String, mpquic_core::budget::Usage>>,
 }
 
@@ -315,7 +315,7 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
         .await
         .context("the MPTCP lane (tcp_lane)")?;
     if let Some(l) = &_lane {
-        let _ = client.lane.set(l.view.clone());
+        let _ = client.lane.set(l.live.clone());
     }
     // Every path in place before any task runs: with turns, the first dials first.
     let ids = (initial_paths.iter())
@@ -435,6 +435,10 @@ impl Client {
         };
         // TLS first (its files read again: a rotated certificate, key or CA), so an unreadable
         // one refuses the reload whole.
+        let lane = match self.lane.get() {
+            Some(l) => Some((l, l.prepare(&new, nc).map_err(|e| format!("{e:#}"))?)),
+            None => None,
+        };
         (self.dialer)
             .reload_tls(&new, nc)
             .map_err(|e| format!("{e:#}"))?;
@@ -461,6 +465,7 @@ impl Client {
             }
         }
         // New paths first: a failure leaves the running set as it was.
+        let mut lane_message = None;
         let mut added = Vec::new();
         for p in &changes.added {
             added.push(
@@ -470,6 +475,16 @@ impl Client {
         }
         // The classes' rules: packets are classified by them from the next batch read on (the
         // classes themselves, and which is the default, are fixed at start: `reload::read`).
+        if let Some((l, prepared)) = lane {
+            // The tunnel's part is in place already: the lane's failure is told, not undone.
+            match l.apply(prepared, &nc.classifier) {
+                Ok(m) => lane_message = Some(m),
+                Err(e) => {
+                    warn!(error = %format!("{e:#}"), "MPTCP lane: the reload is applied in part");
+                    lane_message = Some(format!("MPTCP lane not changed in full: {e:#}"));
+                }
+            }
+        }
         if rules {
             *self.classifier.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(nc.classifier);
         }
@@ -511,6 +526,7 @@ impl Client {
             what.push(changes.summary());
         }
         what.push("TLS certificate, key and CA read again".into());
+        what.extend(lane_message);
         Ok(what.join("; "))
     }
 

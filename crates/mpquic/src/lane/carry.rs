@@ -28,7 +28,8 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Lane {
     pub server: SocketAddr,
     pub server_name: ServerName<'static>,
-    pub tls: tokio_rustls::TlsConnector,
+    /// New connections' TLS; a reload replaces it (a rotated certificate or CA).
+    pub tls: std::sync::RwLock<tokio_rustls::TlsConnector>,
 }
 
 #[derive(Debug, Default)]
@@ -82,8 +83,8 @@ async fn relay(
     let _ = lan.set_nodelay(true);
     let setup = async {
         let s = socket::mptcp_connect(lane.server, None).await?;
-        lane.tls
-            .connect(lane.server_name.clone(), s)
+        let tls = lane.tls.read().unwrap_or_else(|e| e.into_inner()).clone();
+        tls.connect(lane.server_name.clone(), s)
             .await
             .context("TLS handshake with the lane")
     };
@@ -104,25 +105,39 @@ async fn relay(
     let (from_lan, mut to_lan) = lan.into_split();
     let mut from_server = Counted::new(from_server, counters.clone(), |c| &c.bytes_down);
     let mut from_lan = Counted::new(from_lan, counters.clone(), |c| &c.bytes_up);
-    to_server.write_all(&tcp_lane::encode_request(dst)).await?;
+    let sent = to_server.write_all(&tcp_lane::encode_request(dst)).await;
     // The LAN host's bytes go on now; its connection is reset if the answer says no.
     let up = tokio::spawn(async move {
         let n = tokio::io::copy(&mut from_lan, &mut to_server).await;
         let _ = to_server.shutdown().await;
         n
     });
+    // With TLS 1.3 the server refuses a client certificate (unknown, revoked) only after our
+    // handshake is done: then the request or the answer fails, and that too is a failed setup
+    // (reset, not an orderly end the LAN host would take for the destination's).
     let mut answer = [0u8; tcp_lane::ANSWER_LEN];
-    from_server.read_exact(&mut answer).await?;
-    let outcome =
-        tcp_lane::decode_answer(&answer).ok_or_else(|| anyhow!("malformed lane answer"))?;
-    if let Some(i) = outcome.failure_index() {
-        counters.failed[i].fetch_add(1, Ordering::Relaxed);
+    let outcome = match sent {
+        Err(e) => Err(anyhow!(e).context("the lane's request")),
+        Ok(()) => match from_server.read_exact(&mut answer).await {
+            Ok(_) => {
+                tcp_lane::decode_answer(&answer).ok_or_else(|| anyhow!("malformed lane answer"))
+            }
+            Err(e) => Err(anyhow!(e).context("the lane's answer")),
+        },
+    };
+    let failed = match &outcome {
+        Ok(o) => o.failure_index().map(|i| &counters.failed[i]),
+        Err(_) => Some(&counters.setup_failed),
+    };
+    if let Some(count) = failed {
+        count.fetch_add(1, Ordering::Relaxed);
         // Reset when the last half goes (the read half, with the aborted task); the write
         // half goes without its FIN (`forget`), or the host would read an orderly end first.
         let _ = socket2::SockRef::from(to_lan.as_ref()).set_linger(Some(Duration::ZERO));
         to_lan.forget();
         up.abort();
         let _ = up.await;
+        let outcome = outcome?;
         bail!("the server could not reach {dst}: {}", outcome.as_str());
     }
     counters.connected.fetch_add(1, Ordering::Relaxed);

@@ -1,7 +1,9 @@
-//! The client's MPTCP lane, started when a class has `tcp_lane: mptcp` (with the paths it starts
-//! with; a reload does not change the lane's endpoints): an MPTCP endpoint per
+//! The client's MPTCP lane, started when a class has `tcp_lane: mptcp`: an MPTCP endpoint per
 //! path (`endpoints.rs`), the TPROXY rules and listener (`tproxy.rs`), and a `carry` task per
-//! LAN connection taken. Everything it set up in the kernel goes when `Running` is dropped.
+//! LAN connection taken. A reload reads its TLS files again and makes the endpoints and rules
+//! follow the paths and the classes' rules (`Live::apply`); the lane's server address (the
+//! first path's at start) and port stay. Everything it set up in the kernel goes when
+//! `Running` is dropped.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -16,43 +18,167 @@ use super::endpoints::{self, Endpoint};
 use super::tproxy;
 use crate::config::{Bind, ClientConfig, Config, PathConfig};
 use crate::tls::{self, Served};
+use mpquic_core::classify::Classifier;
 
 /// LAN connections carried at once; more wait in the listener's backlog.
 const MAX_CONNECTIONS: usize = 4096;
 
 pub struct Running {
-    pub view: Arc<View>,
+    pub live: Arc<Live>,
     task: tokio::task::AbortHandle,
     _taken: tproxy::Taken,
-    _endpoints: Option<endpoints::Installed>,
 }
 
-/// What status reads of the lane: its counters, and which path each subflow address is.
-pub struct View {
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.task.abort();
+        // The endpoints go with the lane, not with the last holder of `live`.
+        self.live.lock().installed.take();
+    }
+}
+
+/// The running lane as status reads it and a reload changes it.
+pub struct Live {
     counters: Arc<carry::Counters>,
-    server: std::net::SocketAddr,
-    paths: Vec<(IpAddr, String)>,
+    lane: Arc<Lane>,
+    /// The TPROXY table's parameters (`tproxy::take`); a reload loads it again.
+    tun: String,
+    lanes: Vec<usize>,
+    port: u16,
+    mark: u32,
+    paths: std::sync::Mutex<Paths>,
 }
 
-impl View {
+/// The lane's view of the client's paths.
+struct Paths {
+    /// Each path's address and name (status: subflows by path).
+    names: Vec<(IpAddr, String)>,
+    /// The paths' devices, whose connections are not taken.
+    devices: Vec<String>,
+    installed: Option<endpoints::Installed>,
+}
+
+/// A reload's new lane settings, read before anything changes (`Live::prepare`).
+pub struct Prepared {
+    tls: tokio_rustls::TlsConnector,
+    wanted: Wanted,
+}
+
+impl Live {
     pub fn status(&self) -> crate::status::LaneStatus {
         let text = std::fs::read_to_string("/proc/self/net/tcp").unwrap_or_default();
-        let by_addr = super::subflows::count(&text, self.server);
+        let by_addr = super::subflows::count(&text, self.lane.server);
+        let names = self.lock().names.clone();
         let mut subflows = std::collections::BTreeMap::new();
         for (a, n) in by_addr {
-            let name = (self.paths.iter())
+            let name = (names.iter())
                 .find(|(p, _)| *p == IpAddr::V4(a))
                 .map_or_else(|| a.to_string(), |(_, name)| name.clone());
             *subflows.entry(name).or_default() += n;
         }
         self.counters.status(subflows)
     }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Paths> {
+        self.paths.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A reload's TLS (its files read again) and paths, checked before anything changes.
+    pub fn prepare(&self, cfg: &Config, ccfg: &ClientConfig) -> Result<Prepared> {
+        Ok(Prepared {
+            tls: connector(cfg, ccfg)?,
+            wanted: wanted(&ccfg.paths)?,
+        })
+    }
+
+    /// Apply a reload: new connections use the new TLS (a rotated certificate), the
+    /// endpoints follow the paths (only changed ones are touched), the TPROXY table follows
+    /// the classes' rules and the paths' devices. What changed, for the reload's message.
+    pub fn apply(&self, new: Prepared, classifier: &Classifier) -> Result<String> {
+        *self.lane.tls.write().unwrap_or_else(|e| e.into_inner()) = new.tls;
+        let mut paths = self.lock();
+        let (removed, added) = match (&mut paths.installed, new.wanted.endpoints.is_empty()) {
+            (Some(i), _) => i.update(&new.wanted.endpoints)?,
+            (None, true) => (0, 0),
+            (None, false) => {
+                paths.installed = Some(endpoints::install(&new.wanted.endpoints)?);
+                (0, new.wanted.endpoints.len())
+            }
+        };
+        paths.names = new.wanted.names;
+        paths.devices = new.wanted.devices;
+        tproxy::rules(
+            &self.tun,
+            &paths.devices,
+            classifier,
+            &self.lanes,
+            self.port,
+            self.mark,
+        )?;
+        Ok(format!(
+            "MPTCP lane: TLS read again, endpoints {removed} removed / {added} added, rules loaded again"
+        ))
+    }
 }
 
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.task.abort();
+/// What the paths ask of the kernel: an endpoint per path with an address.
+struct Wanted {
+    endpoints: Vec<Endpoint>,
+    devices: Vec<String>,
+    names: Vec<(IpAddr, String)>,
+}
+
+/// A subflow from every path's address, on its device; a backup path's marked so.
+fn wanted(paths: &[PathConfig]) -> Result<Wanted> {
+    let mut w = Wanted {
+        endpoints: Vec::new(),
+        devices: Vec::new(),
+        names: Vec::new(),
+    };
+    for p in paths {
+        let backup = p.role.is_backup();
+        match &p.bind {
+            Bind::Interface(name) => {
+                w.devices.push(name.clone());
+                match crate::tun::interface_v4(name) {
+                    Ok(a) => {
+                        w.names.push((IpAddr::V4(a), p.name.clone()));
+                        w.endpoints.push(Endpoint {
+                            addr: IpAddr::V4(a),
+                            ifindex: Some(tproxy::ifindex(name)?),
+                            backup,
+                        })
+                    }
+                    Err(e) => {
+                        warn!(path = %p.name, error = %e, "MPTCP lane: the path's device has no IPv4 address; no subflow on it")
+                    }
+                }
+            }
+            Bind::Ip(ip) => {
+                w.names.push((*ip, p.name.clone()));
+                w.endpoints.push(Endpoint {
+                    addr: *ip,
+                    ifindex: None,
+                    backup,
+                })
+            }
+            Bind::Any => {}
+        }
     }
+    Ok(w)
+}
+
+/// The lane's TLS client: the client's certificate, the CA it verifies the server with.
+fn connector(cfg: &Config, ccfg: &ClientConfig) -> Result<tokio_rustls::TlsConnector> {
+    let cert_key = cfg.cert_file.as_deref().zip(cfg.key_file.as_deref());
+    let crypto = tls::client_crypto(
+        ccfg.ca_file.as_deref(),
+        ccfg.insecure_skip_verify,
+        cert_key,
+        cfg.tls_post_quantum,
+        Served::Lane,
+    )?;
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(crypto)))
 }
 
 /// The lane of `ccfg`'s `tcp_lane` classes (`None` without any).
@@ -73,69 +199,28 @@ pub async fn start(
         .await?
         .next()
         .ok_or_else(|| anyhow!("{} has no address", first.remote_addr))?;
-    let cert_key = cfg.cert_file.as_deref().zip(cfg.key_file.as_deref());
-    let crypto = tls::client_crypto(
-        ccfg.ca_file.as_deref(),
-        ccfg.insecure_skip_verify,
-        cert_key,
-        cfg.tls_post_quantum,
-        Served::Lane,
-    )?;
     let lane = Arc::new(Lane {
         server,
         server_name: ServerName::try_from(ccfg.server_name.clone()).context("tls_server_name")?,
-        tls: tokio_rustls::TlsConnector::from(Arc::new(crypto)),
+        tls: std::sync::RwLock::new(connector(cfg, ccfg)?),
     });
-    // A subflow from every path's address, on its device; a backup path's marked so.
-    let mut devices = Vec::new();
-    let mut eps = Vec::new();
-    let mut names = Vec::new();
-    for p in paths {
-        let backup = p.role.is_backup();
-        match &p.bind {
-            Bind::Interface(name) => {
-                devices.push(name.clone());
-                match crate::tun::interface_v4(name) {
-                    Ok(a) => {
-                        names.push((IpAddr::V4(a), p.name.clone()));
-                        eps.push(Endpoint {
-                            addr: IpAddr::V4(a),
-                            ifindex: Some(tproxy::ifindex(name)?),
-                            backup,
-                        })
-                    }
-                    Err(e) => {
-                        warn!(path = %p.name, error = %e, "MPTCP lane: the path's device has no IPv4 address; no subflow on it")
-                    }
-                }
-            }
-            Bind::Ip(ip) => {
-                names.push((*ip, p.name.clone()));
-                eps.push(Endpoint {
-                    addr: *ip,
-                    ifindex: None,
-                    backup,
-                })
-            }
-            Bind::Any => {}
-        }
-    }
-    let installed = match eps.is_empty() {
+    let w = wanted(paths)?;
+    let installed = match w.endpoints.is_empty() {
         true => None,
-        false => Some(endpoints::install(&eps, eps.len().max(2) as u32)?),
+        false => Some(endpoints::install(&w.endpoints)?),
     };
     let (listener, port) = tproxy::listener()?;
     let mark = mark_of(&cfg.tun_name);
     let taken = tproxy::take(
         &cfg.tun_name,
-        &devices,
+        &w.devices,
         &ccfg.classifier,
         &lanes,
         port,
         mark,
     )?;
     let counters = Arc::new(carry::Counters::default());
-    let c = counters.clone();
+    let (c, l) = (counters.clone(), lane.clone());
     let task = tokio::spawn(async move {
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         loop {
@@ -145,7 +230,7 @@ pub async fn start(
             match listener.accept().await {
                 Ok((s, _)) => {
                     let Ok(dst) = s.local_addr() else { continue };
-                    let (lane, c) = (lane.clone(), c.clone());
+                    let (lane, c) = (l.clone(), c.clone());
                     tokio::spawn(async move {
                         carry::carry(s, dst, lane, c).await;
                         drop(slot);
@@ -159,16 +244,23 @@ pub async fn start(
         }
     })
     .abort_handle();
-    info!(server = %server, subflow_endpoints = eps.len(), classes = ?lanes, "MPTCP lane: the classes' TCP connections go over kernel MPTCP");
+    info!(server = %server, subflow_endpoints = w.endpoints.len(), classes = ?lanes, "MPTCP lane: the classes' TCP connections go over kernel MPTCP");
     Ok(Some(Running {
-        view: Arc::new(View {
+        live: Arc::new(Live {
             counters,
-            server,
-            paths: names,
+            lane,
+            tun: cfg.tun_name.clone(),
+            lanes,
+            port,
+            mark,
+            paths: std::sync::Mutex::new(Paths {
+                names: w.names,
+                devices: w.devices,
+                installed,
+            }),
         }),
         task,
         _taken: taken,
-        _endpoints: installed,
     }))
 }
 

@@ -2,8 +2,9 @@
 //! as `ip mptcp endpoint add ADDR dev IF subflow [backup]` does): one `subflow` endpoint per
 //! path, so every lane connection opens a subflow from each path's address, bound to its
 //! device; `role: backup` paths get the backup flag (the kernel sends on them only when no
-//! other subflow works). The limits are raised to take a subflow per path. Endpoints are
-//! removed again when `Installed` is dropped.
+//! other subflow works). The limits are raised to take a subflow per path. A reload changes
+//! only the endpoints whose path changed (`Installed::update`: removing an endpoint closes its
+//! subflows); all are removed again when `Installed` is dropped.
 //!
 //! The messages are built and read here (`message`, `attrs`), the socket is the kernel's.
 
@@ -32,6 +33,8 @@ const FLAG_BACKUP: u32 = 1 << 2;
 
 /// Endpoint ids this process uses (the kernel's own run from 1 up): one per path.
 const FIRST_ID: u8 = 200;
+/// Paths a client has at most on the lane (ids `FIRST_ID..FIRST_ID + MAX_ENDPOINTS`).
+const MAX_ENDPOINTS: usize = 32;
 
 /// A path's endpoint: its address on its device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,11 +45,11 @@ pub struct Endpoint {
     pub backup: bool,
 }
 
-/// Endpoints in the kernel, by id; removed on drop.
+/// Endpoints in the kernel, with their ids; removed on drop.
 pub struct Installed {
     sock: Netlink,
     family: u16,
-    ids: Vec<u8>,
+    ids: Vec<(u8, Endpoint)>,
 }
 
 /// The path manager's socket and family id.
@@ -76,35 +79,59 @@ fn limits(sock: &mut Netlink, family: u16, subflows: u32) -> Result<()> {
     Ok(())
 }
 
-/// Raise the limits to `subflows` and add one endpoint per path.
-pub fn install(endpoints: &[Endpoint], subflows: u32) -> Result<Installed> {
-    let (mut sock, family) = path_manager()?;
-    limits(&mut sock, family, subflows)?;
+/// Add one endpoint per path, the limits raised to a subflow per endpoint.
+pub fn install(endpoints: &[Endpoint]) -> Result<Installed> {
+    let (sock, family) = path_manager()?;
     let mut installed = Installed {
         sock,
         family,
         ids: Vec::new(),
     };
-    for (i, e) in endpoints.iter().enumerate() {
-        let id = FIRST_ID.wrapping_add(i as u8);
-        // One left by a process that did not end cleanly goes first.
-        let _ = installed.sock.request(family, 0, &del(id));
-        installed
-            .sock
-            .request(
-                family,
-                0,
-                &genl(CMD_ADD_ADDR, MPTCP_PM_VER, &endpoint(id, e)),
-            )
-            .with_context(|| format!("adding the MPTCP endpoint {}", e.addr))?;
-        installed.ids.push(id);
-    }
+    installed.update(endpoints)?;
     Ok(installed)
+}
+
+impl Installed {
+    /// Make the kernel's endpoints `endpoints`: the ones already there stay (their subflows
+    /// with them), the others are removed and added. How many were (removed, added).
+    pub fn update(&mut self, endpoints: &[Endpoint]) -> Result<(usize, usize)> {
+        limits(&mut self.sock, self.family, endpoints.len().max(2) as u32)?;
+        let gone: Vec<u8> = (self.ids.iter())
+            .filter(|(_, e)| !endpoints.contains(e))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &gone {
+            let _ = self.sock.request(self.family, 0, &del(*id));
+        }
+        self.ids.retain(|(id, _)| !gone.contains(id));
+        let mut added = 0;
+        for e in endpoints {
+            if self.ids.iter().any(|(_, have)| have == e) {
+                continue;
+            }
+            let id = (0..MAX_ENDPOINTS as u8)
+                .map(|i| FIRST_ID + i)
+                .find(|id| !self.ids.iter().any(|(have, _)| have == id))
+                .context("more paths than the lane takes endpoints for")?;
+            // One left by a process that did not end cleanly goes first.
+            let _ = self.sock.request(self.family, 0, &del(id));
+            self.sock
+                .request(
+                    self.family,
+                    0,
+                    &genl(CMD_ADD_ADDR, MPTCP_PM_VER, &endpoint(id, e)),
+                )
+                .with_context(|| format!("adding the MPTCP endpoint {}", e.addr))?;
+            self.ids.push((id, e.clone()));
+            added += 1;
+        }
+        Ok((gone.len(), added))
+    }
 }
 
 impl Drop for Installed {
     fn drop(&mut self) {
-        for &id in &self.ids {
+        for &(id, _) in &self.ids {
             let _ = self.sock.request(self.family, 0, &del(id));
         }
     }

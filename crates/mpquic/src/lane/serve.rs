@@ -2,10 +2,13 @@
 //! MPTCP, plain TCP from a peer without it), authenticates the client by its certificate (TLS
 //! 1.3, the same CA as the tunnel), reads its request (core `tcp_lane`), opens the TCP
 //! connection to the destination, answers, and relays both ways until either end closes.
+//! A reload reads the certificate, key and CA again and applies `revoked:` to open lane
+//! connections too (`Shared::install`).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -17,6 +20,8 @@ use tracing::{debug, info, warn};
 
 use super::counted::Counted;
 use super::socket;
+use crate::tls::certificate::{self, Facts};
+use crate::tls::revocation;
 
 /// Lane connections served at once; more wait for a slot (the kernel's backlog holds them).
 const MAX_CONNECTIONS: usize = 4096;
@@ -68,38 +73,132 @@ impl Counters {
     }
 }
 
+/// The lane's state a reload changes, beside its counters.
+pub struct Shared {
+    pub counters: Arc<Counters>,
+    /// New connections' TLS (the certificate, key and CA as last read).
+    tls: RwLock<Arc<rustls::ServerConfig>>,
+    /// `revoked:` as last read: checked once more after each handshake, so a handshake that
+    /// began under the old TLS settings cannot slip through a reload.
+    revoked: RwLock<Vec<String>>,
+    /// Connections open, with the client certificate each was made with (once known).
+    open: Mutex<HashMap<u64, Open>>,
+    next: AtomicU64,
+}
+
+struct Open {
+    cert: Option<Facts>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Shared {
+    pub fn new(tls: Arc<rustls::ServerConfig>, revoked: &[String]) -> Arc<Shared> {
+        Arc::new(Shared {
+            counters: Arc::default(),
+            tls: RwLock::new(tls),
+            revoked: RwLock::new(revoked.to_vec()),
+            open: Mutex::default(),
+            next: AtomicU64::new(0),
+        })
+    }
+
+    /// New TLS settings and `revoked:` list: the connections of a revoked certificate are
+    /// closed now (their next one is refused at the handshake). How many were closed.
+    pub fn install(&self, tls: Arc<rustls::ServerConfig>, revoked: &[String]) -> usize {
+        *self.tls.write().unwrap_or_else(|e| e.into_inner()) = tls;
+        *self.revoked.write().unwrap_or_else(|e| e.into_inner()) = revoked.to_vec();
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut closed = 0;
+        for o in open.values() {
+            if o.cert
+                .as_ref()
+                .is_some_and(|c| revocation::is_revoked(revoked, c))
+            {
+                o.task.abort();
+                closed += 1;
+            }
+        }
+        closed
+    }
+
+    fn revoked(&self, cert: &Facts) -> bool {
+        let list = self.revoked.read().unwrap_or_else(|e| e.into_inner());
+        revocation::is_revoked(&list, cert)
+    }
+
+    fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.tls.read().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    /// What connection `id` was made with (its entry goes with its `Registered`).
+    fn authenticated(&self, id: u64, cert: Facts) {
+        if let Some(o) = (self.open.lock().unwrap_or_else(|e| e.into_inner())).get_mut(&id) {
+            o.cert = Some(cert);
+        }
+    }
+}
+
+/// A connection's entry in `Shared::open` and its count in `active`, both taken out when
+/// its task ends or is aborted.
+struct Registered(Arc<Shared>, u64);
+
+impl Registered {
+    fn new(shared: &Arc<Shared>) -> Registered {
+        shared.counters.active.fetch_add(1, Ordering::Relaxed);
+        Registered(shared.clone(), shared.next.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.0.counters.active.fetch_sub(1, Ordering::Relaxed);
+        (self.0.open.lock().unwrap_or_else(|e| e.into_inner())).remove(&self.1);
+    }
+}
+
 /// The server's lane, running until dropped.
 pub struct Serving {
-    pub counters: Arc<Counters>,
+    pub shared: Arc<Shared>,
     task: tokio::task::AbortHandle,
 }
 
 impl Drop for Serving {
     fn drop(&mut self) {
         self.task.abort();
+        // The relays are tasks of their own: they go with the lane.
+        for o in (self.shared.open.lock().unwrap_or_else(|e| e.into_inner())).values() {
+            o.task.abort();
+        }
     }
 }
 
-/// Listen on `listen` with the server's certificate, its clients' CA and `revoked:` list (as
-/// they are at start).
-pub fn start(
+/// The lane's TLS: the server's certificate, its clients' CA and `revoked:` (files read now).
+pub fn tls(
     cfg: &crate::config::Config,
     scfg: &crate::config::ServerConfig,
-    listen: SocketAddr,
-) -> Result<Serving> {
+) -> Result<Arc<rustls::ServerConfig>> {
     let (cert, key) = cfg
         .cert_file
         .as_deref()
         .zip(cfg.key_file.as_deref())
         .context("the lane needs tls_cert_file and tls_key_file")?;
-    let tls = crate::tls::server_crypto(
+    Ok(Arc::new(crate::tls::server_crypto(
         cert,
         key,
         &scfg.client_ca_file,
         cfg.tls_post_quantum,
         &scfg.revoked,
         crate::tls::Served::Lane,
-    )?;
+    )?))
+}
+
+/// Listen on `listen` with the lane's TLS (`tls`).
+pub fn start(
+    cfg: &crate::config::Config,
+    scfg: &crate::config::ServerConfig,
+    listen: SocketAddr,
+) -> Result<Serving> {
+    let shared = Shared::new(tls(cfg, scfg)?, &scfg.revoked);
     let listener =
         socket::mptcp_listener(listen).with_context(|| format!("tcp_lane_listen {listen}"))?;
     // A subflow per client path (a client has at most 8 paths on the lane).
@@ -107,24 +206,21 @@ pub fn start(
         warn!(error = %format!("{e:#}"), "MPTCP lane: the kernel's limits are as they were (a client gets fewer subflows)");
     }
     info!(listen = %listen, "MPTCP lane listening");
-    let counters = Arc::new(Counters::default());
-    let c = counters.clone();
+    let s = shared.clone();
     let task = tokio::spawn(async move {
-        if let Err(e) = run(listener, Arc::new(tls), Destinations::Internet, c).await {
+        if let Err(e) = run(listener, s, Destinations::Internet).await {
             warn!(error = %format!("{e:#}"), "MPTCP lane stopped");
         }
     })
     .abort_handle();
-    Ok(Serving { counters, task })
+    Ok(Serving { shared, task })
 }
 
 pub(super) async fn run(
     listener: TcpListener,
-    tls: Arc<rustls::ServerConfig>,
+    shared: Arc<Shared>,
     destinations: Destinations,
-    counters: Arc<Counters>,
 ) -> Result<()> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let slot = slots.clone().acquire_owned().await?;
@@ -137,28 +233,40 @@ pub(super) async fn run(
                 continue;
             }
         };
-        counters.accepted.fetch_add(1, Ordering::Relaxed);
-        let (acceptor, counters) = (acceptor.clone(), counters.clone());
-        tokio::spawn(async move {
-            counters.active.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = one(stream, acceptor, destinations, counters.clone()).await {
+        shared.counters.accepted.fetch_add(1, Ordering::Relaxed);
+        let registered = Registered::new(&shared);
+        let id = registered.1;
+        // Held across the spawn: the task's entry is in before the task could take it out.
+        let mut open = shared.open.lock().unwrap_or_else(|e| e.into_inner());
+        let task = tokio::spawn(async move {
+            if let Err(e) = one(stream, &registered, destinations).await {
                 debug!(from = %from, error = %format!("{e:#}"), "MPTCP lane connection ended");
             }
-            counters.active.fetch_sub(1, Ordering::Relaxed);
-            drop(slot);
+            drop((registered, slot));
         });
+        let task = task.abort_handle();
+        open.insert(id, Open { cert: None, task });
     }
 }
 
-async fn one(
-    stream: TcpStream,
-    acceptor: tokio_rustls::TlsAcceptor,
-    destinations: Destinations,
-    counters: Arc<Counters>,
-) -> Result<()> {
+async fn one(stream: TcpStream, me: &Registered, destinations: Destinations) -> Result<()> {
+    let Registered(shared, id) = me;
+    let counters = shared.counters.clone();
     let _ = stream.set_nodelay(true);
     let request = async {
-        let mut tls = acceptor.accept(stream).await.context("TLS handshake")?;
+        let mut tls = shared
+            .acceptor()
+            .accept(stream)
+            .await
+            .context("TLS handshake")?;
+        let cert = (tls.get_ref().1.peer_certificates())
+            .and_then(|c| c.first())
+            .and_then(certificate::facts)
+            .context("no client certificate")?;
+        if shared.revoked(&cert) {
+            anyhow::bail!("certificate revoked");
+        }
+        shared.authenticated(*id, cert);
         let mut buf = Vec::with_capacity(tcp_lane::MAX_REQUEST + 1500);
         loop {
             if let Some((dst, used)) =

@@ -1,6 +1,7 @@
 //! The lane end to end in one process over loopback (plain TCP where the kernel refuses
 //! MPTCP): a connection relayed both ways, a refused destination reset to the LAN host, a
-//! client without a certificate refused at the handshake.
+//! client without a certificate refused at the handshake, a revoked one's connections closed
+//! by a reload.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -25,22 +26,40 @@ fn pki_dir() -> tempfile::TempDir {
     dir
 }
 
-async fn server(d: &Path) -> (SocketAddr, Arc<serve::Counters>) {
+fn server_tls(d: &Path, revoked: &[String]) -> Arc<rustls::ServerConfig> {
     let tls = tls::server_crypto(
         &d.join("mpquic-server.crt"),
         &d.join("mpquic-server.key"),
         &d.join("ca.crt"),
         false,
-        &[],
+        revoked,
         Served::Lane,
     )
     .unwrap();
+    Arc::new(tls)
+}
+
+async fn server(d: &Path) -> (SocketAddr, Arc<serve::Shared>) {
     let listener = super::socket::mptcp_listener("127.0.0.1:0".parse().unwrap()).unwrap();
     let at = listener.local_addr().unwrap();
-    let counters = Arc::new(serve::Counters::default());
-    let c = counters.clone();
-    tokio::spawn(serve::run(listener, Arc::new(tls), Destinations::Any, c));
-    (at, counters)
+    let shared = serve::Shared::new(server_tls(d, &[]), &[]);
+    tokio::spawn(serve::run(listener, shared.clone(), Destinations::Any));
+    (at, shared)
+}
+
+/// The destination: an echo server.
+async fn echo() -> SocketAddr {
+    let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dst = echo.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = echo.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    dst
 }
 
 fn lane(d: &Path, server: SocketAddr, cert: bool) -> Arc<Lane> {
@@ -56,7 +75,7 @@ fn lane(d: &Path, server: SocketAddr, cert: bool) -> Arc<Lane> {
     Arc::new(Lane {
         server,
         server_name: "mpquic-server".try_into().unwrap(),
-        tls: tokio_rustls::TlsConnector::from(Arc::new(tls)),
+        tls: std::sync::RwLock::new(tokio_rustls::TlsConnector::from(Arc::new(tls))),
     })
 }
 
@@ -71,18 +90,9 @@ async fn lan_pair() -> (TcpStream, TcpStream) {
 #[tokio::test]
 async fn a_connection_goes_both_ways_and_a_refused_one_is_reset() {
     let dir = pki_dir();
-    let (at, served) = server(dir.path()).await;
-    // The destination: an echo server.
-    let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let dst = echo.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = echo.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
+    let (at, shared) = server(dir.path()).await;
+    let served = shared.counters.clone();
+    let dst = echo().await;
     let counters = Arc::new(carry::Counters::default());
     let (mut host, ours) = lan_pair().await;
     tokio::spawn(carry::carry(
@@ -141,10 +151,89 @@ async fn a_connection_goes_both_ways_and_a_refused_one_is_reset() {
     let r = tokio::time::timeout(Duration::from_secs(10), host.read(&mut buf))
         .await
         .expect("answered in time");
-    assert!(matches!(r, Err(_) | Ok(0)), "{r:?}");
+    assert_eq!(
+        r.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::ConnectionReset),
+        "reset: the lane was not set up"
+    );
+    assert_eq!(counters.setup_failed.load(Ordering::Relaxed), 1);
     assert_eq!(
         served.connected.load(Ordering::Relaxed),
         1,
         "nothing relayed for it"
+    );
+}
+
+/// An echo through the lane on `host`: `n` bytes sent come back.
+async fn echoes(host: &mut TcpStream, n: usize) -> bool {
+    let data = vec![7u8; n];
+    if host.write_all(&data).await.is_err() {
+        return false;
+    }
+    let mut back = vec![0u8; n];
+    matches!(
+        tokio::time::timeout(Duration::from_secs(10), host.read_exact(&mut back)).await,
+        Ok(Ok(_))
+    )
+}
+
+#[tokio::test]
+async fn a_reload_that_revokes_the_client_closes_its_lane_connections() {
+    let dir = pki_dir();
+    let (at, shared) = server(dir.path()).await;
+    let dst = echo().await;
+    let counters = Arc::new(carry::Counters::default());
+    let (mut host, ours) = lan_pair().await;
+    tokio::spawn(carry::carry(
+        ours,
+        dst,
+        lane(dir.path(), at, true),
+        counters.clone(),
+    ));
+    assert!(echoes(&mut host, 1000).await);
+    assert_eq!(shared.counters.active.load(Ordering::Relaxed), 1);
+
+    // A reload that revokes another client leaves this one alone.
+    let other = vec!["site2".to_string()];
+    assert_eq!(shared.install(server_tls(dir.path(), &other), &other), 0);
+    assert!(echoes(&mut host, 1000).await, "still relayed");
+
+    let revoked = vec!["site1".to_string()];
+    assert_eq!(
+        shared.install(server_tls(dir.path(), &revoked), &revoked),
+        1
+    );
+    let mut buf = [0u8; 16];
+    let r = tokio::time::timeout(Duration::from_secs(10), host.read(&mut buf))
+        .await
+        .expect("closed in time");
+    assert!(matches!(r, Err(_) | Ok(0)), "closed: {r:?}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        shared.counters.active.load(Ordering::Relaxed),
+        0,
+        "its count goes with it"
+    );
+
+    // Its next connection is refused at the handshake: the LAN host's is reset.
+    let (mut host, ours) = lan_pair().await;
+    tokio::spawn(carry::carry(
+        ours,
+        dst,
+        lane(dir.path(), at, true),
+        counters.clone(),
+    ));
+    let r = tokio::time::timeout(Duration::from_secs(10), host.read(&mut buf))
+        .await
+        .expect("answered in time");
+    assert_eq!(
+        r.map_err(|e| e.kind()),
+        Err(std::io::ErrorKind::ConnectionReset)
+    );
+    assert_eq!(counters.setup_failed.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        shared.counters.connected.load(Ordering::Relaxed),
+        1,
+        "only the first"
     );
 }

@@ -86,9 +86,21 @@ pub fn take(
     nl.request(RTM_NEWRULE, NLM_F_CREATE | NLM_F_EXCL, &rule_body(mark))
         .context("the lane's policy rule")?;
     taken.ruled = true;
-    let rules = super::nft::ruleset(tun, not_from, classifier, lanes, port, mark);
-    nft(&rules).context("loading the lane's nftables rules")?;
+    rules(tun, not_from, classifier, lanes, port, mark)?;
     Ok(taken)
+}
+
+/// Load the instance's nftables table (in one transaction: it replaces the one there).
+pub fn rules(
+    tun: &str,
+    not_from: &[String],
+    classifier: &Classifier,
+    lanes: &[usize],
+    port: u16,
+    mark: u32,
+) -> Result<()> {
+    let rules = super::nft::ruleset(tun, not_from, classifier, lanes, port, mark);
+    nft(&rules).context("loading the lane's nftables rules")
 }
 
 impl Drop for Taken {
