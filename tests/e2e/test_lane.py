@@ -3,6 +3,7 @@
 the client's certificate inside) to the server, which opens the connection to the destination;
 other traffic stays in the tunnel; a destination that refuses is reset to the LAN host."""
 
+import re
 import threading
 import time
 
@@ -63,6 +64,53 @@ def test_tcp_goes_over_the_lane_and_the_rest_through_the_tunnel(make_lab):
     lab.stop("client0")
     assert "subflow" not in lab.sh(lab.client_ns(), "ip mptcp endpoint show").stdout
     assert "mpquic_lane" not in lab.sh(lab.client_ns(), "nft list tables").stdout
+
+
+@measured
+def test_the_first_path_removed_under_a_download_moves_the_lane_connection_without_a_reset(make_lab):
+    """The seed's handover case: the device of the path that carries the lane connection's first
+    subflow is set down under a download; the connection goes on over the other path's subflow,
+    not reset, and the transfer stalls for at most 1 s."""
+    lab = make_lab(paths=2, mode=None, congestion=None,
+                   specs=["rate=40mbit,delay=5ms", "rate=40mbit,delay=5ms"])
+    lab.pki()
+    server, client = lane_yaml(lab)
+    lab.start_server(yaml=server)
+    lab.start_client(yaml=client)
+    lab.wait_tunnel(up=["wan1", "wan2"])
+    dev = re.search(r"- name: wan1\n  bind_ip: if:(\S+)", client).group(1)
+    lab.iperf_server()
+    got = {}
+    t = threading.Thread(target=lambda: got.update(d=lab.iperf(seconds=8, reverse=True, interval=0.1)))
+    began = time.monotonic()
+    t.start()
+    wait_until("both subflows", lambda: lab.status("client0")["lane"].get("subflows", {}).get("wan2", 0) >= 2)
+    time.sleep(2)
+    # In iperf3's time (to within its start-up, some ms).
+    removed = time.monotonic() - began
+    lab.sh(lab.client_ns(), f"ip link set {dev} down")
+    during = lab.status("client0")["lane"]
+    t.join()
+    d = got["d"]
+    assert not d.get("error"), d.get("error")
+    ticks = [(i["sum"]["start"], i["sum"]["bytes"]) for i in d["intervals"]]
+    before = [n for at, n in ticks if 1 <= at < removed - 0.2]
+    after = [n for at, n in ticks if at > removed + 1.5]
+    # The stall: the longest run of 100 ms intervals carrying under a tenth of what they did
+    # before, from a second before the removal on.
+    low = 0.1 * sum(before) / len(before)
+    longest, run = 0.0, 0.0
+    for at, n in ticks:
+        if at < removed - 1:
+            continue
+        run = run + 0.1 if n < low else 0.0
+        longest = max(longest, run)
+    rate = lambda v: sum(v) * 8 / (len(v) * 0.1) / 1e6 if v else 0.0  # noqa: E731
+    report(f"MPTCP lane handover: wan1's device set down under a download: no reset, longest stall "
+           f"{longest:.1f} s; {rate(before):.1f} Mbit/s before, {rate(after):.1f} after (wan2 alone); "
+           f"lane status just after {during}")
+    assert longest <= 1.0, ticks
+    assert rate(after) > 20, "the other path carries on"
 
 
 RESET_PROBE = ("import socket\ns=socket.create_connection(('{dst}', {port}), timeout=5)\n"
