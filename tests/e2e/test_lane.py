@@ -113,6 +113,47 @@ def test_the_first_path_removed_under_a_download_moves_the_lane_connection_witho
     assert rate(after) > 20, "the other path carries on"
 
 
+RESPONDER = ("import socket\nl=socket.create_server(('0.0.0.0', 7100))\nwhile True:\n"
+             " c,_=l.accept()\n c.recv(1)\n c.sendall(b'y')\n c.close()\n")
+FIRST_BYTE = ("import socket,time\nts=[]\nfor _ in range({n}):\n t=time.monotonic()\n"
+              " s=socket.create_connection(('{dst}', 7100), timeout=5)\n s.sendall(b'x')\n"
+              " assert s.recv(1)==b'y'\n ts.append(time.monotonic()-t)\n s.close()\n time.sleep(0.05)\n"
+              "ts.sort()\nprint(ts[len(ts)//2])\n")
+
+
+@measured
+def test_a_lane_connection_answers_within_one_rtt_of_direct(make_lab):
+    """Connection setup: the time from the LAN host's connect to the destination's first byte,
+    through the lane, against the same exchange made directly over path 1 (to the server's own
+    address, one hop short of the destination: the lane's figure carries that hop too). The lane
+    adds its own handshakes (MPTCP, TLS 1.3) and nothing more: at most one round trip."""
+    lab = make_lab(paths=2, mode=None, congestion=None,
+                   specs=["rate=40mbit,delay=25ms", "rate=40mbit,delay=25ms"])
+    lab.pki()
+    server, client = lane_yaml(lab)
+    lab.start_server(yaml=server)
+    lab.start_client(yaml=client)
+    lab.wait_tunnel(up=["wan1", "wan2"])
+    remote = re.search(r"- name: wan1\n(?:  .*\n)*?  remote_addr: (\S+)", client).group(1)
+    for key, ns in (("resp-inet", lab.inet_ns), ("resp-server", lab.server_ns)):
+        lab.spawn(key, ns, ["python3", "-c", RESPONDER], log=False)
+    time.sleep(0.5)
+    rtt = lab.ping(count=10, interval=0.05, dst=remote, src_ns=lab.client_ns())
+    rtt_ms = sorted(rtt["rtts"])[len(rtt["rtts"]) // 2]
+
+    def median(ns, dst):
+        r = lab.sh(ns, ["python3", "-c", FIRST_BYTE.format(n=15, dst=dst)])
+        return float(r.stdout) * 1000
+
+    direct = median(lab.client_ns(), remote)
+    lane = median(lab.lan_ns(), lab.inet_addr)
+    report(f"MPTCP lane setup, connect to first answered byte (median of 15), RTT {rtt_ms:.1f} ms: "
+           f"direct {direct:.1f} ms, lane {lane:.1f} ms: +{lane - direct:.1f} ms "
+           f"({(lane - direct) / rtt_ms:.2f} RTT)")
+    assert lab.status("client0")["lane"]["connected"] >= 15
+    assert lane - direct <= 1.1 * rtt_ms, "one round trip beyond direct at most"
+
+
 RESET_PROBE = ("import socket\ns=socket.create_connection(('{dst}', {port}), timeout=5)\n"
                "try:\n s.sendall(b'x')\n print(s.recv(1))\nexcept ConnectionResetError:\n print('reset')\n")
 
