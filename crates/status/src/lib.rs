@@ -308,6 +308,12 @@ pub struct LaneStatus {
     /// Client: the lane's TCP subflows now, by path (a connection has one on each path).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub subflows: BTreeMap<String, u64>,
+    /// Client: connections that went out on a lane connection set up ahead, and how many
+    /// are ready now.
+    #[serde(default)]
+    pub ahead: u64,
+    #[serde(default)]
+    pub ready: u64,
 }
 
 /// What the process holds.

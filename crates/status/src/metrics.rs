@@ -90,6 +90,18 @@ fn register_lane(registry: &mut Registry, lane: &crate::LaneStatus) {
         "MPTCP lane connections open now",
         active,
     );
+    registry.register(
+        "mpquic_lane_ahead",
+        "MPTCP lane connections that went out on one set up ahead (client)",
+        counter(lane.ahead),
+    );
+    let ready = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+    ready.set(lane.ready as i64);
+    registry.register(
+        "mpquic_lane_ready",
+        "MPTCP lane connections set up ahead and ready now (client)",
+        ready,
+    );
     let failed = Family::<ReasonLabels, Counter>::default();
     for (reason, n) in &lane.failed {
         failed

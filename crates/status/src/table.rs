@@ -198,10 +198,14 @@ impl StatusReport {
             let failed = nonzero(&l.failed);
             let _ = writeln!(
                 o,
-                "MPTCP lane: {} open, {} taken ({} relayed), {} up / {} down{}{}",
+                "MPTCP lane: {} open, {} taken ({} relayed{}), {} up / {} down{}{}",
                 l.active,
                 l.connections,
                 l.connected,
+                match l.ahead + l.ready {
+                    0 => String::new(),
+                    _ => format!("; {} set up ahead, {} ready", l.ahead, l.ready),
+                },
                 human_bytes(l.bytes_up),
                 human_bytes(l.bytes_down),
                 match subflows.is_empty() {

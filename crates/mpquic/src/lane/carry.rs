@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use std::collections::BTreeMap;
 
 use mpquic_core::tcp_lane;
@@ -18,11 +18,8 @@ use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::ahead::{self, Ahead};
 use super::counted::Counted;
-use super::socket;
-
-/// The lane's handshakes (MPTCP, TLS) within this, or the LAN connection is reset.
-const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where lane connections go and how they are secured.
 pub struct Lane {
@@ -30,6 +27,8 @@ pub struct Lane {
     pub server_name: ServerName<'static>,
     /// New connections' TLS; a reload replaces it (a rotated certificate or CA).
     pub tls: std::sync::RwLock<tokio_rustls::TlsConnector>,
+    /// Connections set up ahead (filled by `ahead::fill` while the lane runs).
+    pub ahead: Ahead,
 }
 
 #[derive(Debug, Default)]
@@ -41,6 +40,8 @@ pub struct Counters {
     /// LAN connections reset because the lane could not be set up, or the server could not
     /// reach the destination (by `Outcome`: refused, unreachable, timed out, not allowed).
     pub setup_failed: AtomicU64,
+    /// LAN connections that went out on a lane connection set up ahead.
+    pub ahead: AtomicU64,
     pub failed: [AtomicU64; 4],
     pub bytes_up: AtomicU64,
     pub bytes_down: AtomicU64,
@@ -48,7 +49,11 @@ pub struct Counters {
 
 impl Counters {
     /// For status, with the subflows by path.
-    pub fn status(&self, subflows: BTreeMap<String, u64>) -> crate::status::LaneStatus {
+    pub fn status(
+        &self,
+        subflows: BTreeMap<String, u64>,
+        ready: usize,
+    ) -> crate::status::LaneStatus {
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut failed = super::failures(&self.failed);
         failed.insert("setup_failed".into(), n(&self.setup_failed));
@@ -60,6 +65,8 @@ impl Counters {
             bytes_up: n(&self.bytes_up),
             bytes_down: n(&self.bytes_down),
             subflows,
+            ahead: n(&self.ahead),
+            ready: ready as u64,
         }
     }
 }
@@ -81,25 +88,19 @@ async fn relay(
     counters: Arc<Counters>,
 ) -> Result<()> {
     let _ = lan.set_nodelay(true);
-    let setup = async {
-        let s = socket::mptcp_connect(lane.server, None).await?;
-        let tls = lane.tls.read().unwrap_or_else(|e| e.into_inner()).clone();
-        tls.connect(lane.server_name.clone(), s)
-            .await
-            .context("TLS handshake with the lane")
-    };
-    let tls = match tokio::time::timeout(SETUP_TIMEOUT, setup).await {
-        Ok(Ok(t)) => t,
-        Ok(Err(e)) => {
-            counters.setup_failed.fetch_add(1, Ordering::Relaxed);
-            reset(lan);
-            return Err(e);
+    let tls = match lane.ahead.take().await {
+        Some(tls) => {
+            counters.ahead.fetch_add(1, Ordering::Relaxed);
+            tls
         }
-        Err(_) => {
-            counters.setup_failed.fetch_add(1, Ordering::Relaxed);
-            reset(lan);
-            bail!("lane setup took over {SETUP_TIMEOUT:?}");
-        }
+        None => match ahead::setup(lane).await {
+            Ok(t) => t,
+            Err(e) => {
+                counters.setup_failed.fetch_add(1, Ordering::Relaxed);
+                reset(lan);
+                return Err(e);
+            }
+        },
     };
     let (from_server, mut to_server) = tokio::io::split(tls);
     let (from_lan, mut to_lan) = lan.into_split();

@@ -26,12 +26,14 @@ const MAX_CONNECTIONS: usize = 4096;
 pub struct Running {
     pub live: Arc<Live>,
     task: tokio::task::AbortHandle,
+    ahead: tokio::task::AbortHandle,
     _taken: tproxy::Taken,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
         self.task.abort();
+        self.ahead.abort();
         // The endpoints go with the lane, not with the last holder of `live`.
         self.live.lock().installed.take();
     }
@@ -76,7 +78,7 @@ impl Live {
                 .map_or_else(|| a.to_string(), |(_, name)| name.clone());
             *subflows.entry(name).or_default() += n;
         }
-        self.counters.status(subflows)
+        self.counters.status(subflows, self.lane.ahead.len())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Paths> {
@@ -96,6 +98,7 @@ impl Live {
     /// the classes' rules and the paths' devices. What changed, for the reload's message.
     pub fn apply(&self, new: Prepared, classifier: &Classifier) -> Result<String> {
         *self.lane.tls.write().unwrap_or_else(|e| e.into_inner()) = new.tls;
+        self.lane.ahead.clear();
         let mut paths = self.lock();
         let (removed, added) = match (&mut paths.installed, new.wanted.endpoints.is_empty()) {
             (Some(i), _) => i.update(&new.wanted.endpoints)?,
@@ -203,6 +206,7 @@ pub async fn start(
         server,
         server_name: ServerName::try_from(ccfg.server_name.clone()).context("tls_server_name")?,
         tls: std::sync::RwLock::new(connector(cfg, ccfg)?),
+        ahead: Default::default(),
     });
     let w = wanted(paths)?;
     let installed = match w.endpoints.is_empty() {
@@ -244,6 +248,8 @@ pub async fn start(
         }
     })
     .abort_handle();
+    // After the endpoints: connections set up ahead get a subflow on every path.
+    let ahead = tokio::spawn(super::ahead::fill(lane.clone())).abort_handle();
     info!(server = %server, subflow_endpoints = w.endpoints.len(), classes = ?lanes, "MPTCP lane: the classes' TCP connections go over kernel MPTCP");
     Ok(Some(Running {
         live: Arc::new(Live {
@@ -260,6 +266,7 @@ pub async fn start(
             }),
         }),
         task,
+        ahead,
         _taken: taken,
     }))
 }

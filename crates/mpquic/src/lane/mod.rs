@@ -4,6 +4,7 @@
 //! connection to the destination and relays (`serve.rs`); the client takes the LAN host's
 //! connection (`carry.rs`). The request and answer are the core's (`tcp_lane.rs`).
 
+mod ahead;
 pub mod carry;
 pub mod client;
 mod counted;

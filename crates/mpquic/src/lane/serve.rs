@@ -25,8 +25,11 @@ use crate::tls::revocation;
 
 /// Lane connections served at once; more wait for a slot (the kernel's backlog holds them).
 const MAX_CONNECTIONS: usize = 4096;
-/// A client that has not finished its handshake and request by then is dropped.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// A client that has not finished its handshake by then is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// An authenticated client's request within this: a client sets connections up ahead
+/// (`ahead::MAX_AGE`, less than this) and sends the request when a LAN connection comes.
+pub const IDLE_REQUEST: Duration = Duration::from_secs(60);
 /// The destination's answer to our SYN (the LAN host's own stack would wait longer; a lane
 /// that holds a connection open for two minutes holds the LAN host with it).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -68,7 +71,7 @@ impl Counters {
             failed,
             bytes_up: n(&self.bytes_to_destination),
             bytes_down: n(&self.bytes_from_destination),
-            subflows: Default::default(),
+            ..Default::default()
         }
     }
 }
@@ -253,12 +256,8 @@ async fn one(stream: TcpStream, me: &Registered, destinations: Destinations) -> 
     let Registered(shared, id) = me;
     let counters = shared.counters.clone();
     let _ = stream.set_nodelay(true);
-    let request = async {
-        let mut tls = shared
-            .acceptor()
-            .accept(stream)
-            .await
-            .context("TLS handshake")?;
+    let handshake = async {
+        let tls = (shared.acceptor().accept(stream).await).context("TLS handshake")?;
         let cert = (tls.get_ref().1.peer_certificates())
             .and_then(|c| c.first())
             .and_then(certificate::facts)
@@ -267,28 +266,40 @@ async fn one(stream: TcpStream, me: &Registered, destinations: Destinations) -> 
             anyhow::bail!("certificate revoked");
         }
         shared.authenticated(*id, cert);
+        Ok(tls)
+    };
+    // Authenticated, a client may wait for a LAN connection before its request (`IDLE_REQUEST`;
+    // a connection it set up ahead and closed unused is no bad request).
+    let request = async {
+        let mut tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+            Ok(r) => r?,
+            Err(_) => anyhow::bail!("no handshake within {HANDSHAKE_TIMEOUT:?}"),
+        };
+        let deadline = tokio::time::Instant::now() + IDLE_REQUEST;
         let mut buf = Vec::with_capacity(tcp_lane::MAX_REQUEST + 1500);
         loop {
             if let Some((dst, used)) =
                 tcp_lane::decode_request(&buf).map_err(|e| anyhow::anyhow!(e))?
             {
                 let early = buf.split_off(used);
-                return Ok::<_, anyhow::Error>((tls, dst, early));
+                return Ok::<_, anyhow::Error>(Some((tls, dst, early)));
             }
-            if tls.read_buf(&mut buf).await? == 0 {
-                anyhow::bail!("closed before its request");
+            let read = tokio::time::timeout_at(deadline, tls.read_buf(&mut buf)).await;
+            match read {
+                Ok(Ok(0)) if buf.is_empty() => return Ok(None),
+                Ok(Ok(0)) => anyhow::bail!("closed before its request"),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(e.into()),
+                Err(_) => anyhow::bail!("no request within {IDLE_REQUEST:?}"),
             }
         }
     };
-    let (mut tls, dst, early) = match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
+    let (mut tls, dst, early) = match request.await {
+        Ok(Some(r)) => r,
+        Ok(None) => return Ok(()),
+        Err(e) => {
             counters.bad.fetch_add(1, Ordering::Relaxed);
             return Err(e);
-        }
-        Err(_) => {
-            counters.bad.fetch_add(1, Ordering::Relaxed);
-            anyhow::bail!("no request within {REQUEST_TIMEOUT:?}");
         }
     };
     let (outcome, dest) = match destinations == Destinations::Any || tcp_lane::allowed(dst) {

@@ -76,6 +76,7 @@ fn lane(d: &Path, server: SocketAddr, cert: bool) -> Arc<Lane> {
         server,
         server_name: "mpquic-server".try_into().unwrap(),
         tls: std::sync::RwLock::new(tokio_rustls::TlsConnector::from(Arc::new(tls))),
+        ahead: Default::default(),
     })
 }
 
@@ -236,4 +237,51 @@ async fn a_reload_that_revokes_the_client_closes_its_lane_connections() {
         1,
         "only the first"
     );
+}
+
+#[tokio::test]
+async fn a_connection_set_up_ahead_carries_the_next_lan_connection_and_a_closed_one_is_skipped() {
+    let dir = pki_dir();
+    let (at, shared) = server(dir.path()).await;
+    let dst = echo().await;
+    let lane = lane(dir.path(), at, true);
+    let fill = tokio::spawn(super::ahead::fill(lane.clone()));
+    let ready = |n| {
+        let lane = lane.clone();
+        async move {
+            for _ in 0..200 {
+                if lane.ahead.len() == n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("{n} not ready");
+        }
+    };
+    ready(super::ahead::READY).await;
+    // Set up ahead, authenticated, waiting for a request: open on the server, not counted bad.
+    assert_eq!(
+        shared.counters.active.load(Ordering::Relaxed),
+        super::ahead::READY as u64
+    );
+    let counters = Arc::new(carry::Counters::default());
+    let (mut host, ours) = lan_pair().await;
+    tokio::spawn(carry::carry(ours, dst, lane.clone(), counters.clone()));
+    assert!(echoes(&mut host, 1000).await);
+    assert_eq!(
+        counters.ahead.load(Ordering::Relaxed),
+        1,
+        "it went out on one set up ahead"
+    );
+    ready(super::ahead::READY).await;
+
+    // The server closes them all (a revocation of another name would not; this one's does).
+    fill.abort();
+    let revoked = vec!["site1".to_string()];
+    shared.install(server_tls(dir.path(), &revoked), &revoked);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(lane.ahead.len(), super::ahead::READY, "still listed");
+    assert!(lane.ahead.take().await.is_none(), "seen closed and skipped");
+    assert_eq!(lane.ahead.len(), 0);
+    assert_eq!(shared.counters.bad.load(Ordering::Relaxed), 0);
 }
