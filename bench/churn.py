@@ -7,7 +7,10 @@ clients restarting, many clients at once and an hour of traffic, against what it
     sudo python3 bench/churn.py clients  [--clients 64 --seconds 600]   all connect at once, each with a flow
     sudo python3 bench/churn.py soak     [--seconds 3600]  two clients, a cycle of TCP and UDP both ways,
                                                            a path hole every 5 min, a client restart every 10
-    sudo python3 bench/churn.py all                        the four in turn
+    sudo python3 bench/churn.py lane     [--seconds 600 --clients 200]   the MPTCP lane: that many LAN
+                                                           connections open at once, each opened, echoed,
+                                                           held 0-2 s and closed, over and over
+    sudo python3 bench/churn.py all                        all of them in turn
 
 Every run uses mpquic's defaults (mpquic-lab configs without mode, congestion or policy keys).
 The baseline is taken after a warm-up with traffic (first-use allocations are not a leak), the
@@ -305,7 +308,113 @@ def soak(a):
     return r
 
 
-RUNS = {"flap": flap, "restarts": restarts, "clients": clients, "soak": soak}
+# The lane's churn, run in the LAN host's namespace: `conc` workers, each a connection at a time
+# until `secs` pass (open, echo a random 0.1-20 kB, hold 0-2 s, close); prints what it did.
+LANE_CHURN = r"""
+import asyncio, json, random, sys, time
+dst, port, conc, secs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+done, errors, kinds = 0, 0, {}
+async def worker(seed):
+    global done, errors
+    rnd = random.Random(seed)
+    end = time.monotonic() + secs
+    while time.monotonic() < end:
+        try:
+            r, w = await asyncio.wait_for(asyncio.open_connection(dst, port), 10)
+            data = rnd.randbytes(rnd.randint(100, 20000))
+            w.write(data)
+            await w.drain()
+            assert await asyncio.wait_for(r.readexactly(len(data)), 10) == data
+            await asyncio.sleep(rnd.uniform(0, 2))
+            w.close()
+            await w.wait_closed()
+            done += 1
+        except Exception as e:
+            errors += 1
+            kinds[type(e).__name__] = kinds.get(type(e).__name__, 0) + 1
+            await asyncio.sleep(0.1)
+async def main():
+    await asyncio.gather(*(worker(i) for i in range(conc)))
+    print(json.dumps({"connections": done, "errors": errors, "error_kinds": kinds}))
+asyncio.run(main())
+"""
+ECHO = r"""
+import asyncio
+async def echo(r, w):
+    try:
+        while data := await r.read(65536):
+            w.write(data)
+            await w.drain()
+    except ConnectionError:
+        pass
+    w.close()
+async def main():
+    s = await asyncio.start_server(echo, "0.0.0.0", 7200, backlog=1024)
+    await s.serve_forever()
+asyncio.run(main())
+"""
+
+
+def lane(a):
+    """`--clients` LAN connections at once over the MPTCP lane for `--seconds` (after 30 s of
+    the same as warm-up), two 100 Mbit/s 5 ms paths, both ends' holdings before and after."""
+    with defaults_lab(paths=2, specs=["rate=100mbit,delay=5ms"] * 2) as lab:
+        lab.pki()
+        lab.start_server(yaml=lab.server_yaml() + "tcp_lane_listen: 0.0.0.0:45018\n")
+        lab.start_client(yaml=lab.client_yaml() + "tcp_lane: mptcp\n")
+        lab.wait_tunnel(up=["wan1", "wan2"])
+        lab.spawn("echo", lab.inet_ns, ["python3", "-c", ECHO])
+        time.sleep(0.5)
+        who = {"client": "client0", "server": "server"}
+
+        def churn(seconds):
+            r = lab.sh(lab.lan_ns(), ["python3", "-c", LANE_CHURN, lab.inet_addr, "7200",
+                                      str(a.clients), str(seconds)], timeout=seconds + 60)
+            return json.loads(r.stdout)
+
+        warm = churn(30)
+        time.sleep(SETTLE_S)
+        before = {k: flapstorm.holdings(lab, key, lab.procs[key].pid) for k, key in who.items()}
+        samples = []
+        t0 = time.monotonic()
+        proc = subprocess.Popen(["ip", "netns", "exec", lab.lan_ns(), "python3", "-c", LANE_CHURN,
+                                 lab.inet_addr, "7200", str(a.clients), str(a.seconds)],
+                                stdout=subprocess.PIPE, text=True)
+        while proc.poll() is None:
+            time.sleep(10)
+            h = {k: flapstorm.holdings(lab, key, lab.procs[key].pid) for k, key in who.items()}
+            st = lab.status("client0")["lane"]
+            samples.append({"t": round(time.monotonic() - t0), "client_rss_kib": h["client"]["rss_kib"],
+                            "server_rss_kib": h["server"]["rss_kib"], "client_fds": h["client"]["fds"],
+                            "server_fds": h["server"]["fds"], "lane_active": st["active"]})
+        out = json.loads(proc.stdout.read())
+        time.sleep(SETTLE_S)
+        after = {k: flapstorm.holdings(lab, key, lab.procs[key].pid) for k, key in who.items()}
+        status = {k: lab.status(key)["lane"] for k, key in who.items()}
+        problems = []
+        for k in who:
+            problems += compare(k, before[k], after[k])
+        if out["errors"]:
+            problems.append(f"{out['errors']} LAN connections failed: {out['error_kinds']}")
+        if status["client"]["active"] != 0:
+            problems.append(f"client holds {status['client']['active']} lane connections after the churn")
+        problems += panics(lab)
+    r = {"seconds": a.seconds, "concurrent": a.clients, "warmup": warm, "churn": out, "before": before,
+         "after": after, "samples": samples, "lane_status": status, "problems": problems,
+         "peak_rss_kib": {k: max(s[f"{k}_rss_kib"] for s in samples) for k in who},
+         "peak_fds": {k: max(s[f"{k}_fds"] for s in samples) for k in who}}
+    b, f = before, after
+    print(f"lane churn ({a.clients} at once, {a.seconds:.0f} s): {out['connections']} connections, "
+          f"{out['errors']} failed; client RSS {b['client']['rss_kib'] / 1024:.1f} -> {f['client']['rss_kib'] / 1024:.1f} "
+          f"MiB (peak {r['peak_rss_kib']['client'] / 1024:.1f}), fds {b['client']['fds']} -> {f['client']['fds']} "
+          f"(peak {r['peak_fds']['client']}); server RSS {b['server']['rss_kib'] / 1024:.1f} -> "
+          f"{f['server']['rss_kib'] / 1024:.1f} MiB (peak {r['peak_rss_kib']['server'] / 1024:.1f}), fds "
+          f"{b['server']['fds']} -> {f['server']['fds']} (peak {r['peak_fds']['server']}), tasks "
+          f"{b['server']['tasks']} -> {f['server']['tasks']}", flush=True)
+    return r
+
+
+RUNS = {"flap": flap, "restarts": restarts, "clients": clients, "soak": soak, "lane": lane}
 
 
 def main():
@@ -313,7 +422,7 @@ def main():
     ap.add_argument("kind", choices=[*RUNS, "all"])
     ap.add_argument("--seconds", type=float, help="flap 600, clients 600, soak 3600")
     ap.add_argument("--count", type=int, default=500, help="restarts")
-    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--clients", type=int, help="clients 64; lane: connections at once, 200")
     ap.add_argument("--mbit", type=float, default=2.0, help="each client's paced flow (clients)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out-dir", default=os.path.join(labctl.REPO, "bench", "results"))
@@ -325,7 +434,9 @@ def main():
     for kind in (RUNS if a.kind == "all" else [a.kind]):
         args = argparse.Namespace(**vars(a))
         if args.seconds is None:
-            args.seconds = {"flap": 600, "clients": 600, "soak": 3600}.get(kind, 0)
+            args.seconds = {"flap": 600, "clients": 600, "soak": 3600, "lane": 600}.get(kind, 0)
+        if args.clients is None:
+            args.clients = 200 if kind == "lane" else 64
         r = RUNS[kind](args)
         r["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         r["commit"] = commit

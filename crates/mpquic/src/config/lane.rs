@@ -72,6 +72,20 @@ pub(super) fn client_checks(raw: &RawConfig, cl: &ClientConfig, c: &mut Checker)
             Some("move it under the class whose TCP connections take the lane".into()),
         );
     }
+    // The lane's subflows are the kernel's: no pacer of ours sees them, and the kernel has no
+    // cap per subflow. Said, not refused: a backup flag keeps them off such a path meanwhile.
+    if cl.classes.iter().any(|k| k.tcp_lane) {
+        for p in (cl.paths.iter()).filter(|p| p.rate_limit.is_some() || p.data_budget.is_some()) {
+            c.warn(format!(
+                "path {}: rate_limit and data_budget hold for the tunnel, not for the MPTCP lane's subflows on it (the kernel's: not capped, not counted){}",
+                p.name,
+                match p.role.is_backup() {
+                    true => "; as a backup it carries lane traffic only while no other path works",
+                    false => "; `role: backup` keeps lane traffic off it while another path works",
+                }
+            ));
+        }
+    }
     if cl.masque.is_some() && cl.classes.iter().any(|k| k.tcp_lane) {
         c.at(
             "tcp_lane",

@@ -28,6 +28,11 @@ pub(super) struct Checker {
 }
 
 impl Checker {
+    /// A warning: said at start and by `mpquic check`, the file is taken.
+    pub(super) fn warn(&mut self, message: String) {
+        self.warnings.push(message);
+    }
+
     /// A problem at the key `path` (e.g. `multipath_paths[1].weight`), or at the nearest
     /// enclosing key when the key itself is missing.
     pub(super) fn at(&mut self, path: &str, message: String, hint: Option<String>) {
