@@ -18,15 +18,21 @@ def lane_yaml(lab):
             lab.client_yaml() + "tcp_lane: mptcp\n")
 
 
-@measured
-def test_tcp_goes_over_the_lane_and_the_rest_through_the_tunnel(make_lab):
-    lab = make_lab(paths=2, mode=None, congestion=None,
-                   specs=["rate=40mbit,delay=5ms", "rate=40mbit,delay=15ms"])
+def lane_lab(make_lab, spec, spec2=None):
+    """Two paths (`spec`, and `spec2` or the same), the product's defaults, the lane on both ends, the tunnel up: the lab
+    and the server's and client's configurations."""
+    lab = make_lab(paths=2, mode=None, congestion=None, specs=[spec, spec2 or spec])
     lab.pki()
     server, client = lane_yaml(lab)
     lab.start_server(yaml=server)
     lab.start_client(yaml=client)
     lab.wait_tunnel(up=["wan1", "wan2"])
+    return lab, server, client
+
+
+@measured
+def test_tcp_goes_over_the_lane_and_the_rest_through_the_tunnel(make_lab):
+    lab, server, client = lane_lab(make_lab, "rate=40mbit,delay=5ms", "rate=40mbit,delay=15ms")
     endpoints = lab.sh(lab.client_ns(), "ip mptcp endpoint show").stdout
     assert endpoints.count("subflow") == 2, endpoints
     lab.iperf_server()
@@ -71,13 +77,7 @@ def test_the_first_path_removed_under_a_download_moves_the_lane_connection_witho
     """The seed's handover case: the device of the path that carries the lane connection's first
     subflow is set down under a download; the connection goes on over the other path's subflow,
     not reset, and the transfer stalls for at most 1 s."""
-    lab = make_lab(paths=2, mode=None, congestion=None,
-                   specs=["rate=40mbit,delay=5ms", "rate=40mbit,delay=5ms"])
-    lab.pki()
-    server, client = lane_yaml(lab)
-    lab.start_server(yaml=server)
-    lab.start_client(yaml=client)
-    lab.wait_tunnel(up=["wan1", "wan2"])
+    lab, server, client = lane_lab(make_lab, "rate=40mbit,delay=5ms")
     dev = re.search(r"- name: wan1\n  bind_ip: if:(\S+)", client).group(1)
     lab.iperf_server()
     got = {}
@@ -135,13 +135,7 @@ def test_lane_connection_setup_against_direct(make_lab):
     host's handshake is answered locally; with a lane connection set up ahead the request goes
     at once (one round trip: less than direct's two); a burst beyond those set up ahead waits
     for the lane's own handshakes (MPTCP, TLS 1.3: one round trip more than direct)."""
-    lab = make_lab(paths=2, mode=None, congestion=None,
-                   specs=["rate=40mbit,delay=25ms", "rate=40mbit,delay=25ms"])
-    lab.pki()
-    server, client = lane_yaml(lab)
-    lab.start_server(yaml=server)
-    lab.start_client(yaml=client)
-    lab.wait_tunnel(up=["wan1", "wan2"])
+    lab, server, client = lane_lab(make_lab, "rate=40mbit,delay=25ms")
     remote = re.search(r"- name: wan1\n(?:  .*\n)*?  remote_addr: (\S+)", client).group(1)
     for key, ns in (("resp-inet", lab.inet_ns), ("resp-server", lab.server_ns)):
         lab.spawn(key, ns, ["python3", "-c", RESPONDER], log=False)
@@ -181,13 +175,7 @@ def test_a_reload_moves_the_endpoints_and_a_revocation_closes_lane_connections(m
     """A reload reaches the lane: a path made a backup gets its endpoint replaced (the other
     is left alone), and a client revoked on the server has its open lane connections closed
     at once and its next one reset to the LAN host."""
-    lab = make_lab(paths=2, mode=None, congestion=None,
-                   specs=["rate=40mbit,delay=5ms", "rate=40mbit,delay=5ms"])
-    lab.pki()
-    server, client = lane_yaml(lab)
-    lab.start_server(yaml=server)
-    lab.start_client(yaml=client)
-    lab.wait_tunnel(up=["wan1", "wan2"])
+    lab, server, client = lane_lab(make_lab, "rate=40mbit,delay=5ms")
 
     def endpoints():
         return lab.sh(lab.client_ns(), "ip mptcp endpoint show").stdout

@@ -1185,7 +1185,9 @@ multipath_paths:
         ))
         .unwrap();
         assert!(
-            (c.warnings.iter()).any(|w| w.contains("path lte: rate_limit and data_budget hold for the tunnel, not for the MPTCP lane")),
+            (c.warnings.iter()).any(|w| w.contains(
+                "path lte: rate_limit and data_budget hold for the tunnel, not for the MPTCP lane"
+            )),
             "{:?}",
             c.warnings
         );

@@ -132,20 +132,37 @@ async fn relay(
     };
     if let Some(count) = failed {
         count.fetch_add(1, Ordering::Relaxed);
-        // Reset when the last half goes (the read half, with the aborted task); the write
-        // half goes without its FIN (`forget`), or the host would read an orderly end first.
-        let _ = socket2::SockRef::from(to_lan.as_ref()).set_linger(Some(Duration::ZERO));
-        to_lan.forget();
-        up.abort();
-        let _ = up.await;
+        reset_halves(to_lan, up).await;
         let outcome = outcome?;
         bail!("the server could not reach {dst}: {}", outcome.as_str());
     }
     counters.connected.fetch_add(1, Ordering::Relaxed);
-    tokio::io::copy(&mut from_server, &mut to_lan).await?;
-    let _ = to_lan.shutdown().await;
+    match tokio::io::copy(&mut from_server, &mut to_lan).await {
+        Ok(_) => {
+            let _ = to_lan.shutdown().await;
+            let _ = up.await;
+            Ok(())
+        }
+        // The lane broke (no TLS close_notify: the server went, or closed it on revocation):
+        // a reset, so the LAN host cannot take a cut transfer for a whole one.
+        Err(e) => {
+            reset_halves(to_lan, up).await;
+            Err(anyhow!(e).context("the lane broke"))
+        }
+    }
+}
+
+/// Reset the LAN host's connection, split in two: the reset goes when the last half goes
+/// (the read half, with the aborted task `up`); the write half goes without its FIN
+/// (`forget`), or the host would read an orderly end first.
+async fn reset_halves(
+    to_lan: tokio::net::tcp::OwnedWriteHalf,
+    up: tokio::task::JoinHandle<std::io::Result<u64>>,
+) {
+    let _ = socket2::SockRef::from(to_lan.as_ref()).set_linger(Some(Duration::ZERO));
+    to_lan.forget();
+    up.abort();
     let _ = up.await;
-    Ok(())
 }
 
 /// Close with a reset (SO_LINGER 0): the LAN host learns at once that the connection failed,

@@ -23,6 +23,10 @@ impl<S, C: Send + Sync + 'static> Counted<S, C> {
             read,
         }
     }
+
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
 }
 
 impl<S: AsyncRead + Unpin, C: Send + Sync + 'static> AsyncRead for Counted<S, C> {

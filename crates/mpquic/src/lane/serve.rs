@@ -326,7 +326,17 @@ async fn one(stream: TcpStream, me: &Registered, destinations: Destinations) -> 
         .fetch_add(early.len() as u64, Ordering::Relaxed);
     let mut tls = Counted::new(tls, counters.clone(), |c| &c.bytes_to_destination);
     let mut dest = Counted::new(dest, counters, |c| &c.bytes_from_destination);
-    tokio::io::copy_bidirectional(&mut tls, &mut dest).await?;
+    // Until both ends have closed in order, closing the destination's socket resets it: a lane
+    // that broke (the client went without a TLS close_notify) or was closed on revocation (the
+    // task aborted) is no orderly end the destination could take a cut upload for.
+    let linger = |d: &Counted<TcpStream, Counters>, l| {
+        let _ = socket2::SockRef::from(d.get_ref()).set_linger(l);
+    };
+    linger(&dest, Some(Duration::ZERO));
+    tokio::io::copy_bidirectional(&mut tls, &mut dest)
+        .await
+        .context("the lane broke")?;
+    linger(&dest, None);
     Ok(())
 }
 

@@ -47,19 +47,26 @@ async fn server(d: &Path) -> (SocketAddr, Arc<serve::Shared>) {
     (at, shared)
 }
 
-/// The destination: an echo server.
-async fn echo() -> SocketAddr {
+/// The destination: an echo server, telling how each of its connections ended (`None`: in
+/// order).
+async fn echo() -> (
+    SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<Option<std::io::ErrorKind>>,
+) {
     let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let dst = echo.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         while let Ok((mut s, _)) = echo.accept().await {
+            let tx = tx.clone();
             tokio::spawn(async move {
                 let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let end = tokio::io::copy(&mut r, &mut w).await;
+                let _ = tx.send(end.err().map(|e| e.kind()));
             });
         }
     });
-    dst
+    (dst, rx)
 }
 
 fn lane(d: &Path, server: SocketAddr, cert: bool) -> Arc<Lane> {
@@ -80,12 +87,22 @@ fn lane(d: &Path, server: SocketAddr, cert: bool) -> Arc<Lane> {
     })
 }
 
-/// A LAN host's connection as the client takes it: the host's end and ours.
-async fn lan_pair() -> (TcpStream, TcpStream) {
+/// A LAN host's connection to `dst`, taken and carried over `lane`: the host's end.
+async fn carried(dst: SocketAddr, lane: Arc<Lane>, counters: &Arc<carry::Counters>) -> TcpStream {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let host = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
     let (ours, _) = l.accept().await.unwrap();
-    (host, ours)
+    tokio::spawn(carry::carry(ours, dst, lane, counters.clone()));
+    host
+}
+
+/// What the LAN host reads next: the error kind, or `None` for bytes or an orderly end.
+async fn read_error(host: &mut TcpStream) -> Option<std::io::ErrorKind> {
+    let mut buf = [0u8; 16];
+    let r = tokio::time::timeout(Duration::from_secs(10), host.read(&mut buf))
+        .await
+        .expect("answered in time");
+    r.err().map(|e| e.kind())
 }
 
 #[tokio::test]
@@ -93,15 +110,9 @@ async fn a_connection_goes_both_ways_and_a_refused_one_is_reset() {
     let dir = pki_dir();
     let (at, shared) = server(dir.path()).await;
     let served = shared.counters.clone();
-    let dst = echo().await;
+    let (dst, _) = echo().await;
     let counters = Arc::new(carry::Counters::default());
-    let (mut host, ours) = lan_pair().await;
-    tokio::spawn(carry::carry(
-        ours,
-        dst,
-        lane(dir.path(), at, true),
-        counters.clone(),
-    ));
+    let mut host = carried(dst, lane(dir.path(), at, true), &counters).await;
     // Sent before the server could have answered: it goes on all the same.
     let data: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
     host.write_all(&data).await.unwrap();
@@ -118,20 +129,10 @@ async fn a_connection_goes_both_ways_and_a_refused_one_is_reset() {
     let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let refused = closed.local_addr().unwrap();
     drop(closed);
-    let (mut host, ours) = lan_pair().await;
-    tokio::spawn(carry::carry(
-        ours,
-        refused,
-        lane(dir.path(), at, true),
-        counters.clone(),
-    ));
-    let mut buf = [0u8; 16];
-    let r = tokio::time::timeout(Duration::from_secs(10), host.read(&mut buf))
-        .await
-        .expect("answered in time");
+    let mut host = carried(refused, lane(dir.path(), at, true), &counters).await;
     assert_eq!(
-        r.map_err(|e| e.kind()),
-        Err(std::io::ErrorKind::ConnectionReset),
+        read_error(&mut host).await,
+        Some(std::io::ErrorKind::ConnectionReset),
         "reset, as the destination would"
     );
     assert_eq!(
@@ -142,19 +143,10 @@ async fn a_connection_goes_both_ways_and_a_refused_one_is_reset() {
     assert_eq!(served.failed[0].load(Ordering::Relaxed), 1);
 
     // Without a client certificate: no lane, the LAN connection is reset.
-    let (mut host, ours) = lan_pair().await;
-    tokio::spawn(carry::carry(
-        ours,
-        dst,
-        lane(dir.path(), at, false),
-        counters.clone(),
-    ));
-    let r = tokio::time::timeout(Duration::from_secs(10), host.read(&mut buf))
-        .await
-        .expect("answered in time");
+    let mut host = carried(dst, lane(dir.path(), at, false), &counters).await;
     assert_eq!(
-        r.map_err(|e| e.kind()),
-        Err(std::io::ErrorKind::ConnectionReset),
+        read_error(&mut host).await,
+        Some(std::io::ErrorKind::ConnectionReset),
         "reset: the lane was not set up"
     );
     assert_eq!(counters.setup_failed.load(Ordering::Relaxed), 1);
@@ -182,15 +174,9 @@ async fn echoes(host: &mut TcpStream, n: usize) -> bool {
 async fn a_reload_that_revokes_the_client_closes_its_lane_connections() {
     let dir = pki_dir();
     let (at, shared) = server(dir.path()).await;
-    let dst = echo().await;
+    let (dst, mut ends) = echo().await;
     let counters = Arc::new(carry::Counters::default());
-    let (mut host, ours) = lan_pair().await;
-    tokio::spawn(carry::carry(
-        ours,
-        dst,
-        lane(dir.path(), at, true),
-        counters.clone(),
-    ));
+    let mut host = carried(dst, lane(dir.path(), at, true), &counters).await;
     assert!(echoes(&mut host, 1000).await);
     assert_eq!(shared.counters.active.load(Ordering::Relaxed), 1);
 
@@ -204,11 +190,17 @@ async fn a_reload_that_revokes_the_client_closes_its_lane_connections() {
         shared.install(server_tls(dir.path(), &revoked), &revoked),
         1
     );
-    let mut buf = [0u8; 16];
-    let r = tokio::time::timeout(Duration::from_secs(10), host.read(&mut buf))
-        .await
-        .expect("closed in time");
-    assert!(matches!(r, Err(_) | Ok(0)), "closed: {r:?}");
+    assert_eq!(
+        read_error(&mut host).await,
+        Some(std::io::ErrorKind::ConnectionReset),
+        "reset: a cut transfer does not end like a whole one"
+    );
+    let end = tokio::time::timeout(Duration::from_secs(5), ends.recv()).await;
+    assert_eq!(
+        end.expect("the destination's connection ended").unwrap(),
+        Some(std::io::ErrorKind::ConnectionReset),
+        "the destination's too"
+    );
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(
         shared.counters.active.load(Ordering::Relaxed),
@@ -217,19 +209,10 @@ async fn a_reload_that_revokes_the_client_closes_its_lane_connections() {
     );
 
     // Its next connection is refused at the handshake: the LAN host's is reset.
-    let (mut host, ours) = lan_pair().await;
-    tokio::spawn(carry::carry(
-        ours,
-        dst,
-        lane(dir.path(), at, true),
-        counters.clone(),
-    ));
-    let r = tokio::time::timeout(Duration::from_secs(10), host.read(&mut buf))
-        .await
-        .expect("answered in time");
+    let mut host = carried(dst, lane(dir.path(), at, true), &counters).await;
     assert_eq!(
-        r.map_err(|e| e.kind()),
-        Err(std::io::ErrorKind::ConnectionReset)
+        read_error(&mut host).await,
+        Some(std::io::ErrorKind::ConnectionReset)
     );
     assert_eq!(counters.setup_failed.load(Ordering::Relaxed), 1);
     assert_eq!(
@@ -243,7 +226,7 @@ async fn a_reload_that_revokes_the_client_closes_its_lane_connections() {
 async fn a_connection_set_up_ahead_carries_the_next_lan_connection_and_a_closed_one_is_skipped() {
     let dir = pki_dir();
     let (at, shared) = server(dir.path()).await;
-    let dst = echo().await;
+    let (dst, _) = echo().await;
     let lane = lane(dir.path(), at, true);
     let fill = tokio::spawn(super::ahead::fill(lane.clone()));
     let ready = |n| {
@@ -265,8 +248,7 @@ async fn a_connection_set_up_ahead_carries_the_next_lan_connection_and_a_closed_
         super::ahead::READY as u64
     );
     let counters = Arc::new(carry::Counters::default());
-    let (mut host, ours) = lan_pair().await;
-    tokio::spawn(carry::carry(ours, dst, lane.clone(), counters.clone()));
+    let mut host = carried(dst, lane.clone(), &counters).await;
     assert!(echoes(&mut host, 1000).await);
     assert_eq!(
         counters.ahead.load(Ordering::Relaxed),
