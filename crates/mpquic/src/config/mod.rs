@@ -1180,9 +1180,9 @@ multipath_paths:
         assert_eq!(cc.tcp_lane_port, 5001);
         assert!(c.warnings.iter().all(|w| !w.contains("MPTCP lane")));
         // A capped or budgeted path: the lane's subflows on it are neither; said.
-        let c = parse(&format!(
-            "role: client\ntls_ca_file: ca\ntcp_lane: mptcp\nmultipath_paths:\n- {{name: lte, remote_addr: 1.2.3.4, remote_port: 5000, rate_limit: 5}}\n"
-        ))
+        let c = parse(
+            "role: client\ntls_ca_file: ca\ntcp_lane: mptcp\nmultipath_paths:\n- {name: lte, remote_addr: 1.2.3.4, remote_port: 5000, rate_limit: 5}\n",
+        )
         .unwrap();
         assert!(
             (c.warnings.iter()).any(|w| w.contains(
