@@ -7,28 +7,19 @@
 //! the server closed meanwhile (a restart, a revocation) is seen closed when taken and skipped.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tracing::debug;
-
-use super::carry::Lane;
-use super::socket;
 
 /// Connections kept ready: a burst of that many LAN connections (a browser opening a page)
 /// all start at once; more set up their own.
 pub const READY: usize = 2;
 /// Replaced after this long unused (the server waits `serve::IDLE_REQUEST` for a request).
 pub const MAX_AGE: Duration = Duration::from_secs(45);
-/// The lane's handshakes (MPTCP, TLS) within this.
-pub const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
-/// Between failed attempts, growing to `RETRY_MAX` (the server may be away a while).
-const RETRY_MIN: Duration = Duration::from_millis(500);
-const RETRY_MAX: Duration = Duration::from_secs(30);
 
 pub type LaneStream = tokio_rustls::client::TlsStream<TcpStream>;
 
@@ -70,52 +61,28 @@ impl Ahead {
         self.taken.notify_one();
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(Instant, LaneStream)>> {
-        self.ready.lock().unwrap_or_else(|e| e.into_inner())
+    /// Drop the ones that waited `MAX_AGE`; how many are left.
+    pub fn expire(&self) -> usize {
+        let mut ready = self.lock();
+        ready.retain(|(made, _)| made.elapsed() < MAX_AGE);
+        ready.len()
     }
-}
 
-/// Keep `READY` connections ready in `lane.ahead`, until aborted.
-pub async fn fill(lane: Arc<Lane>) {
-    let me = &lane.ahead;
-    let mut retry = RETRY_MIN;
-    loop {
-        me.lock().retain(|(made, _)| made.elapsed() < MAX_AGE);
-        if me.len() < READY {
-            match setup(&lane).await {
-                Ok(tls) => {
-                    me.lock().push_back((Instant::now(), tls));
-                    retry = RETRY_MIN;
-                }
-                Err(e) => {
-                    debug!(error = %format!("{e:#}"), "no lane connection set up ahead; trying again");
-                    tokio::time::sleep(retry).await;
-                    retry = (retry * 2).min(RETRY_MAX);
-                }
-            }
-            continue;
-        }
-        let oldest = me.lock().front().map(|(made, _)| *made + MAX_AGE);
+    pub fn push(&self, tls: LaneStream) {
+        self.lock().push_back((Instant::now(), tls));
+    }
+
+    /// Until one is taken or the oldest expires.
+    pub async fn wait(&self) {
+        let oldest = self.lock().front().map(|(made, _)| *made + MAX_AGE);
         let expiry = tokio::time::Instant::from_std(oldest.unwrap_or_else(Instant::now));
         tokio::select! {
-            _ = me.taken.notified() => {}
+            _ = self.taken.notified() => {}
             _ = tokio::time::sleep_until(expiry) => {}
         }
     }
-}
 
-/// A new lane connection: MPTCP to the server, TLS with the client's certificate, within
-/// `SETUP_TIMEOUT`.
-pub async fn setup(lane: &Lane) -> Result<LaneStream> {
-    let setup = async {
-        let s = socket::mptcp_connect(lane.server, None).await?;
-        let tls = lane.tls.read().unwrap_or_else(|e| e.into_inner()).clone();
-        tls.connect(lane.server_name.clone(), s)
-            .await
-            .context("TLS handshake with the lane")
-    };
-    match tokio::time::timeout(SETUP_TIMEOUT, setup).await {
-        Ok(r) => r,
-        Err(_) => anyhow::bail!("lane setup took over {SETUP_TIMEOUT:?}"),
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(Instant, LaneStream)>> {
+        self.ready.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

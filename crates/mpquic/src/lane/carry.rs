@@ -1,8 +1,7 @@
-//! The client's end of the MPTCP lane for one LAN connection: an MPTCP connection to the
-//! server's lane (its subflows on the paths: `endpoints.rs`), TLS 1.3 with the client's
-//! certificate, the request (core `tcp_lane`), then both ways. What the LAN host sends goes
-//! on at once, before the server's answer (the lane adds its handshakes and nothing more);
-//! what comes back waits for the answer. A destination the server could not reach is reset
+//! The client's end of the MPTCP lane for one LAN connection: a lane connection (one set up
+//! ahead, or a new one: `dial.rs`; its subflows on the paths: `endpoints.rs`), the request
+//! (core `tcp_lane`), then both ways. What the LAN host sends goes on at once, before the
+//! server's answer; what comes back waits for the answer. A destination the server could not reach is reset
 //! to the LAN host (it had its handshake from us already: TPROXY answers the SYN locally).
 
 use std::net::SocketAddr;
@@ -14,22 +13,11 @@ use anyhow::{anyhow, bail, Result};
 use std::collections::BTreeMap;
 
 use mpquic_core::tcp_lane;
-use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::ahead::{self, Ahead};
 use super::counted::Counted;
-
-/// Where lane connections go and how they are secured.
-pub struct Lane {
-    pub server: SocketAddr,
-    pub server_name: ServerName<'static>,
-    /// New connections' TLS; a reload replaces it (a rotated certificate or CA).
-    pub tls: std::sync::RwLock<tokio_rustls::TlsConnector>,
-    /// Connections set up ahead (filled by `ahead::fill` while the lane runs).
-    pub ahead: Ahead,
-}
+use super::dial::{self, Lane};
 
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -93,7 +81,7 @@ async fn relay(
             counters.ahead.fetch_add(1, Ordering::Relaxed);
             tls
         }
-        None => match ahead::setup(lane).await {
+        None => match dial::setup(lane).await {
             Ok(t) => t,
             Err(e) => {
                 counters.setup_failed.fetch_add(1, Ordering::Relaxed);

@@ -13,7 +13,8 @@ use rustls::pki_types::ServerName;
 use tokio::sync::Semaphore;
 use tracing::{info, warn};
 
-use super::carry::{self, Lane};
+use super::carry;
+use super::dial::{self, Lane};
 use super::endpoints::{self, Endpoint};
 use super::tproxy;
 use crate::config::{Bind, ClientConfig, Config, PathConfig};
@@ -249,7 +250,7 @@ pub async fn start(
     })
     .abort_handle();
     // After the endpoints: connections set up ahead get a subflow on every path.
-    let ahead = tokio::spawn(super::ahead::fill(lane.clone())).abort_handle();
+    let ahead = tokio::spawn(dial::fill(lane.clone())).abort_handle();
     info!(server = %server, subflow_endpoints = w.endpoints.len(), classes = ?lanes, "MPTCP lane: the classes' TCP connections go over kernel MPTCP");
     Ok(Some(Running {
         live: Arc::new(Live {

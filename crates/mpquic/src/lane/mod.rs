@@ -8,6 +8,7 @@ mod ahead;
 pub mod carry;
 pub mod client;
 mod counted;
+mod dial;
 pub mod endpoints;
 mod netlink;
 mod nft;

@@ -12,7 +12,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::carry::{self, Lane};
+use super::carry;
+use super::dial::Lane;
 use super::serve::{self, Destinations};
 use crate::pki;
 use crate::tls::{self, Served};
@@ -228,7 +229,7 @@ async fn a_connection_set_up_ahead_carries_the_next_lan_connection_and_a_closed_
     let (at, shared) = server(dir.path()).await;
     let (dst, _) = echo().await;
     let lane = lane(dir.path(), at, true);
-    let fill = tokio::spawn(super::ahead::fill(lane.clone()));
+    let fill = tokio::spawn(super::dial::fill(lane.clone()));
     let ready = |n| {
         let lane = lane.clone();
         async move {
