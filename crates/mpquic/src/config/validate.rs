@@ -103,7 +103,7 @@ pub(super) fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem
         Role::Client => RoleConfig::Client(client(&raw, &g, &mut c)),
     };
     let mode = mode(&raw, &role, &mut c);
-    // Defaults chosen by measurement for lossy links (docs/BENCHMARKS.md, "The default").
+    // Defaults chosen by measurement for lossy links (docs/BENCHMARKS.md, "Loss").
     let congestion = raw.congestion_algorithm.unwrap_or(Congestion::Bbr);
     if let RoleConfig::Client(cl) = &mut role {
         let top = ClassConfig {
