@@ -370,6 +370,9 @@ def test_the_mpquic_client_takes_turns_between_paths_at_a_standard_server(make_l
     while states(lab) != {"wan1": "standby", "wan2": "up"}:
         assert time.monotonic() - t0 < 5, (states(lab), lab.log("client0"))
         time.sleep(0.1)
+    # As after the repair above: the standard server takes the new session a moment after the
+    # client calls the path up (a ping sent at once was lost in 1 of ~6 runs).
+    time.sleep(0.3)
     assert len(lab.ping(count=10, interval=0.05, src_ns=cns, dst=far)["received"]) == 10
 
 
