@@ -16,6 +16,7 @@ use tracing::{info, warn};
 use super::carry;
 use super::dial::{self, Lane};
 use super::endpoints::{self, Endpoint};
+use super::nft::Table;
 use super::tproxy;
 use crate::config::{Bind, ClientConfig, Config, PathConfig};
 use crate::tls::{self, Served};
@@ -44,11 +45,8 @@ impl Drop for Running {
 pub struct Live {
     counters: Arc<carry::Counters>,
     lane: Arc<Lane>,
-    /// The TPROXY table's parameters (`tproxy::take`); a reload loads it again.
-    tun: String,
-    lanes: Vec<usize>,
-    port: u16,
-    mark: u32,
+    /// The TPROXY table (`tproxy::take`); a reload loads it again.
+    table: Table,
     paths: std::sync::Mutex<Paths>,
 }
 
@@ -111,14 +109,7 @@ impl Live {
         };
         paths.names = new.wanted.names;
         paths.devices = new.wanted.devices;
-        tproxy::rules(
-            &self.tun,
-            &paths.devices,
-            classifier,
-            &self.lanes,
-            self.port,
-            self.mark,
-        )?;
+        tproxy::rules(&self.table, &paths.devices, classifier)?;
         Ok(format!(
             "MPTCP lane: TLS read again, endpoints {removed} removed / {added} added, rules loaded again"
         ))
@@ -215,15 +206,13 @@ pub async fn start(
         false => Some(endpoints::install(&w.endpoints)?),
     };
     let (listener, port) = tproxy::listener()?;
-    let mark = mark_of(&cfg.tun_name);
-    let taken = tproxy::take(
-        &cfg.tun_name,
-        &w.devices,
-        &ccfg.classifier,
-        &lanes,
+    let table = Table {
+        tun: cfg.tun_name.clone(),
+        lanes,
         port,
-        mark,
-    )?;
+        mark: mark_of(&cfg.tun_name),
+    };
+    let taken = tproxy::take(&table, &w.devices, &ccfg.classifier)?;
     let counters = Arc::new(carry::Counters::default());
     let (c, l) = (counters.clone(), lane.clone());
     let task = tokio::spawn(async move {
@@ -251,15 +240,12 @@ pub async fn start(
     .abort_handle();
     // After the endpoints: connections set up ahead get a subflow on every path.
     let ahead = tokio::spawn(dial::fill(lane.clone())).abort_handle();
-    info!(server = %server, subflow_endpoints = w.endpoints.len(), classes = ?lanes, "MPTCP lane: the classes' TCP connections go over kernel MPTCP");
+    info!(server = %server, subflow_endpoints = w.endpoints.len(), classes = ?table.lanes, "MPTCP lane: the classes' TCP connections go over kernel MPTCP");
     Ok(Some(Running {
         live: Arc::new(Live {
             counters,
             lane,
-            tun: cfg.tun_name.clone(),
-            lanes,
-            port,
-            mark,
+            table,
             paths: std::sync::Mutex::new(Paths {
                 names: w.names,
                 devices: w.devices,

@@ -9,27 +9,43 @@ use std::fmt::Write;
 
 use mpquic_core::classify::{Classifier, Rule};
 
-/// The table of one instance (its TUN device's name).
-pub fn table(tun: &str) -> String {
-    format!(
-        "mpquic_lane_{}",
-        tun.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
-    )
+/// One instance's lane table: its TUN device (which names the table, and whose packets are not
+/// taken), the lane's classes (indices), the transparent listener's port, and the mark (also
+/// the policy routing table's number).
+#[derive(Debug, Clone)]
+pub struct Table {
+    pub tun: String,
+    pub lanes: Vec<usize>,
+    pub port: u16,
+    pub mark: u32,
 }
 
-/// `nft -f` input creating the instance's table: connections already taken keep their mark
-/// (`socket transparent`), new ones of the `lanes` classes (class indices) go to `port` with
-/// `mark`; an earlier table of the same name is replaced.
-pub fn ruleset(
-    tun: &str,
-    not_from: &[String],
-    classifier: &Classifier,
-    lanes: &[usize],
-    port: u16,
-    mark: u32,
-) -> String {
-    let t = table(tun);
-    let mut skip: Vec<String> = vec!["lo".into(), tun.into()];
+impl Table {
+    pub fn name(&self) -> String {
+        format!(
+            "mpquic_lane_{}",
+            (self.tun).replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+        )
+    }
+
+    /// `nft -f` input creating the table: connections already taken keep their mark (`socket
+    /// transparent`), new ones of the lane's classes (of `classifier`) arriving on any device
+    /// but the tunnel's and `not_from` go to the port with the mark; an earlier table of the
+    /// same name is replaced.
+    pub fn ruleset(&self, not_from: &[String], classifier: &Classifier) -> String {
+        ruleset(self, not_from, classifier)
+    }
+}
+
+fn ruleset(table: &Table, not_from: &[String], classifier: &Classifier) -> String {
+    let Table {
+        tun,
+        lanes,
+        port,
+        mark,
+    } = table;
+    let t = table.name();
+    let mut skip: Vec<String> = vec!["lo".into(), tun.clone()];
     skip.extend(not_from.iter().cloned());
     let ifaces = skip
         .iter()
@@ -178,14 +194,13 @@ mod tests {
             ..rule()
         };
         let c = Classifier::new(vec![vec![critical, voip], vec![bulk], vec![]], 2);
-        let r = ruleset(
-            "mpq0",
-            &["wan1".into(), "wan2".into()],
-            &c,
-            &[1],
-            40000,
-            0x4d51,
-        );
+        let table = |lanes: &[usize], mark| Table {
+            tun: "mpq0".into(),
+            lanes: lanes.to_vec(),
+            port: 40000,
+            mark,
+        };
+        let r = table(&[1], 0x4d51).ruleset(&["wan1".into(), "wan2".into()], &c);
         assert!(
             r.starts_with("table ip mpquic_lane_mpq0 {}\ndelete table ip mpquic_lane_mpq0\n"),
             "{r}"
@@ -207,7 +222,7 @@ mod tests {
             "the default class is not taken: {r}"
         );
         // The default class as the lane: everything the others do not match.
-        let r = ruleset("mpq0", &[], &c, &[2], 40000, 1);
+        let r = table(&[2], 1).ruleset(&[], &c);
         assert!(r.contains("tcp sport { 80, 8000-8080 } return"), "{r}");
         assert!(
             r.ends_with("    meta l4proto tcp tproxy to :40000 meta mark set 0x1 accept\n  }\n}\n"),

@@ -15,6 +15,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
 
 use super::netlink::{attr, Netlink, NETLINK_ROUTE, NLM_F_CREATE, NLM_F_EXCL};
+use super::nft::Table;
 
 const RTM_NEWROUTE: u16 = 24;
 const RTM_DELROUTE: u16 = 25;
@@ -54,19 +55,13 @@ pub struct Taken {
     ruled: bool,
 }
 
-/// Take the TCP connections of the `lanes` classes (of `classifier`) arriving on any device
-/// but the tunnel's (`tun`) and the paths' (`not_from`) to `port`, marked `mark` (also the
-/// routing table's number).
-pub fn take(
-    tun: &str,
-    not_from: &[String],
-    classifier: &Classifier,
-    lanes: &[usize],
-    port: u16,
-    mark: u32,
-) -> Result<Taken> {
+/// Take the TCP connections of `table`'s classes (of `classifier`) arriving on any device but
+/// the tunnel's and the paths' (`not_from`): the policy rule and local route for its mark, and
+/// the nftables table.
+pub fn take(table: &Table, not_from: &[String], classifier: &Classifier) -> Result<Taken> {
+    let mark = table.mark;
     let mut taken = Taken {
-        table: super::nft::table(tun),
+        table: table.name(),
         mark,
         routed: false,
         ruled: false,
@@ -81,26 +76,18 @@ pub fn take(
         NLM_F_CREATE | NLM_F_EXCL,
         &route_body(mark, lo),
     )
-    .context("the lane's local route (table {mark})")?;
+    .with_context(|| format!("the lane's local route (table {mark})"))?;
     taken.routed = true;
     nl.request(RTM_NEWRULE, NLM_F_CREATE | NLM_F_EXCL, &rule_body(mark))
         .context("the lane's policy rule")?;
     taken.ruled = true;
-    rules(tun, not_from, classifier, lanes, port, mark)?;
+    rules(table, not_from, classifier)?;
     Ok(taken)
 }
 
-/// Load the instance's nftables table (in one transaction: it replaces the one there).
-pub fn rules(
-    tun: &str,
-    not_from: &[String],
-    classifier: &Classifier,
-    lanes: &[usize],
-    port: u16,
-    mark: u32,
-) -> Result<()> {
-    let rules = super::nft::ruleset(tun, not_from, classifier, lanes, port, mark);
-    nft(&rules).context("loading the lane's nftables rules")
+/// Load `table` (in one transaction: it replaces the one there).
+pub fn rules(table: &Table, not_from: &[String], classifier: &Classifier) -> Result<()> {
+    nft(&table.ruleset(not_from, classifier)).context("loading the lane's nftables rules")
 }
 
 impl Drop for Taken {
