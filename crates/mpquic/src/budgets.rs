@@ -18,14 +18,6 @@ use crate::tunnel::Tunnel;
 /// How often a changed count is written.
 pub const SAVE_EVERY: Duration = Duration::from_secs(10);
 
-/// Seconds since the epoch, UTC (a budget resets on calendar days). A clock before 1970 reads
-/// as 0.
-pub fn wall_clock() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
-}
-
 /// One instance's budget file.
 #[derive(Debug, Clone)]
 pub struct StateFile {

@@ -81,14 +81,17 @@ pub fn dashboard_http(data: &[u8]) {
 
 /// What the control socket answers to `data`.
 pub fn control_answer(data: &[u8]) -> Vec<u8> {
-    let (trigger, requests) = crate::reload::channel();
+    let (trigger, requests) = crate::control::reload::channel();
     drop(requests);
     serve_http(crate::control::router(report(), trigger), data)
 }
 
 /// What the dashboard answers to `data`.
 pub fn dashboard_answer(data: &[u8]) -> Vec<u8> {
-    serve_http(crate::dashboard::router(Some(TOKEN.into()), report()), data)
+    serve_http(
+        crate::control::dashboard::router(Some(TOKEN.into()), report()),
+        data,
+    )
 }
 
 /// Every target: its name in fuzz/ and its entry point.

@@ -817,7 +817,7 @@ async fn reliable_hand_over_under_wlb_delivers_packets_not_headers() {
     stop_all(&net, vec![("server", server), ("client", client)]).await;
 }
 
-/// Reload under traffic (`reload.rs`): a third path added and path 2's weight changed leave
+/// Reload under traffic (`control/reload.rs`): a third path added and path 2's weight changed leave
 /// path 1's connection alone and lose nothing; the server learns the new weight; a removed path
 /// is retired on both sides; the policy changes within its kind; a broken file and a change to
 /// a key fixed at start are refused

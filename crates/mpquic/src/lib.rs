@@ -10,7 +10,6 @@ mod budgets;
 pub mod client;
 pub mod config;
 pub mod control;
-pub mod dashboard;
 pub mod harness;
 pub mod hello;
 #[cfg(test)]
@@ -21,7 +20,6 @@ mod memnet;
 pub mod pki;
 pub mod platform;
 mod quic;
-mod reload;
 pub mod runtime;
 pub mod server;
 /// The status report's types live in their own crate, shared with the lab.

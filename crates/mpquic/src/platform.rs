@@ -83,11 +83,11 @@ impl Platform {
         }
     }
 
-    /// SIGHUP asks `trigger` for a reload (`reload.rs`); the memory network's instances are
+    /// SIGHUP asks `trigger` for a reload (`control/reload.rs`); the memory network's instances are
     /// reloaded by their tests.
-    pub fn on_hangup(&self, trigger: crate::reload::Trigger) -> std::io::Result<()> {
+    pub fn on_hangup(&self, trigger: crate::control::reload::Trigger) -> std::io::Result<()> {
         match &self.kind {
-            Kind::System => crate::reload::on_hangup(trigger),
+            Kind::System => crate::control::reload::on_hangup(trigger),
             #[cfg(test)]
             Kind::Memory(_) => Ok(()),
         }

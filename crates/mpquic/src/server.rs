@@ -7,7 +7,7 @@
 //! `transport::Listener` (QUIC: `transport::quic::QuicListener`), which has done the handshake,
 //! identity and hello; the server decides (the core's session registry) and answers.
 //!
-//! A reload (`reload.rs`) swaps the `clients:` rules: routes for new LAN prefixes go into the
+//! A reload (`control/reload.rs`) swaps the `clients:` rules: routes for new LAN prefixes go into the
 //! device, those no client may announce any more come out, and the sessions whose rules changed
 //! are closed, so their clients rejoin under the new ones; the other sessions are not touched.
 
@@ -25,9 +25,9 @@ use mpquic_core::{DropReason, Drops, HealthMode, PacketInfo, PathId, PathSpec, P
 use tracing::{info, warn};
 
 use crate::config::{Config, Ipv6Plan, RoleConfig, ServerConfig};
+use crate::control::reload;
 use crate::hello::{ClassOf, Hello, HelloAck};
 use crate::platform::Platform;
-use crate::reload;
 use crate::status::StatusReport;
 use crate::tls::certificate::Facts;
 use crate::tls::revocation;

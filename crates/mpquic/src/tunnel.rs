@@ -292,7 +292,7 @@ impl Tunnel {
     pub fn set_budget(&self, path: PathId, budget: Option<Budget>, usage: Option<Usage>) {
         self.lock()
             .core
-            .set_budget(path, budget, usage, crate::budgets::wall_clock());
+            .set_budget(path, budget, usage, wall_clock());
         self.timers_changed.notify_one();
     }
 
@@ -739,7 +739,7 @@ impl Tunnel {
         let next = {
             let mut s = self.lock();
             let State { core, links, .. } = &mut *s;
-            core.set_wall_clock(crate::budgets::wall_clock());
+            core.set_wall_clock(wall_clock());
             let link = |id: PathId| links.get(id.index()).and_then(Option::as_ref);
             let next = core.poll(
                 now,
@@ -950,7 +950,7 @@ impl Tunnel {
 
     pub fn status(&self, address: Option<String>) -> TunnelStatus {
         let now = Instant::now();
-        let wall = crate::budgets::wall_clock();
+        let wall = wall_clock();
         let s = self.lock();
         let router = s.core.router();
         let paths = router
@@ -1333,6 +1333,14 @@ impl Deliver for Rx<'_> {
             let _ = t.send_control(msg);
         }
     }
+}
+
+/// Seconds since the epoch, UTC, for the data budgets' calendar (a budget resets on calendar
+/// days). A clock before 1970 reads as 0.
+fn wall_clock() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! protocol; a standard server does not bond, and the client carries on one path at a time,
 //! moving to the next when it dies (`standby.rs`). Until that answer the paths take turns.
 //!
-//! The paths can change while it runs (`reload.rs`): each path's task watches its
+//! The paths can change while it runs (`control/reload.rs`): each path's task watches its
 //! configuration, so a changed path reconnects (the new connection made before the old one
 //! closes), a removed one is retired, a new one starts; the others are not touched.
 
@@ -33,9 +33,9 @@ use tracing::{info, warn};
 use crate::config::{
     parse_cidr, parse_cidr6, ClassConfig, ClientConfig, Config, PathConfig, RoleConfig,
 };
+use crate::control::reload::{self, PathChanges};
 use crate::hello::{ClassOf, Hello, HelloAck};
 use crate::platform::Platform;
-use crate::reload::{self, PathChanges};
 use crate::status::StatusReport;
 use crate::transport::quic::QuicDialer;
 use crate::transport::{Carrier, Dialed, Dialer, Known, PathTransport, Unfinished};

@@ -17,8 +17,8 @@ use axum::routing::get;
 use axum::Router;
 use tracing::{info, warn};
 
+use super::report::StatusFn;
 use crate::config::Dashboard;
-use crate::control::StatusFn;
 
 const PAGE: &str = include_str!("dashboard.html");
 /// How often the event stream sends a report; and how often it looks for a path whose state
