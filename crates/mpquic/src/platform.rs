@@ -96,9 +96,20 @@ impl Platform {
     /// Resolves when the instance must stop: SIGTERM or SIGINT, or the test's stop.
     pub async fn stopped(&self) {
         match &self.kind {
-            Kind::System => crate::runtime::shutdown_signal().await,
+            Kind::System => shutdown_signal().await,
             #[cfg(test)]
             Kind::Memory(net) => net.stopped().await,
         }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
     }
 }

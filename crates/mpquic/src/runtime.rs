@@ -98,17 +98,6 @@ pub fn open_tun_queues(
     Ok(tuns)
 }
 
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-}
-
 /// 64 random bits from the kernel (session ids).
 pub fn random_u64() -> u64 {
     let mut b = [0u8; 8];
