@@ -34,6 +34,45 @@ use std::time::{Duration, Instant};
 
 use crate::loss::LossEstimate;
 
+/// How a configuration says its paths carry inner packets (`transport_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportMode {
+    /// `auto`: each path as this module decides. The default.
+    Auto,
+    /// `datagram`: QUIC DATAGRAM frames (unreliable, lowest latency).
+    Datagram,
+    /// `reliable`: one QUIC stream per path (retransmitted).
+    Reliable,
+}
+
+impl TransportMode {
+    /// The names a configuration may use.
+    pub const NAMES: &'static [&'static str] = &["auto", "datagram", "reliable"];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportMode::Auto => "auto",
+            TransportMode::Datagram => "datagram",
+            TransportMode::Reliable => "reliable",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<TransportMode> {
+        match s {
+            "auto" => Some(TransportMode::Auto),
+            "datagram" => Some(TransportMode::Datagram),
+            "reliable" => Some(TransportMode::Reliable),
+            _ => None,
+        }
+    }
+
+    /// Whether a path's connection opens a stream for inner packets (the receiver reads both
+    /// it and datagrams whatever the mode).
+    pub fn has_stream(self) -> bool {
+        self != TransportMode::Datagram
+    }
+}
+
 /// How a path carries inner packets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Carry {

@@ -16,6 +16,23 @@ use crate::config::TransportMode;
 pub const VERSION: u8 = 4;
 const MAX_BODY: usize = 4096;
 
+/// A mode on the wire: its configuration name (`TransportMode::as_str`).
+mod mode_name {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    use crate::config::TransportMode;
+
+    pub fn serialize<S: Serializer>(m: &TransportMode, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(m.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TransportMode, D::Error> {
+        let name = String::deserialize(d)?;
+        TransportMode::parse(&name)
+            .ok_or_else(|| D::Error::unknown_variant(&name, TransportMode::NAMES))
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Hello {
     /// Random per client process: a new value means a restarted client (old state is dropped).
@@ -24,6 +41,7 @@ pub struct Hello {
     pub priority: u32,
     pub weight: u32,
     pub policy: String,
+    #[serde(with = "mode_name")]
     pub mode: TransportMode,
     /// The tunnel address the client asks for (its `tun_cidr`), "a.b.c.d/len"; the server
     /// decides.
@@ -76,6 +94,7 @@ pub struct ClassOf {
     pub rank: u8,
     pub default: bool,
     pub policy: String,
+    #[serde(with = "mode_name")]
     pub mode: TransportMode,
     #[serde(default)]
     pub fec: bool,

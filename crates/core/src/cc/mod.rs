@@ -14,6 +14,58 @@
 pub mod bbr;
 pub mod bbr3;
 mod delivery;
+
+/// The congestion controllers a configuration names (`congestion_algorithm`): ours, and the
+/// QUIC engine's (quinn's, loss-based), which the shell plugs in by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Congestion {
+    /// `bbr`: ours (`bbr.rs`), the default: model-based, random loss does not slow it down.
+    Bbr,
+    /// `bbr3`: ours (`bbr3.rs`, BBRv3): also bounds its volume where probes met more than 2%
+    /// loss, so it shares a bottleneck with loss-based flows.
+    Bbr3,
+    /// The QUIC engine's: `cubic`, `newreno`, and `quinn-bbr` (its BBRv1 port, which enters
+    /// recovery on any loss), kept for comparison.
+    Cubic,
+    Newreno,
+    QuinnBbr,
+}
+
+impl Congestion {
+    /// The names a configuration may use, as `as_str` spells them.
+    pub const NAMES: &'static [&'static str] = &["bbr", "bbr3", "cubic", "newreno", "quinn-bbr"];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Congestion::Bbr => "bbr",
+            Congestion::Bbr3 => "bbr3",
+            Congestion::Cubic => "cubic",
+            Congestion::Newreno => "newreno",
+            Congestion::QuinnBbr => "quinn-bbr",
+        }
+    }
+
+    /// By name; `bbr-model` is `bbr`'s earlier name.
+    pub fn parse(s: &str) -> Option<Congestion> {
+        match s {
+            "bbr-model" => Some(Congestion::Bbr),
+            _ => (Self::NAMES.iter().position(|n| *n == s)).map(|i| Self::ALL[i]),
+        }
+    }
+
+    /// One of ours, which the stripe transport can run outside the QUIC engine.
+    pub fn is_ours(self) -> bool {
+        matches!(self, Congestion::Bbr | Congestion::Bbr3)
+    }
+
+    const ALL: [Congestion; 5] = [
+        Congestion::Bbr,
+        Congestion::Bbr3,
+        Congestion::Cubic,
+        Congestion::Newreno,
+        Congestion::QuinnBbr,
+    ];
+}
 mod filters;
 
 use std::fmt::Debug;

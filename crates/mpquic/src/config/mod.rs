@@ -31,71 +31,35 @@ pub enum Role {
     Server,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Congestion {
-    /// Ours (`mpquic_core::cc::Bbr`), the default: model-based, random loss does not slow it
-    /// down. `bbr-model` is its earlier name.
-    #[serde(alias = "bbr-model")]
-    Bbr,
-    /// Ours (`mpquic_core::cc::Bbr3`, BBRv3): also bounds its volume where probes met more
-    /// than 2% loss, so it shares a bottleneck with loss-based flows; random loss above that
-    /// holds it down.
-    Bbr3,
-    /// The QUIC engine's (quinn) implementations: loss-based.
-    Cubic,
-    Newreno,
-    /// quinn's BBRv1 port (enters recovery on any loss), kept for comparison.
-    #[serde(rename = "quinn-bbr")]
-    QuinnBbr,
-}
+/// The shared vocabulary of modes and controllers is the core's.
+pub use mpquic_core::cc::Congestion;
+pub use mpquic_core::recovery::TransportMode;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TransportMode {
-    /// Each path chooses from its measured loss (`mpquic_core::recovery`): datagrams while it
-    /// is clean, its reliable stream while it loses. The default.
-    Auto,
-    /// Inner packets as QUIC DATAGRAM frames (unreliable, lowest latency).
-    Datagram,
-    /// Inner packets on one QUIC stream per path, 2-byte length prefix (retransmitted).
-    Reliable,
-}
+/// serde for the core's names (`Congestion`, `TransportMode`): checked by the core's parser,
+/// refused with serde's own "unknown variant" error, so the file's line and the closest-name
+/// hint come with it.
+mod names {
+    use serde::de::{Deserialize, Deserializer, Error};
 
-impl Congestion {
-    /// The name as `congestion_algorithm` spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Congestion::Bbr => "bbr",
-            Congestion::Bbr3 => "bbr3",
-            Congestion::Cubic => "cubic",
-            Congestion::Newreno => "newreno",
-            Congestion::QuinnBbr => "quinn-bbr",
-        }
-    }
-}
+    use super::{Congestion, TransportMode};
 
-impl Congestion {
-    /// One of the core's controllers (`mpquic_core::cc`), which the stripe transport can run
-    /// outside the QUIC engine.
-    pub fn is_ours(self) -> bool {
-        matches!(self, Congestion::Bbr | Congestion::Bbr3)
-    }
-}
-
-impl TransportMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TransportMode::Auto => "auto",
-            TransportMode::Datagram => "datagram",
-            TransportMode::Reliable => "reliable",
-        }
+    fn named<'de, D: Deserializer<'de>, T>(
+        d: D,
+        parse: fn(&str) -> Option<T>,
+        names: &'static [&'static str],
+    ) -> Result<Option<T>, D::Error> {
+        let s = String::deserialize(d)?;
+        parse(&s)
+            .map(Some)
+            .ok_or_else(|| D::Error::unknown_variant(&s, names))
     }
 
-    /// Whether the path's connection opens a stream for inner packets (the receiver reads
-    /// both it and datagrams whatever the mode).
-    pub fn has_stream(self) -> bool {
-        self != TransportMode::Datagram
+    pub fn congestion<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Congestion>, D::Error> {
+        named(d, Congestion::parse, Congestion::NAMES)
+    }
+
+    pub fn mode<'de, D: Deserializer<'de>>(d: D) -> Result<Option<TransportMode>, D::Error> {
+        named(d, TransportMode::parse, TransportMode::NAMES)
     }
 }
 
@@ -171,7 +135,9 @@ struct RawClass {
     #[serde(rename = "match", default)]
     rules: Vec<RawRule>,
     multipath_policy: Option<String>,
+    #[serde(default, deserialize_with = "names::mode")]
     transport_mode: Option<TransportMode>,
+    #[serde(default, deserialize_with = "names::congestion")]
     congestion_algorithm: Option<Congestion>,
     fec: Option<String>,
     tun_name: Option<String>,
@@ -206,7 +172,9 @@ struct RawConfig {
     #[serde(default)]
     tls_insecure_skip_verify: bool,
     tls_post_quantum: Option<bool>,
+    #[serde(default, deserialize_with = "names::congestion")]
     congestion_algorithm: Option<Congestion>,
+    #[serde(default, deserialize_with = "names::mode")]
     transport_mode: Option<TransportMode>,
     bind_ip: Option<String>,
     remote_addr: Option<String>,
