@@ -39,19 +39,38 @@ pub use mpquic_core::recovery::TransportMode;
 /// refused with serde's own "unknown variant" error, so the file's line and the closest-name
 /// hint come with it.
 mod names {
-    use serde::de::{Deserialize, Deserializer, Error};
+    use std::fmt;
+
+    use serde::de::{Deserializer, Error, Visitor};
 
     use super::{Congestion, TransportMode};
+
+    /// Refused inside the visitor, as a derived enum would, so the error carries its place.
+    struct Named<T> {
+        parse: fn(&str) -> Option<T>,
+        names: &'static [&'static str],
+    }
+
+    impl<T> Visitor<'_> for Named<T> {
+        type Value = Option<T>;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            write!(f, "one of {}", self.names.join(", "))
+        }
+
+        fn visit_str<E: Error>(self, s: &str) -> Result<Option<T>, E> {
+            (self.parse)(s)
+                .map(Some)
+                .ok_or_else(|| E::unknown_variant(s, self.names))
+        }
+    }
 
     fn named<'de, D: Deserializer<'de>, T>(
         d: D,
         parse: fn(&str) -> Option<T>,
         names: &'static [&'static str],
     ) -> Result<Option<T>, D::Error> {
-        let s = String::deserialize(d)?;
-        parse(&s)
-            .map(Some)
-            .ok_or_else(|| D::Error::unknown_variant(&s, names))
+        d.deserialize_str(Named { parse, names })
     }
 
     pub fn congestion<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Congestion>, D::Error> {
@@ -1134,6 +1153,19 @@ multipath_paths:
             .unwrap_err()
             .to_string();
         assert!(e.contains("absolute"), "{e}");
+    }
+
+    #[test]
+    fn a_misspelt_mode_or_controller_is_named_with_its_line_and_the_closest_name() {
+        const CLIENT: &str =
+            "role: client\nremote_addr: 1.2.3.4\nremote_port: 5000\ntls_ca_file: ca\n";
+        for (line, says) in [
+            ("transport_mode: datagam", "did you mean `datagram`"),
+            ("congestion_algorithm: bbr2", "did you mean `bbr`"),
+        ] {
+            let e = parse(&format!("{CLIENT}{line}\n")).unwrap_err().to_string();
+            assert!(e.contains("test.yaml:5:") && e.contains(says), "{e}");
+        }
     }
 
     #[test]
