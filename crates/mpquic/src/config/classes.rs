@@ -6,7 +6,7 @@ use mpquic_core::classify::{protocol_number, Classifier, Prefix, Rule};
 use mpquic_core::fec::FecMode;
 use mpquic_core::Policy;
 
-use super::validate::Checker;
+use super::checker::Checker;
 use super::{
     ClassConfig, Congestion, NumOrText, OneOrMany, RawClass, RawConfig, RawRule, TransportMode,
 };

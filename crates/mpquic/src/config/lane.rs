@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 
-use super::validate::Checker;
+use super::checker::Checker;
 use super::{ClientConfig, RawConfig};
 
 /// `tcp_lane: mptcp | off` at `at`.

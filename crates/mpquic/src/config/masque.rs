@@ -9,7 +9,7 @@ use mpquic_core::connect_ip::template::{self, Template};
 use mpquic_core::connect_ip::token::TokenHash;
 use serde::Deserialize;
 
-use super::validate::Checker;
+use super::checker::Checker;
 use super::RawConfig;
 
 /// One `masque_tokens` entry: the client's name and its token's hash.

@@ -6,7 +6,7 @@ use mpquic_core::budget::{Budget, Period};
 use mpquic_core::Role as PathRole;
 use serde::Deserialize;
 
-use super::validate::Checker;
+use super::checker::Checker;
 use std::path::PathBuf;
 
 use super::{PathKind, RawConfig, RawPath};

@@ -15,6 +15,7 @@ use mpquic_core::classify::Prefix;
 use mpquic_core::Policy;
 use serde::Deserialize;
 
+mod checker;
 mod classes;
 mod lane;
 mod masque;

@@ -10,61 +10,27 @@ use mpquic_core::fec::FecMode;
 use mpquic_core::sessions::MAX_PATHS_PER_SESSION;
 use mpquic_core::Policy;
 
-use super::positions::Positions;
+use super::checker::Checker;
 
 /// Pipes per path: each is a QUIC connection and a socket.
 const MAX_PIPES: u32 = 16;
 use super::{
-    closest, mask, parse_cidr, parse_cidr6, Bind, ClassConfig, ClientConfig, Config, Congestion,
-    Ipv6Plan, PathConfig, PathKind, Problem, RawConfig, Role, RoleConfig, ServerConfig,
-    TransportMode, DEFAULT_PORT,
+    mask, parse_cidr, parse_cidr6, Bind, ClassConfig, ClientConfig, Config, Congestion, Ipv6Plan,
+    PathConfig, PathKind, Problem, RawConfig, Role, RoleConfig, ServerConfig, TransportMode,
+    DEFAULT_PORT,
 };
 
-/// Collects located problems (errors) and warnings.
-pub(super) struct Checker {
-    positions: Positions,
-    problems: Vec<Problem>,
-    warnings: Vec<String>,
-}
-
-impl Checker {
-    /// A warning: said at start and by `mpquic check`, the file is taken.
-    pub(super) fn warn(&mut self, message: String) {
-        self.warnings.push(message);
-    }
-
-    /// A problem at the key `path` (e.g. `multipath_paths[1].weight`), or at the nearest
-    /// enclosing key when the key itself is missing.
-    pub(super) fn at(&mut self, path: &str, message: String, hint: Option<String>) {
-        let (line, column) = self.positions.find(path);
-        self.problems.push(Problem {
-            line,
-            column,
-            message,
-            hint,
-        });
-    }
-
-    /// A value from a fixed list, with "did you mean" when it is close to one.
-    pub(super) fn unknown_value(&mut self, path: &str, what: &str, bad: &str, valid: &[&str]) {
-        let hint = closest(bad, valid)
-            .map(|b| format!("did you mean `{b}`?"))
-            .unwrap_or_else(|| format!("valid values: {}", valid.join(", ")));
-        let key = path.rsplit('.').next().unwrap_or(path);
-        self.at(path, format!("`{key}`: unknown {what} `{bad}`"), Some(hint));
-    }
-
-    fn bind(&mut self, s: Option<&str>, path: &str) -> Bind {
-        let Some(s) = s else { return Bind::Any };
-        parse_bind(s).unwrap_or_else(|| {
-            self.at(
-                path,
-                format!("`bind_ip`: `{s}` is neither an IP address nor if:INTERFACE"),
-                Some("e.g. bind_ip: if:eth1 or bind_ip: 192.0.2.10".into()),
-            );
-            Bind::Any
-        })
-    }
+/// `bind_ip` at `path`: an address, `if:INTERFACE`, or none.
+fn bind(c: &mut Checker, s: Option<&str>, path: &str) -> Bind {
+    let Some(s) = s else { return Bind::Any };
+    parse_bind(s).unwrap_or_else(|| {
+        c.at(
+            path,
+            format!("`bind_ip`: `{s}` is neither an IP address nor if:INTERFACE"),
+            Some("e.g. bind_ip: if:eth1 or bind_ip: 192.0.2.10".into()),
+        );
+        Bind::Any
+    })
 }
 
 fn parse_bind(s: &str) -> Option<Bind> {
@@ -92,11 +58,7 @@ struct General {
 }
 
 pub(super) fn validate(raw: RawConfig, text: &str) -> Result<Config, Vec<Problem>> {
-    let mut c = Checker {
-        positions: Positions::of(text),
-        problems: Vec::new(),
-        warnings: Vec::new(),
-    };
+    let mut c = Checker::new(text);
     let g = general(&raw, &mut c);
     let mut role = match raw.role {
         Role::Server => RoleConfig::Server(server(&raw, &g, &mut c)),
@@ -788,7 +750,7 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
             );
             return out;
         };
-        let bind = c.bind(raw.bind_ip.as_deref(), "bind_ip");
+        let bind = bind(c, raw.bind_ip.as_deref(), "bind_ip");
         out.push(PathConfig {
             name: "default".into(),
             bind,
@@ -855,8 +817,8 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
         }
         let limits = super::metering::path_limits(p, &at, pipes, transport, c);
         let bind = match &p.bind_ip {
-            Some(b) => c.bind(Some(b), &at("bind_ip")),
-            None => c.bind(raw.bind_ip.as_deref(), "bind_ip"),
+            Some(b) => bind(c, Some(b), &at("bind_ip")),
+            None => bind(c, raw.bind_ip.as_deref(), "bind_ip"),
         };
         let Some(remote) = p.remote_addr.clone().or_else(|| raw.remote_addr.clone()) else {
             c.at(
