@@ -15,8 +15,8 @@ use serde_json::{json, Value};
 use crate::report::write_report;
 use crate::scenario::{parse_duration, Kind, Scenario, System, Traffic};
 use crate::sut::{
-    fill, ns_cmd, route_lan_through, start_mpquic, start_vpn, vpn_vars, wait_reachable, Named,
-    Procs,
+    fill, ns_cmd, route_lan_through, start_mpquic, start_vpn, step, vpn_vars, wait_reachable,
+    Named, Procs,
 };
 use crate::{mpquic_conf, topo};
 
@@ -108,11 +108,6 @@ pub fn run(scenario_path: &Path, out: &Path) -> Result<()> {
     write_report(&report, out)?;
     eprintln!("wrote {}/results.json, report.md and plots", out.display());
     Ok(())
-}
-
-/// Run one named step of a system's run; its error says which step failed.
-pub(crate) fn step<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    f().with_context(|| format!("step `{name}` failed"))
 }
 
 fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<Value> {

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 
 use crate::mpquic_conf::{self, mpquic_bin};
-use crate::runner::step;
 use crate::scenario::{MpquicOpts, NsCmd, VpnDef};
 use crate::topo::{self, LabState};
 
@@ -308,6 +307,11 @@ pub(crate) fn start_vpn(
     }
     one_off("configure", &def.configure)?;
     Ok(pids)
+}
+
+/// Run one named step of a system's run; its error says which step failed.
+pub(crate) fn step<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    f().with_context(|| format!("step `{name}` failed"))
 }
 
 #[cfg(test)]
