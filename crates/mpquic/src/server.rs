@@ -182,7 +182,19 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
     let count = refused.clone();
     let counter: crate::transport::quic::Refused =
         Arc::new(move |reason| count_refused(&count, reason));
-    let listener = QuicListener::start(&cfg, &scfg, &platform, counter.clone())?;
+    // `stripe_enabled`: the stripe socket that stripe paths' sessions join.
+    let stripe: Option<Arc<dyn crate::transport::quic::RideServer>> = match scfg.stripe {
+        Some(addr) => Some(Arc::new(
+            crate::transport::stripe::server::StripeServer::start(
+                &platform,
+                addr,
+                cfg.congestion,
+                counter.clone(),
+            )?,
+        )),
+        None => None,
+    };
+    let listener = QuicListener::start(&cfg, &scfg, &platform, counter.clone(), stripe)?;
     let masque = match &scfg.masque {
         Some(m) => {
             let l = MasqueListener::start(&cfg, &scfg, m, &platform, counter)?;

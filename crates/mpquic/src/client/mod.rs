@@ -247,7 +247,11 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
             marks: false,
         },
     );
-    let dialer = Box::new(QuicDialer::new(&cfg, &ccfg, link_mtu, platform.clone())?);
+    let dialer = Box::new(
+        QuicDialer::new(&cfg, &ccfg, link_mtu, platform.clone())?.with_stripe(
+            crate::transport::stripe::client::ride(platform.clone(), cfg.congestion),
+        ),
+    );
     // From here on the paths are `Client::paths` (a reload changes them, not `ccfg`).
     let initial_paths = std::mem::take(&mut ccfg.paths);
     // The first refusal ends the process; later ones (other paths) are dropped.

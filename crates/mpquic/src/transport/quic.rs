@@ -37,8 +37,6 @@ use crate::{quic, tls};
 mod pipes;
 use pipes::{PipeKey, PipeSets, QuicPipes};
 
-use super::stripe::server::StripeServer;
-
 /// Bytes a path may have waiting for its writer while it carries packets on its stream, before
 /// new ones are refused (counted `queue_full`): only a hand-over between the TUN reader and the
 /// writer, since the stream's own backlog is bounded by its send window
@@ -550,6 +548,37 @@ fn client_quic(
     Ok(client)
 }
 
+/// A carriage that rides on a QUIC path connection for its keys and control (the stripe
+/// transport), plugged into the dialer and the listener by the shells, so this module names
+/// none of them. The client's side: given the path's connection, accepted by the server, and
+/// the port the carriage's packets go to, make the path's transport.
+pub type RideClient = Arc<
+    dyn Fn(
+            Arc<QuicTransport>,
+            PathConfig,
+            u16,
+        ) -> BoxFuture<'static, Result<Arc<dyn PathTransport>>>
+        + Send
+        + Sync,
+>;
+
+/// The server's side of a riding carriage.
+pub trait RideServer: Send + Sync {
+    /// Where the carriage's packets arrive (told to the client in the hello's answer).
+    fn port(&self) -> u16;
+    /// A path accepted with the carriage in its hello (its name, its pipe count): known from
+    /// now on, before the client hears the answer.
+    fn join(&self, conn: &quinn::Connection, path: &str, pipes: u8) -> Result<Box<dyn Joined>>;
+}
+
+/// A path joined to a riding carriage on the server.
+pub trait Joined: Send {
+    /// The client was not told (the answer failed): the path is dropped.
+    fn forget(self: Box<Self>);
+    /// The path's transport over its QUIC connection `t`.
+    fn transport(self: Box<Self>, t: Arc<QuicTransport>) -> Arc<dyn PathTransport>;
+}
+
 /// The client's QUIC session setup: a socket per path (bound as the path says), the handshake
 /// with the client certificate, then the hello.
 pub struct QuicDialer {
@@ -562,6 +591,8 @@ pub struct QuicDialer {
     platform: Platform,
     /// The client's `stripe_port`, over the one the server announces.
     stripe_port: Option<u16>,
+    /// The stripe transport, when the shell plugged it in (`with_stripe`).
+    stripe: Option<RideClient>,
     /// `protocol: masque`: a CONNECT-IP request (`masque::request`) instead of the hello.
     masque: Option<crate::config::MasqueClient>,
 }
@@ -581,8 +612,15 @@ impl QuicDialer {
             server_name: ccfg.server_name.clone(),
             platform,
             stripe_port: ccfg.stripe_port,
+            stripe: None,
             masque: ccfg.masque.clone(),
         })
+    }
+
+    /// With the stripe transport for `transport: stripe` paths.
+    pub fn with_stripe(mut self, ride: RideClient) -> QuicDialer {
+        self.stripe = Some(ride);
+        self
     }
 
     async fn dial_inner(&self, p: &PathConfig, h: &Hello, known: Known) -> Result<Dialed> {
@@ -694,10 +732,11 @@ impl QuicDialer {
                 "the server accepted the path but named no stripe port"
             ));
         };
-        let platform = &self.platform;
-        let t =
-            super::stripe::client::connect(quic.get().clone(), p, platform, port, self.congestion)
-                .await?;
+        let ride = self
+            .stripe
+            .as_ref()
+            .context("a stripe path, but this client has no stripe transport")?;
+        let t = ride(quic.get().clone(), p.clone(), port).await?;
         quic.keep();
         Ok((t, ack))
     }
@@ -833,8 +872,8 @@ struct Accepting {
     refused: Refused,
     pipes: PipeSets,
     congestion: crate::config::Congestion,
-    /// `stripe_enabled`: the stripe socket that stripe paths' sessions join.
-    stripe: Option<Arc<StripeServer>>,
+    /// `stripe_enabled`: the stripe transport that stripe paths join.
+    stripe: Option<Arc<dyn RideServer>>,
 }
 
 impl QuicListener {
@@ -843,6 +882,7 @@ impl QuicListener {
         scfg: &crate::config::ServerConfig,
         platform: &Platform,
         refused: Refused,
+        stripe: Option<Arc<dyn RideServer>>,
     ) -> Result<QuicListener> {
         let server_config = server_quic(cfg, scfg, tls::Served::Native)?;
         let endpoint = quinn::Endpoint::new_with_abstract_socket(
@@ -853,15 +893,6 @@ impl QuicListener {
         )?;
         let (tx, rx) = mpsc::channel(OFFER_QUEUE);
         let ep = endpoint.clone();
-        let stripe = match scfg.stripe {
-            Some(addr) => Some(StripeServer::start(
-                platform,
-                addr,
-                cfg.congestion,
-                refused.clone(),
-            )?),
-            None => None,
-        };
         let accepting = Arc::new(Accepting {
             refused: refused.clone(),
             pipes: PipeSets::default(),
@@ -1071,8 +1102,8 @@ struct QuicOffer {
     mode: TransportMode,
     /// Pipe 0 of a path with pipes: where its set is kept, under which key, and how many.
     pipe: Option<(Arc<Accepting>, PipeKey, u8)>,
-    /// A stripe path: the stripe socket, the path's name and its pipe count.
-    stripe: Option<(Arc<StripeServer>, String, u8)>,
+    /// A stripe path: the stripe transport, the path's name and its pipe count.
+    stripe: Option<(Arc<dyn RideServer>, String, u8)>,
 }
 
 /// Answer `ack` (a refusal) and close the connection once it has reached the client (bounded).
@@ -1104,13 +1135,13 @@ impl OfferReply for QuicOffer {
                     stripe_port: Some(server.port()),
                     ..ack
                 };
-                let link = server.session(&conn, &path, pipes)?;
+                let joined = server.join(&conn, &path, pipes)?;
                 if let Err(e) = hello::write(&mut send, &ack).await {
-                    server.forget_link(&link);
+                    joined.forget();
                     return Err(e.context("cannot answer the hello"));
                 }
                 let t = QuicTransport::new(conn, send, recv, None, mode, None);
-                return Ok(server.transport(t, link) as Arc<dyn PathTransport>);
+                return Ok(joined.transport(t));
             }
             hello::write(&mut send, &ack)
                 .await

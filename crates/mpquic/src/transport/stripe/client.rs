@@ -17,6 +17,17 @@ use crate::transport::quic::QuicTransport;
 use crate::transport::PathTransport;
 use mpquic_core::stripe::Flight;
 
+/// The stripe transport as the QUIC dialer takes it (`QuicDialer::with_stripe`).
+pub fn ride(platform: Platform, cc: Congestion) -> crate::transport::quic::RideClient {
+    Arc::new(move |quic, p, port| {
+        let platform = platform.clone();
+        Box::pin(async move {
+            let t = connect(quic, &p, &platform, port, cc).await?;
+            Ok(t as Arc<dyn crate::transport::PathTransport>)
+        })
+    })
+}
+
 /// Open `p.pipes` pipes to `port` on the server `quic` is connected to, and register them
 /// under the session of `quic`'s TLS session. Fails when no pipe is answered within
 /// `REGISTER_DEADLINE` (the server has no stripe socket there, or UDP to it is blocked);

@@ -153,3 +153,42 @@ async fn receive(
         }
     }
 }
+
+/// The stripe transport as the QUIC listener takes it (`QuicListener::start`).
+impl crate::transport::quic::RideServer for Arc<StripeServer> {
+    fn port(&self) -> u16 {
+        StripeServer::port(self)
+    }
+
+    fn join(
+        &self,
+        conn: &quinn::Connection,
+        path: &str,
+        pipes: u8,
+    ) -> Result<Box<dyn crate::transport::quic::Joined>> {
+        let link = self.session(conn, path, pipes)?;
+        Ok(Box::new(Joined {
+            server: self.clone(),
+            link,
+        }))
+    }
+}
+
+/// A path's session on the stripe socket, before its transport is made.
+struct Joined {
+    server: Arc<StripeServer>,
+    link: Arc<Link>,
+}
+
+impl crate::transport::quic::Joined for Joined {
+    fn forget(self: Box<Self>) {
+        self.server.forget_link(&self.link);
+    }
+
+    fn transport(
+        self: Box<Self>,
+        t: Arc<QuicTransport>,
+    ) -> Arc<dyn crate::transport::PathTransport> {
+        self.server.transport(t, self.link)
+    }
+}
