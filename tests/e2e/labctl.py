@@ -286,6 +286,17 @@ class Lab:
         self.spawn(key, self.client_ns(c), [BIN, "--config", cfg])
         return key
 
+    def up(self, server_extra="", client_extra="", client=None, **wait):
+        """PKI and configurations, the server, client 0, its tunnel up: what most tests start
+        with. `server_extra` / `client_extra`: YAML added to each file; `client`: a function
+        of client 0's file that returns the one to run; `wait`: `wait_tunnel`'s arguments.
+        Returns the client's status once its tunnel is up."""
+        self.pki()
+        self.start_server(yaml=self.server_yaml() + server_extra)
+        yaml = self.client_yaml() + client_extra
+        self.start_client(yaml=client(yaml) if client else yaml)
+        return self.wait_tunnel(**wait)
+
     def start_all(self, server_yaml="", client_yaml=""):
         """PKI and configurations, the server, then every client with its tunnel up; extra
         top-level YAML per role (e.g. the server's "worker_threads: 2\n")."""

@@ -13,20 +13,21 @@ from test_reload import wait_until
 import labctl
 
 
+SERVER_LANE = "tcp_lane_listen: 0.0.0.0:45018\n"
+CLIENT_LANE = "tcp_lane: mptcp\n"
+
+
 def lane_yaml(lab):
-    return (lab.server_yaml() + "tcp_lane_listen: 0.0.0.0:45018\n",
-            lab.client_yaml() + "tcp_lane: mptcp\n")
+    """The server's and the client's configurations with the lane."""
+    return lab.server_yaml() + SERVER_LANE, lab.client_yaml() + CLIENT_LANE
 
 
 def lane_lab(make_lab, spec, spec2=None):
     """Two paths (`spec`, and `spec2` or the same), the product's defaults, the lane on both ends, the tunnel up: the lab
     and the server's and client's configurations."""
     lab = make_lab(paths=2, mode=None, congestion=None, specs=[spec, spec2 or spec])
-    lab.pki()
+    lab.up(server_extra=SERVER_LANE, client_extra=CLIENT_LANE, up=["wan1", "wan2"])
     server, client = lane_yaml(lab)
-    lab.start_server(yaml=server)
-    lab.start_client(yaml=client)
-    lab.wait_tunnel(up=["wan1", "wan2"])
     return lab, server, client
 
 

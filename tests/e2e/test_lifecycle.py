@@ -19,10 +19,7 @@ def first_reply_after(ping_log, t):
 
 def setup(make_lab):
     lab = make_lab(paths=2)
-    lab.pki()
-    lab.start_server()
-    lab.start_client()
-    lab.wait_tunnel()
+    lab.up()
     return lab
 
 

@@ -35,11 +35,8 @@ def test_sighup_changes_paths_under_traffic_without_a_gap(make_lab):
     and a third path are changed by SIGHUP; a broken file on reload leaves the tunnel untouched
     and the error in the log and in `mpquic status`."""
     lab = make_lab(paths=3, policy="failover")
-    lab.pki()
-    lab.start_server()
+    lab.up(client=lambda y: without_path(y, "wan3"))
     full = lab.client_yaml()
-    lab.start_client(yaml=without_path(full, "wan3"))
-    lab.wait_tunnel()
     cfg = f"{lab.dir}/client0-run.yaml"
     assert set(paths(lab.status("client0"))) == {"wan1", "wan2"}
 
@@ -173,12 +170,8 @@ def test_revocation_closes_sessions_and_a_rotated_server_certificate_is_served(m
     (counted `revoked`, the client's log says why). Status shows each certificate's serial and
     expiry."""
     lab = make_lab(paths=1, clients=2)
-    pki = lab.pki()
-    lab.start_server()
-    for c in (0, 1):
-        lab.start_client(c)
-    for c in (0, 1):
-        lab.wait_tunnel(c)
+    lab.start_all()
+    pki = lab.files["pki"]
     server_cfg = f"{lab.dir}/server-run.yaml"
 
     def reload_server():
