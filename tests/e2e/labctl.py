@@ -286,7 +286,7 @@ class Lab:
         self.spawn(key, self.client_ns(c), [BIN, "--config", cfg])
         return key
 
-    def up(self, server_extra="", client_extra="", client=None, **wait):
+    def start_tunnel(self, server_extra="", client_extra="", client=None, **wait):
         """PKI and configurations, the server, client 0, its tunnel up: what most tests start
         with. `server_extra` / `client_extra`: YAML added to each file; `client`: a function
         of client 0's file that returns the one to run; `wait`: `wait_tunnel`'s arguments.

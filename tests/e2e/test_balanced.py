@@ -11,7 +11,7 @@ RATES = [100, 50]
 @measured
 def test_balanced_aggregate_and_shares(make_lab, reverse):
     lab = make_lab(paths=2, policy="balanced", rates_mbit=RATES, weights=[2, 1], priorities=[1, 1])
-    lab.up()
+    lab.start_tunnel()
     lab.iperf_server()
     sender = "server" if reverse else "client0"
     before = {p: lab.path_status(sender, p)["tx_bytes"] for p in ("wan1", "wan2")}

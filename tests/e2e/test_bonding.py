@@ -71,7 +71,7 @@ def test_redundant_covers_loss_on_both_paths(make_lab, fec):
     lab = make_lab(paths=2, policy="redundant", priorities=[1, 1], congestion="bbr")
     for p in range(2):
         lab.set_link(p, "delay=10ms,loss=10%")
-    lab.up(client_extra=("fec: auto\n" if fec == "auto" else ""))
+    lab.start_tunnel(client_extra=("fec: auto\n" if fec == "auto" else ""))
     ping = lab.ping(count=2000, interval=0.01, timeout=60)
     lost = 100.0 * (ping["sent"] - len(ping["received"])) / ping["sent"]
     reorder = lab.status("server")["tunnels"][0]["reorder"]

@@ -28,7 +28,7 @@ def by_class(st):
 def test_classes_in_one_client(make_lab):
     lab = make_lab(paths=2, mode="reliable", policy="failover", priorities=[1, 1],
                    extra_yaml="metrics_listen: 127.0.0.1:9464\n")
-    lab.up(client_extra=CLASSES)
+    lab.start_tunnel(client_extra=CLASSES)
     ping = lab.ping(count=20, interval=0.02)
     assert len(ping["received"]) == 20, ping
     lab.iperf_server()
@@ -141,7 +141,7 @@ def test_class_with_its_own_tun_device(make_lab):
     lab = make_lab(paths=1, mode="reliable")
     classes = ("classes:\n- name: critical\n  match:\n  - protocol: icmp\n- name: default\n"
                "- name: bulk\n  tun_name: blk0\n")
-    lab.up(client_extra=classes)
+    lab.start_tunnel(client_extra=classes)
     r = lab.sh(lab.client_ns(0), ["ping", "-n", "-c", "10", "-i", "0.02", "-W", "1", "-I", "blk0",
                                   "10.200.17.254"], check=False)
     got = labctl.parse_ping(r.stdout)

@@ -45,7 +45,7 @@ def test_dashboard_in_headless_chromium(make_lab):
         pytest.skip("chromium and chromedriver not installed (scripts/install-deps.sh --browser)")
     token = "e2e-" + secrets.token_hex(8)
     lab = make_lab(paths=2, extra_yaml=f"dashboard_listen: 127.0.0.1:9480\ndashboard_token: {token}\n")
-    lab.up()
+    lab.start_tunnel()
     assert "dashboard listening" in lab.log("client0")
 
     # The token is asked for; the server's dashboard lists its client.

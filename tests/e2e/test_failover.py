@@ -39,7 +39,7 @@ def stop_ping(lab):
 def fail_under_ping(lab, inject):
     """Start the tunnel, ping every 10 ms, and after 1.5 s `inject` a fault on path 1: the
     moment of the fault and the seconds until the client carries traffic on path 2 (or None)."""
-    lab.up()
+    lab.start_tunnel()
     lab.start_ping("ping", interval=INTERVAL)
     time.sleep(1.5)
     t_fail = time.monotonic()
@@ -63,7 +63,7 @@ FAULTS = {
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_failover_and_return(make_lab, fault):
     lab = make_lab(paths=2, policy="failover")
-    lab.up()
+    lab.start_tunnel()
     assert lab.ping(count=3, interval=0.05)["received"] == [1, 2, 3]
     inject, repair = FAULTS[fault]
 

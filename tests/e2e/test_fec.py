@@ -26,7 +26,7 @@ def udp_iperf(lab, retries, **kw):
 def test_fec_auto_rebuilds_random_loss_both_ways(make_lab):
     # A loss-tolerant outer controller: with cubic the tunnel itself would collapse at 5% loss.
     lab = make_lab(paths=1, rates_mbit=[50], congestion="bbr")
-    lab.up(client_extra="fec: auto\n")
+    lab.start_tunnel(client_extra="fec: auto\n")
     st = lab.status("client0")
     assert st["tunnels"][0]["fec"] == "auto"
     clean = lab.path_status("client0", "wan1")

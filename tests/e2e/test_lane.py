@@ -26,7 +26,7 @@ def lane_lab(make_lab, spec, spec2=None):
     """Two paths (`spec`, and `spec2` or the same), the product's defaults, the lane on both ends, the tunnel up: the lab
     and the server's and client's configurations."""
     lab = make_lab(paths=2, mode=None, congestion=None, specs=[spec, spec2 or spec])
-    lab.up(server_extra=SERVER_LANE, client_extra=CLIENT_LANE, up=["wan1", "wan2"])
+    lab.start_tunnel(server_extra=SERVER_LANE, client_extra=CLIENT_LANE, up=["wan1", "wan2"])
     server, client = lane_yaml(lab)
     return lab, server, client
 

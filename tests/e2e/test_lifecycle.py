@@ -19,7 +19,7 @@ def first_reply_after(ping_log, t):
 
 def setup(make_lab):
     lab = make_lab(paths=2)
-    lab.up()
+    lab.start_tunnel()
     return lab
 
 

@@ -29,7 +29,7 @@ def test_rate_limit_holds_both_ways(make_lab):
     """The product's defaults and `rate_limit: 5` on a 50 Mbit/s path: one TCP flow each way
     gets no more than the cap (its goodput is below it: the cap counts IP packets whole)."""
     lab = make_lab(paths=1, mode=None, congestion=None, specs=["rate=50mbit,delay=5ms"])
-    st = lab.up(client=lambda y: with_path_keys(y, "wan1", ["rate_limit: 5"]))
+    st = lab.start_tunnel(client=lambda y: with_path_keys(y, "wan1", ["rate_limit: 5"]))
     assert st["tunnels"][0]["paths"][0]["rate_limit_mbit"] == 5.0
     lab.iperf_server()
     got = {}
@@ -50,7 +50,7 @@ def test_a_backup_path_is_idle_until_the_primary_fails(make_lab):
     over when wan1 black-holes, and goes idle again when wan1 is back."""
     lab = make_lab(paths=2, policy="wlb", priorities=[1, 1], mode=None, congestion=None,
                    specs=["rate=50mbit,delay=5ms", "rate=50mbit,delay=5ms"])
-    lab.up(client=lambda y: with_path_keys(y, "wan2", ["role: backup"]), up=["wan1", "wan2"])
+    lab.start_tunnel(client=lambda y: with_path_keys(y, "wan2", ["role: backup"]), up=["wan1", "wan2"])
     lab.iperf_server()
     before = {k: {p: tx(lab, k, p) for p in ("wan1", "wan2")} for k in ("server", "client0")}
     lab.iperf(seconds=3, reverse=True)

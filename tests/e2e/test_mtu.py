@@ -24,7 +24,7 @@ ROUTE_PAYLOAD = ROUTE_MTU - 28
 def test_a_route_mtu_fall_is_found_and_followed(make_lab, mode):
     lab = make_lab(paths=1, rates_mbit=[50], mode=mode, congestion="bbr")
     lab.set_link(0, "delay=10ms")
-    lab.up()
+    lab.start_tunnel()
     clean = lab.path_status("client0", "wan1")
     assert clean["udp_payload"] == clean["udp_payload_max"] > ROUTE_PAYLOAD
     assert clean["mtu_changes"] == 0

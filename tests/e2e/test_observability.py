@@ -12,7 +12,7 @@ import labctl
 
 def test_status_metrics_and_mss_clamp(make_lab):
     lab = make_lab(paths=2, extra_yaml="metrics_listen: 127.0.0.1:9464\n")
-    lab.up()
+    lab.start_tunnel()
     assert len(lab.ping(count=5, interval=0.05)["received"]) == 5
 
     table = labctl.run([labctl.BIN, "status", "--socket", lab.sock("client0")]).stdout
@@ -54,7 +54,7 @@ def test_status_metrics_and_mss_clamp(make_lab):
                                    ("quinn-bbr", "datagram"), ("newreno", "datagram")])
 def test_other_congestion_controllers(make_lab, cc, mode):
     lab = make_lab(paths=1, congestion=cc, mode=mode)
-    lab.up()
+    lab.start_tunnel()
     lab.iperf_server()
     up = lab.iperf(seconds=3)["end"]["sum_received"]["bits_per_second"] / 1e6
     report(f"{cc} / {mode}: TCP up {up:.0f} Mbit/s")
@@ -181,7 +181,7 @@ def test_json_logs_carry_path_class_and_client_fields(make_lab):
     """`log_format: json`: every line the instances log is one JSON object, with the event's
     fields (path, tunnel, client, class) as keys."""
     lab = make_lab(paths=2, extra_yaml="log_format: json\n")
-    lab.up()
+    lab.start_tunnel()
     events = {}
     for who in ("server", "client0"):
         lines = [l for l in lab.log(who).splitlines() if l.strip()]

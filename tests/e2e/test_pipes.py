@@ -18,7 +18,7 @@ def with_pipes(yaml, n):
 def test_four_pipes_get_round_a_per_session_cap(make_lab):
     lab = make_lab(paths=1, mode="datagram", congestion="bbr")  # our bbr, mpquic's default
     lab.set_link(0, LINK)
-    lab.up(client=lambda y: with_pipes(y, 4))
+    lab.start_tunnel(client=lambda y: with_pipes(y, 4))
     lab.iperf_server()
     results = {}
     for reverse in (False, True):

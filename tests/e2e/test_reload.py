@@ -35,7 +35,7 @@ def test_sighup_changes_paths_under_traffic_without_a_gap(make_lab):
     and a third path are changed by SIGHUP; a broken file on reload leaves the tunnel untouched
     and the error in the log and in `mpquic status`."""
     lab = make_lab(paths=3, policy="failover")
-    lab.up(client=lambda y: without_path(y, "wan3"))
+    lab.start_tunnel(client=lambda y: without_path(y, "wan3"))
     full = lab.client_yaml()
     cfg = f"{lab.dir}/client0-run.yaml"
     assert set(paths(lab.status("client0"))) == {"wan1", "wan2"}

@@ -15,7 +15,7 @@ import labctl
 @pytest.mark.parametrize("mode", ["datagram", "reliable", "auto"])
 def test_ping_tcp_both_directions_and_udp(make_lab, mode):
     lab = make_lab(paths=2, mode=mode)
-    lab.up()
+    lab.start_tunnel()
     up_since = time.monotonic()
     p = lab.ping(count=20, interval=0.05)
     assert len(p["received"]) == 20, p
@@ -64,7 +64,7 @@ def test_keys_update_under_traffic_without_a_lost_packet(make_lab):
     both ends count key updates, and pings every 10 ms across them all arrive (a sparse flow
     passes the upload's backlog)."""
     lab = make_lab(paths=1, mode=None)
-    lab.up()
+    lab.start_tunnel()
     before = {who: lab.status(who)["tls"]["key_updates"] for who in ("client0", "server")}
     lab.iperf_server()
     # Counted, so ping waits for the last reply before it exits: 4 s around a 3 s upload.
@@ -233,7 +233,7 @@ def test_foreign_ca_and_missing_certificate_are_refused(make_lab):
 def test_oversized_packet_is_counted_not_fatal(make_lab):
     lab = make_lab(paths=1)
     # A TUN MTU larger than the path can carry lets an oversized packet reach the tunnel.
-    lab.up(client=lambda y: y.replace("log_level: info", "log_level: info\ntun_mtu: 1500"))
+    lab.start_tunnel(client=lambda y: y.replace("log_level: info", "log_level: info\ntun_mtu: 1500"))
     ns = lab.client_ns(0)
     r = lab.sh(ns, "ping -n -c 3 -i 0.1 -W 1 -M do -s 1472 10.200.17.254", check=False)
     assert " 0 received" in r.stdout, r.stdout
