@@ -8,8 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, RoleConfig};
-use crate::memnet::{Host, Network};
-use crate::platform::Platform;
+use crate::io::memnet::{Host, Network};
 use crate::{client, pki, server};
 
 const SERVER_TUN: Ipv4Addr = Ipv4Addr::new(10, 200, 17, 254);
@@ -157,7 +156,7 @@ fn spawn_server_with(dir: &Path, net: &Arc<Network>, more: &str) -> Instance {
     let RoleConfig::Server(s) = cfg.role.clone() else {
         panic!("not a server configuration")
     };
-    tokio::spawn(server::run(cfg, s, Platform::memory(net.clone())))
+    tokio::spawn(server::run(cfg, s, net.platform()))
 }
 
 /// A client running on `net` with `cfg`.
@@ -165,7 +164,7 @@ fn spawn_client(net: &Arc<Network>, cfg: Config) -> Instance {
     let RoleConfig::Client(c) = cfg.role.clone() else {
         panic!("not a client configuration")
     };
-    tokio::spawn(client::run(cfg, c, Platform::memory(net.clone())))
+    tokio::spawn(client::run(cfg, c, net.platform()))
 }
 
 /// Stop the network (the instances' stop signal) and check that each ends cleanly, in time.
@@ -362,9 +361,7 @@ async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
     }
 
     // Pipe 1 of a path the server has no pipe 0 of.
-    let dialer =
-        crate::transport::quic::QuicDialer::new(&ccfg, &c, 1500, Platform::memory(net.clone()))
-            .unwrap();
+    let dialer = crate::transport::quic::QuicDialer::new(&ccfg, &c, 1500, net.platform()).unwrap();
     let stray = Hello {
         session: 7,
         path: "wan9".into(),
@@ -565,9 +562,7 @@ async fn stripe_path_to_a_server_without_stripe_is_refused() {
     let RoleConfig::Client(c) = ccfg.role.clone() else {
         panic!("role")
     };
-    let dialer =
-        crate::transport::quic::QuicDialer::new(&ccfg, &c, 1500, Platform::memory(net.clone()))
-            .unwrap();
+    let dialer = crate::transport::quic::QuicDialer::new(&ccfg, &c, 1500, net.platform()).unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let hello = crate::hello::Hello {
         session: 7,
@@ -984,7 +979,7 @@ async fn ipv6_inside_a_dual_stack_tunnel() {
     let RoleConfig::Server(s) = cfg.role.clone() else {
         unreachable!()
     };
-    let server = tokio::spawn(server::run(cfg, s, Platform::memory(net.clone())));
+    let server = tokio::spawn(server::run(cfg, s, net.platform()));
     let client = spawn_client(&net, client_config(d, "datagram"));
     warm_up(&mut cli_host, &mut srv_host).await;
 

@@ -5,7 +5,6 @@
 //! library so the fuzz targets (fuzz/) reach the parsers that files and peers feed: the
 //! configuration loader, the hello, the control socket and the dashboard.
 
-mod batch;
 mod budgets;
 pub mod client;
 pub mod config;
@@ -14,11 +13,9 @@ pub mod harness;
 pub mod hello;
 #[cfg(test)]
 mod inprocess_tests;
+pub mod io;
 pub mod lane;
-#[cfg(test)]
-mod memnet;
 pub mod pki;
-pub mod platform;
 mod quic;
 pub mod runtime;
 pub mod server;
@@ -26,5 +23,4 @@ pub mod server;
 pub use mpquic_status as status;
 mod tls;
 mod transport;
-mod tun;
 mod tunnel;

@@ -1,7 +1,8 @@
 //! The `mpquic` command: runs an instance from its configuration file, and the tools around it
 //! (check-config, pki, status, reload, man). What it runs is the library (src/lib.rs).
 
-use mpquic::{client, config, control, pki, platform, runtime, server, status};
+use mpquic::io::platform::Platform;
+use mpquic::{client, config, control, pki, runtime, server, status};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -140,8 +141,8 @@ fn run_instance(path: &std::path::Path) -> anyhow::Result<()> {
     rt.spawn(runtime::trim_task());
     rt.block_on(async move {
         match cfg.role.clone() {
-            RoleConfig::Client(c) => client::run(cfg, c, platform::Platform::system()).await,
-            RoleConfig::Server(s) => server::run(cfg, s, platform::Platform::system()).await,
+            RoleConfig::Client(c) => client::run(cfg, c, Platform::system()).await,
+            RoleConfig::Server(s) => server::run(cfg, s, Platform::system()).await,
         }
     })?;
     // Background tasks (blocked reads) must not delay exit.

@@ -67,31 +67,31 @@ pub fn tun_mtu(cfg: &Config, link_mtu: u32) -> u32 {
 /// The instance's TUN device, created with the configured offloads and MTU (IPv4 only inside
 /// the tunnel for now), with one queue.
 pub fn open_tun(
-    platform: &crate::platform::Platform,
+    platform: &crate::io::platform::Platform,
     cfg: &Config,
     name: &str,
     mtu: u32,
-) -> std::io::Result<crate::tun::Tun> {
+) -> std::io::Result<crate::io::tun::Tun> {
     let mut queues = open_tun_queues(platform, cfg, name, mtu, 1)?;
     Ok(queues.swap_remove(0))
 }
 
 /// The same with `queues` queues (the server's, one reader each); the first sets the device up.
 pub fn open_tun_queues(
-    platform: &crate::platform::Platform,
+    platform: &crate::io::platform::Platform,
     cfg: &Config,
     name: &str,
     mtu: u32,
     queues: usize,
-) -> std::io::Result<Vec<crate::tun::Tun>> {
+) -> std::io::Result<Vec<crate::io::tun::Tun>> {
     let tuns = platform.tun(name, cfg.tun_offload, queues)?;
     let tun = &tuns[0];
-    tun.set_mtu(mtu)?;
-    tun.disable_ipv6();
+    tun.device().set_mtu(mtu)?;
+    tun.device().disable_ipv6();
     tracing::info!(
         tun = %name,
-        offload = tun.offload(),
-        udp_offload = tun.udp_offload(),
+        offload = tun.device().offload(),
+        udp_offload = tun.device().udp_offload(),
         queues = tuns.len(),
         "TUN device open"
     );

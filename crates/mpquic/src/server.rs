@@ -27,16 +27,16 @@ use tracing::{info, warn};
 use crate::config::{Config, Ipv6Plan, RoleConfig, ServerConfig};
 use crate::control::reload;
 use crate::hello::{ClassOf, Hello, HelloAck};
-use crate::platform::Platform;
+use crate::io::platform::Platform;
+use crate::io::tun::Tun;
+use crate::runtime;
 use crate::status::StatusReport;
 use crate::tls::certificate::Facts;
 use crate::tls::revocation;
 use crate::transport::masque::MasqueListener;
 use crate::transport::quic::QuicListener;
 use crate::transport::{Carrier, Listener, Offer};
-use crate::tun::Tun;
 use crate::tunnel::{close, Carriage, LaneSpec, Shares, Sources, Tunnel};
-use crate::{quic, runtime};
 
 /// Traffic classes one session may have (each a lane of its tunnel).
 const MAX_CLASSES: usize = crate::config::MAX_CLASSES;
@@ -208,7 +208,7 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
         Some(listen) => Some(crate::lane::serve::start(&cfg, &scfg, listen)?),
         None => None,
     };
-    let mtu = runtime::tun_mtu(&cfg, quic::DEFAULT_LINK_MTU);
+    let mtu = runtime::tun_mtu(&cfg, crate::io::socket::DEFAULT_LINK_MTU);
     // One queue per runtime thread: that many readers can run at once.
     let queues: Vec<Arc<Tun>> =
         runtime::open_tun_queues(&platform, &cfg, &cfg.tun_name, mtu, cfg.worker_threads)?
@@ -217,9 +217,9 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
             .collect();
     // IPv6 first: setting the IPv4 address brings the device up.
     if let Some((a6, plan)) = scfg.ipv6 {
-        queues[0].set_ipv6(a6, plan.prefix6())?;
+        queues[0].device().set_ipv6(a6, plan.prefix6())?;
     }
-    queues[0].set_ipv4(scfg.tun_addr, scfg.prefix)?;
+    queues[0].device().set_ipv4(scfg.tun_addr, scfg.prefix)?;
     // Every site LAN a client may announce is routed into the device from the start; packets
     // for one whose client is not connected are counted (`no_route`).
     for (client, lan) in &scfg.routes {
@@ -311,8 +311,8 @@ fn take_offers(server: &Arc<Server>, listener: Arc<impl Listener>) {
 /// Route site LAN `lan` into the TUN device (`add`), or take the route out.
 fn route(tun: &Tun, lan: &Prefix, add: bool) -> std::io::Result<()> {
     match add {
-        true => tun.add_route(lan),
-        false => tun.del_route(lan),
+        true => tun.device().add_route(lan),
+        false => tun.device().del_route(lan),
     }
 }
 

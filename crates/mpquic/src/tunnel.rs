@@ -26,11 +26,11 @@ use mpquic_core::{
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
-use crate::batch::PacketBatch;
 use crate::config::{Congestion, TransportMode};
+use crate::io::batch::PacketBatch;
+use crate::io::tun::Tun;
 use crate::status::{ClassStatus, PathStatus, TunnelStatus};
 use crate::transport::{LaneCarry, LaneSend, PathTransport, Sink};
-use crate::tun::Tun;
 
 pub use crate::transport::close;
 pub use mpquic_core::tunnel::Sources;
@@ -666,14 +666,14 @@ impl Tunnel {
     /// Packets a TUN device refused, counted on the tunnel (its first lane): a coalesced write
     /// carries packets of several paths and lanes (and, on a server, of several clients'
     /// tunnels).
-    fn count_refused(&self, refused: Option<crate::tun::Refused>) {
+    fn count_refused(&self, refused: Option<crate::io::tun::Refused>) {
         if let Some((reason, n)) = self.refusal(refused) {
             self.lock().core.router_mut().drop_unrouted(0, reason, n);
         }
     }
 
     /// Why and how many packets the TUN device refused.
-    fn refusal(&self, refused: Option<crate::tun::Refused>) -> Option<(DropReason, u64)> {
+    fn refusal(&self, refused: Option<crate::io::tun::Refused>) -> Option<(DropReason, u64)> {
         let r = refused?;
         let reason = if r.error.raw_os_error() == Some(libc::EAGAIN) {
             DropReason::QueueFull
@@ -921,9 +921,9 @@ impl Tunnel {
         }
         let mut batch = PacketBatch::new();
         let mut scratch = Routed::default();
-        let mut infos = Vec::with_capacity(crate::batch::BATCH_PACKETS);
+        let mut infos = Vec::with_capacity(crate::io::batch::BATCH_PACKETS);
         for (lane, packets) in by_lane.iter().enumerate() {
-            for chunk in packets.chunks(crate::batch::BATCH_PACKETS) {
+            for chunk in packets.chunks(crate::io::batch::BATCH_PACKETS) {
                 batch.clear();
                 infos.clear();
                 for p in chunk {

@@ -35,13 +35,13 @@ use crate::config::{
 };
 use crate::control::reload::{self, PathChanges};
 use crate::hello::{ClassOf, Hello, HelloAck};
-use crate::platform::Platform;
+use crate::io::platform::Platform;
+use crate::io::tun::Tun;
+use crate::runtime;
 use crate::status::StatusReport;
 use crate::transport::quic::QuicDialer;
 use crate::transport::{Carrier, Dialed, Dialer, Known, PathTransport, Unfinished};
-use crate::tun::Tun;
 use crate::tunnel::{close, Carriage, LaneSpec, Routed, Shares, Tunnel};
-use crate::{quic, runtime};
 
 mod standby;
 
@@ -191,7 +191,7 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
         .iter()
         .map(|p| platform.link_mtu(&p.bind))
         .min()
-        .unwrap_or(quic::DEFAULT_LINK_MTU);
+        .unwrap_or(crate::io::socket::DEFAULT_LINK_MTU);
     // A per-packet policy numbers every packet (`wire::BOND_HEADER` more bytes in front), and
     // the classes after the first carry their lane (`wire::CLASSED_HEADER`).
     let bond_header = if ccfg.classes.iter().any(|k| k.policy.per_packet()) {
@@ -942,10 +942,12 @@ impl Client {
             for tun in std::iter::once(&self.tun).chain(own) {
                 // IPv6 first: setting the IPv4 address brings the device up.
                 if let Some((a, l)) = new.v6 {
-                    tun.set_ipv6(a, l)
+                    tun.device()
+                        .set_ipv6(a, l)
                         .context("cannot set the IPv6 tunnel address")?;
                 }
-                tun.set_ipv4(new.v4.0, new.v4.1)
+                tun.device()
+                    .set_ipv4(new.v4.0, new.v4.1)
                     .context("cannot set the tunnel address")?;
             }
             let (a, l) = new.v4;

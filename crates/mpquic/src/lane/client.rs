@@ -135,7 +135,7 @@ fn wanted(paths: &[PathConfig]) -> Result<Wanted> {
         match &p.bind {
             Bind::Interface(name) => {
                 w.devices.push(name.clone());
-                match crate::tun::interface_v4(name) {
+                match crate::io::interface::first_ipv4(name) {
                     Ok(a) => {
                         w.names.push((IpAddr::V4(a), p.name.clone()));
                         w.endpoints.push(Endpoint {

@@ -19,8 +19,8 @@ use std::time::Duration;
 use anyhow::Result;
 use mpquic_core::DropReason;
 
-use crate::batch::PacketBatch;
 use crate::hello::{Hello, HelloAck};
+use crate::io::batch::PacketBatch;
 
 pub(crate) mod admit;
 pub mod masque;

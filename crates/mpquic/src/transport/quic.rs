@@ -27,10 +27,10 @@ use super::{
     flow_of, stream_rx, BoxFuture, Carrier, Closed, Dialed, Dialer, Dropped, Known, LaneCarry,
     LaneSend, Listener, Offer, OfferReply, PathTransport, Sink, TransportStats, Unfinished,
 };
-use crate::batch::PacketBatch;
 use crate::config::{Config, PathConfig, PathKind, TransportMode};
 use crate::hello::{self, Hello, HelloAck};
-use crate::platform::Platform;
+use crate::io::batch::PacketBatch;
+use crate::io::platform::Platform;
 use crate::transport::close;
 use crate::{quic, tls};
 
@@ -938,7 +938,7 @@ pub fn server_quic(
         ))));
     server_config.transport_config(quic::transport(
         cfg.congestion,
-        quic::DEFAULT_LINK_MTU,
+        crate::io::socket::DEFAULT_LINK_MTU,
         None,
     ));
     // Initials waiting for the accept loop (which decides at once): bounded well below
@@ -1154,7 +1154,7 @@ impl OfferReply for QuicOffer {
             // the answer, a handshake later.
             let group = quic::PipeGroup::new(
                 accepting.congestion,
-                mpquic_core::mtu::udp_payload(quic::DEFAULT_LINK_MTU),
+                mpquic_core::mtu::udp_payload(crate::io::socket::DEFAULT_LINK_MTU),
             );
             let set = QuicPipes::new(group, count, ack, t);
             accepting.pipes.insert(key, &set);

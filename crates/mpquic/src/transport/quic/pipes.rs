@@ -25,8 +25,8 @@ use mpquic_core::{DropReason, PathLoad};
 use mpquic_status::PipeStatus;
 
 use super::QuicTransport;
-use crate::batch::PacketBatch;
 use crate::hello::HelloAck;
+use crate::io::batch::PacketBatch;
 use crate::quic::PipeGroup;
 use crate::transport::close;
 use crate::transport::{BoxFuture, Closed, LaneSend, PathTransport, Sink, TransportStats};

@@ -12,7 +12,7 @@ use super::{
     controller, keys, Link, Pipe, RecvBatch, StripeTransport, REGISTER_DEADLINE, REGISTER_RESEND,
 };
 use crate::config::{Congestion, PathConfig};
-use crate::platform::Platform;
+use crate::io::platform::Platform;
 use crate::transport::quic::QuicTransport;
 use crate::transport::PathTransport;
 use mpquic_core::stripe::Flight;

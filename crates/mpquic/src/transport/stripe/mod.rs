@@ -38,8 +38,8 @@ use tokio::sync::{mpsc, Notify};
 
 use super::quic::QuicTransport;
 use super::{BoxFuture, Closed, LaneSend, PathTransport, Sink, TransportStats};
-use crate::batch::PacketBatch;
 use crate::config::Congestion;
+use crate::io::batch::PacketBatch;
 
 pub mod client;
 mod sender;

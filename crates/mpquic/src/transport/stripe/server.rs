@@ -13,7 +13,7 @@ use anyhow::{bail, Result};
 
 use super::{controller, keys, Link, Pipe, RecvBatch, StripeTransport};
 use crate::config::Congestion;
-use crate::platform::Platform;
+use crate::io::platform::Platform;
 use crate::transport::quic::{QuicTransport, Refused};
 use mpquic_core::stripe::{self, Flight};
 

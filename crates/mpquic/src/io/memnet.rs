@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::io::{self, IoSliceMut};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
@@ -15,8 +15,12 @@ use anyhow::{anyhow, Result};
 use quinn::udp::{RecvMeta, Transmit};
 use tokio::sync::{mpsc, watch};
 
+use mpquic_core::classify::Prefix;
+
 use crate::config::Bind;
-use crate::tun::Tun;
+use crate::io::batch::PacketBatch;
+use crate::io::platform::{Machine, Platform};
+use crate::io::tun::{Device, ReadDrops, ReadScratch, Tun, VNET};
 
 /// Datagrams a socket may hold unread; more are dropped, as a full socket buffer would.
 const SOCKET_QUEUE: usize = 4096;
@@ -87,7 +91,7 @@ impl Network {
         lock(&self.state).tuns.insert(
             name.to_string(),
             MemTun {
-                from_host: tokio::sync::Mutex::new(from_host),
+                from_host: Mutex::new(from_host),
                 ready: Mutex::new(None),
                 to_host,
                 address: address.clone(),
@@ -100,6 +104,11 @@ impl Network {
         }
     }
 
+    /// The machine of instances on this network (`Platform`).
+    pub fn platform(self: &Arc<Self>) -> Platform {
+        Platform::new(Arc::new(Memory(self.clone())))
+    }
+
     pub fn tun(&self, name: &str) -> io::Result<Tun> {
         let dev = lock(&self.state).tuns.remove(name).ok_or_else(|| {
             io::Error::new(
@@ -107,7 +116,7 @@ impl Network {
                 format!("no memory host for TUN {name}"),
             )
         })?;
-        Ok(Tun::memory(name, dev))
+        Ok(Tun::new(name, Box::new(dev)))
     }
 
     /// A socket at `addr` (port 0: the next free one).
@@ -161,6 +170,37 @@ impl Network {
     }
 }
 
+/// The machine of instances on a memory network: its TUN devices have one queue whatever is
+/// asked, its links the default MTU; SIGHUP is not listened for (tests reload through the
+/// control socket), and the instance stops when the test calls `Network::stop`.
+struct Memory(Arc<Network>);
+
+impl Machine for Memory {
+    fn tun(&self, name: &str, _offload: bool, _queues: usize) -> io::Result<Vec<Tun>> {
+        Ok(vec![self.0.tun(name)?])
+    }
+
+    fn server_socket(&self, listen: SocketAddr) -> Result<Arc<dyn quinn::AsyncUdpSocket>> {
+        self.0.bind(listen)
+    }
+
+    fn client_socket(&self, bind: &Bind, _: SocketAddr) -> Result<Arc<dyn quinn::AsyncUdpSocket>> {
+        self.0.bind_client(bind)
+    }
+
+    fn link_mtu(&self, _: &Bind) -> u32 {
+        crate::io::socket::DEFAULT_LINK_MTU
+    }
+
+    fn on_hangup(&self, _: crate::control::reload::Trigger) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn stopped(&self) -> Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        Box::pin(self.0.stopped())
+    }
+}
+
 /// The test's side of a memory TUN device.
 pub struct Host {
     /// Packets into the device (as if the host routed them into the tunnel).
@@ -179,55 +219,91 @@ impl Host {
 
 /// The instance's side of a memory TUN device.
 pub struct MemTun {
-    from_host: tokio::sync::Mutex<mpsc::Receiver<Vec<u8>>>,
-    /// A packet `readable` took off the queue to learn that one was there; read first.
+    from_host: Mutex<mpsc::Receiver<Vec<u8>>>,
+    /// A packet `poll_readable` took off the queue to learn that one was there; read first.
     ready: Mutex<Option<Vec<u8>>>,
     to_host: mpsc::Sender<Vec<u8>>,
     address: Arc<Mutex<Option<(Ipv4Addr, u8)>>>,
 }
 
-impl MemTun {
-    pub fn set_ipv4(&self, addr: Ipv4Addr, prefix: u8) {
-        *lock(&self.address) = Some((addr, prefix));
+/// Like a kernel TUN device without offloads: reads and writes of one packet, never waiting;
+/// the settings only remember the IPv4 address (for the test's `Host::address`).
+impl Device for MemTun {
+    fn offload(&self) -> bool {
+        false
     }
 
-    /// Resolves when a packet can be read (like a readable TUN fd).
-    pub async fn readable(&self) {
-        if lock(&self.ready).is_some() {
-            return;
+    fn udp_offload(&self) -> bool {
+        false
+    }
+
+    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut ready = lock(&self.ready);
+        if ready.is_some() {
+            return Poll::Ready(Ok(()));
         }
-        match self.from_host.lock().await.recv().await {
-            Some(p) => *lock(&self.ready) = Some(p),
+        match lock(&self.from_host).poll_recv(cx) {
+            Poll::Ready(Some(p)) => {
+                *ready = Some(p);
+                Poll::Ready(Ok(()))
+            }
             // The host is gone: nothing will ever arrive.
-            None => std::future::pending().await,
+            Poll::Ready(None) | Poll::Pending => Poll::Pending,
         }
     }
 
-    /// Like a non-blocking TUN read: `Ok(None)` when nothing is queued.
-    pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    fn try_read(
+        &self,
+        batch: &mut PacketBatch,
+        _: &mut ReadScratch,
+        mtu: usize,
+        drops: &mut ReadDrops,
+    ) -> io::Result<bool> {
         let p = match lock(&self.ready).take() {
             Some(p) => p,
-            None => match self
-                .from_host
-                .try_lock()
-                .ok()
-                .and_then(|mut r| r.try_recv().ok())
-            {
-                Some(p) => p,
-                None => return Ok(None),
+            None => match lock(&self.from_host).try_recv() {
+                Ok(p) => p,
+                Err(_) => return Ok(false),
             },
         };
-        let n = p.len().min(buf.len());
-        buf[..n].copy_from_slice(&p[..n]);
-        Ok(Some(n))
+        if p.len() > mtu {
+            drops.oversized += 1;
+        } else {
+            batch.push(&p);
+        }
+        Ok(true)
     }
 
-    /// Like a TUN write: never waits; a full queue is EAGAIN.
-    pub fn send(&self, pkt: &[u8]) -> io::Result<usize> {
+    /// A full queue is EAGAIN, as a TUN write would be.
+    fn write(&self, w: &[u8]) -> io::Result<usize> {
+        let pkt = &w[VNET..];
         self.to_host
             .try_send(pkt.to_vec())
             .map(|_| pkt.len())
             .map_err(|_| io::Error::from_raw_os_error(libc::EAGAIN))
+    }
+
+    fn disable_ipv6(&self) {}
+
+    fn set_mtu(&self, _: u32) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn set_ipv4(&self, addr: Ipv4Addr, prefix: u8) -> io::Result<()> {
+        *lock(&self.address) = Some((addr, prefix));
+        Ok(())
+    }
+
+    fn set_ipv6(&self, _: Ipv6Addr, _: u8) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn add_route(&self, _: &Prefix) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn del_route(&self, _: &Prefix) -> io::Result<()> {
+        Ok(())
     }
 }
 
