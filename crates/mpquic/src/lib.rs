@@ -16,7 +16,6 @@ mod inprocess_tests;
 pub mod io;
 pub mod lane;
 pub mod pki;
-mod quic;
 pub mod runtime;
 pub mod server;
 /// The status report's types live in their own crate, shared with the lab.

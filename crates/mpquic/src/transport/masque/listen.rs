@@ -87,8 +87,11 @@ fn rules(masque: &MasqueServer) -> Rules {
 /// stream and two QPACK streams each way, one request).
 pub fn settings(cfg: &Config, scfg: &ServerConfig) -> Result<quinn::ServerConfig> {
     let mut s = crate::transport::quic::server_quic(cfg, scfg, tls::Served::Http3)?;
-    let mut t =
-        crate::quic::transport_config(cfg.congestion, crate::io::socket::DEFAULT_LINK_MTU, None);
+    let mut t = crate::transport::quic::settings::transport_config(
+        cfg.congestion,
+        crate::io::socket::DEFAULT_LINK_MTU,
+        None,
+    );
     t.max_concurrent_uni_streams(8u32.into());
     t.max_concurrent_bidi_streams(4u32.into());
     s.transport_config(Arc::new(t));

@@ -24,10 +24,10 @@ use bytes::Bytes;
 use mpquic_core::{DropReason, PathLoad};
 use mpquic_status::PipeStatus;
 
+use super::controller::PipeGroup;
 use super::QuicTransport;
 use crate::hello::HelloAck;
 use crate::io::batch::PacketBatch;
-use crate::quic::PipeGroup;
 use crate::transport::close;
 use crate::transport::{BoxFuture, Closed, LaneSend, PathTransport, Sink, TransportStats};
 
@@ -265,7 +265,7 @@ impl PathTransport for QuicPipes {
         }
         let (window, in_flight) = self.group.read();
         PathLoad {
-            rate: rtt.map(|r| crate::quic::rate_per_rtt(window, r)),
+            rate: rtt.map(|r| super::settings::rate_per_rtt(window, r)),
             rtt,
             backlog,
             window: Some(window),

@@ -134,7 +134,9 @@ struct Meter {
 /// fixed 512 packets was 20 ms at 300 Mbit/s: in scenario 06 (2 x 300 Mbit/s) the stripe
 /// sender refused 26k packets a path in 15 s where QUIC's pipes, 512 KiB each, refused 0.2-1k.
 fn queue_limit(window: u64, rtt: Option<Duration>) -> usize {
-    let bytes = rtt.map_or(0, |r| crate::quic::datagram_queue_limit(window, r));
+    let bytes = rtt.map_or(0, |r| {
+        super::quic::settings::datagram_queue_limit(window, r)
+    });
     (bytes as usize / PACED_PACKET).max(QUEUE)
 }
 
@@ -715,7 +717,7 @@ impl PathTransport for StripeTransport {
         let limit = m.limit.load(Ordering::Relaxed).max(QUEUE as u64);
         PathLoad {
             // As a QUIC path's (`QuicTransport::load`): the schedulers compare paths by it.
-            rate: rtt.map(|r| crate::quic::rate_per_rtt(window, r)),
+            rate: rtt.map(|r| super::quic::settings::rate_per_rtt(window, r)),
             rtt,
             backlog: m.backlog.load(Ordering::Relaxed) + queued,
             window: Some(window),
