@@ -4,9 +4,9 @@
 //! (`tests/fuzz_regressions.rs`, inputs in `fuzz/regressions/<target>/`): one harness for both.
 //! None of it may panic, whatever the bytes.
 
-use crate::coalesce::Coalescer;
 use crate::fec::FecMode;
-use crate::reassembly::{self, Reassembly};
+use crate::packet::coalesce::Coalescer;
+use crate::reorder::reassembly::{self, Reassembly};
 use crate::stripe::feedback::Feedback;
 use crate::stripe::{self, Keys, Kind, SECRET_LEN};
 use crate::tunnel::{LinkStats, Polled, Recorded, Sources, TunnelCore};

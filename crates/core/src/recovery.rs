@@ -32,7 +32,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::loss::LossEstimate;
+use crate::path::loss::LossEstimate;
 
 /// How a configuration says its paths carry inner packets (`transport_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

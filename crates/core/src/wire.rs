@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::health::{PathState, PeerView};
+use crate::path::health::{PathState, PeerView};
 use crate::role::Role;
 
 pub const PROBE: u8 = 0x01;
@@ -304,7 +304,7 @@ pub fn encode_probe_view(seq: u32, v: &PeerView) -> [u8; PROBE_VIEW_LEN] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::health::{PathState, PeerView};
+    use crate::path::health::{PathState, PeerView};
     use std::time::Duration;
 
     #[test]

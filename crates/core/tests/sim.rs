@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use mpquic_core::fec::FecMode;
 use mpquic_core::packet::PacketInfo;
 use mpquic_core::recovery::Carry;
-use mpquic_core::reseq::MAX_WAIT;
+use mpquic_core::reorder::reseq::MAX_WAIT;
 use mpquic_core::tunnel::{LinkStats, Outgoing, Polled, Recorded, Routing, TunnelCore};
 use mpquic_core::wire::{self, Datagram};
 use mpquic_core::{HealthConfig, HealthMode, PathId, PathLoad, PathSpec, Policy, Router};

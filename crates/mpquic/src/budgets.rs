@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use mpquic_core::budget::Usage;
+use mpquic_core::path::budget::Usage;
 use tracing::warn;
 
 use crate::tunnel::Tunnel;

@@ -59,9 +59,10 @@ fn drops_at(table: &str, port: u16) -> u64 {
         .sum()
 }
 
-/// TUN MTU: as configured, or derived from the smallest link MTU (`mpquic_core::mtu`).
+/// TUN MTU: as configured, or derived from the smallest link MTU (`mpquic_core::packet::mtu`).
 pub fn tun_mtu(cfg: &Config, link_mtu: u32) -> u32 {
-    cfg.tun_mtu.unwrap_or(mpquic_core::mtu::tun_mtu(link_mtu))
+    cfg.tun_mtu
+        .unwrap_or(mpquic_core::packet::mtu::tun_mtu(link_mtu))
 }
 
 /// The instance's TUN device, created with the configured offloads and MTU (IPv4 only inside

@@ -602,7 +602,7 @@ impl Server {
         self.queues[q]
             .read_loop(
                 self.mtu,
-                mpquic_core::mtu::tcp_mss(self.mtu),
+                mpquic_core::packet::mtu::tcp_mss(self.mtu),
                 |batch, infos, drops| {
                     self.queue_packets[q].fetch_add(infos.len() as u64, Ordering::Relaxed);
                     for _ in 0..drops.oversized {

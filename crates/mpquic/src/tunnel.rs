@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use mpquic_core::budget::{iso_date, Budget, Standing, Usage};
 use mpquic_core::classify::{FlowClasses, Prefix};
 use mpquic_core::fec::FecMode;
-use mpquic_core::pmtu::Resize;
+use mpquic_core::path::budget::{iso_date, Budget, Standing, Usage};
+use mpquic_core::path::pmtu::Resize;
 use mpquic_core::recovery::Why;
 use mpquic_core::tunnel::{Deliver, LinkStats, PathFec, Polled, Received, Routing, TunnelCore};
 use mpquic_core::wire::{self, Datagram};
@@ -57,7 +57,7 @@ impl State {
 }
 
 /// A metered path's budget for status, at `wall` (seconds since the epoch).
-fn budget_status(m: &mpquic_core::budget::Meter, wall: i64) -> crate::status::BudgetStatus {
+fn budget_status(m: &mpquic_core::path::budget::Meter, wall: i64) -> crate::status::BudgetStatus {
     let (b, u) = (&m.budget, &m.usage);
     let end = b.period_end(u.since);
     let runs_out = b.runs_out(u, wall);
@@ -1034,7 +1034,7 @@ impl Tunnel {
                 ps
             })
             .collect();
-        let drops_of = |l: &mpquic_core::router::Lane| -> BTreeMap<String, u64> {
+        let drops_of = |l: &mpquic_core::bond::router::Lane| -> BTreeMap<String, u64> {
             (l.bond().drops.iter())
                 .map(|(r, n)| (r.as_str().to_string(), n))
                 .collect()
@@ -1101,7 +1101,7 @@ fn merge(maps: impl Iterator<Item = BTreeMap<String, u64>>) -> BTreeMap<String, 
 
 /// The resequencer's counters for status (`TunnelStatus::reorder`), with what it holds now
 /// and the wait in force for a missing packet (gauges).
-fn reorder_status(r: &mpquic_core::reseq::Resequencer) -> BTreeMap<String, u64> {
+fn reorder_status(r: &mpquic_core::reorder::reseq::Resequencer) -> BTreeMap<String, u64> {
     let c = r.counters;
     [
         ("held", c.held),
@@ -1138,7 +1138,7 @@ fn fec_status(ps: &mut PathStatus, f: &PathFec) {
 /// `max_datagram` bytes, this packet's header included.
 fn too_big_reply(batch: &PacketBatch, i: usize, max_datagram: usize) -> Option<Vec<u8>> {
     let mtu = max_datagram.checked_sub(batch.header_len(i))?;
-    mpquic_core::icmp::too_big(batch.packet(i), u16::try_from(mtu).ok()?)
+    mpquic_core::packet::icmp::too_big(batch.packet(i), u16::try_from(mtu).ok()?)
 }
 
 fn ms(d: Duration) -> f64 {

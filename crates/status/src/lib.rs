@@ -213,7 +213,7 @@ pub struct TunnelStatus {
     pub paths: Vec<PathStatus>,
     /// Drops that belong to no path (every class's together).
     pub drops: BTreeMap<String, u64>,
-    /// Per-packet bonding, the peer's flows put back in order here (`mpquic_core::reseq`):
+    /// Per-packet bonding, the peer's flows put back in order here (`mpquic_core::reorder::reseq`):
     /// held, skipped, timeouts, late, duplicates (counters) and holding (packets held now);
     /// every class's together.
     #[serde(default)]

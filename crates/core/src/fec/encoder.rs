@@ -6,7 +6,7 @@ use std::time::Instant;
 use super::codec::Codecs;
 use super::redundancy::auto_parity;
 use super::{FecCounters, FecMode, AUTO_DATA, MAX_GROUP_DELAY};
-use crate::loss::LossEstimate;
+use crate::path::loss::LossEstimate;
 use crate::wire::{self, FEC_DATA_HEADER, FEC_REPAIR_HEADER};
 
 /// A shard starts with its packet's length, so a rebuilt packet knows where it ends.

@@ -5,7 +5,7 @@
 //! stays lost when it is lost itself and at least `m` of the other `k + m - 1` shards are lost
 //! too. `auto` picks the smallest `m` that keeps that probability under `RESIDUAL_TARGET` at
 //! the measured loss with a margin, because the estimate lags a rising loss rate. The loss
-//! itself comes from `crate::loss::LossEstimate`.
+//! itself comes from `crate::path::loss::LossEstimate`.
 
 use super::MAX_REPAIR;
 

@@ -2,7 +2,7 @@
 //! at every poll; a budget used up makes the path a backup until its period ends (`Role`,
 //! `PathSet::candidates`).
 
-use crate::budget::{Budget, Meter, Standing, Usage};
+use crate::path::budget::{Budget, Meter, Standing, Usage};
 use std::time::{Duration, Instant};
 
 use crate::PathId;

@@ -14,10 +14,10 @@ mod timers;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Instant;
 
-use crate::ackwatch::AckWatch;
 use crate::classify::Prefix;
 use crate::fec::{self, FecMode};
-use crate::pmtu::{PathMtu, Resize};
+use crate::path::ackwatch::AckWatch;
+use crate::path::pmtu::{PathMtu, Resize};
 use crate::recovery::{Carry, Recovery};
 use crate::wire::FEC_DATA_HEADER;
 use crate::{DropReason, HealthConfig, HealthMode, PacketInfo, PathId, PathSpec, Policy, Router};
@@ -405,7 +405,7 @@ mod tests {
     /// once its budget is used up, until its period starts again.
     #[test]
     fn a_used_up_budget_makes_the_path_a_backup_until_the_next_period() {
-        use crate::budget::{Budget, Period, Standing};
+        use crate::path::budget::{Budget, Period, Standing};
         let mut core = TunnelCore::new(Policy::Failover, HealthMode::Transport, FecMode::Off, None);
         let spec = |name: &str, priority| PathSpec {
             name: name.into(),

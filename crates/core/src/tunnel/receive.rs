@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use crate::reseq::Verdict;
+use crate::reorder::reseq::Verdict;
 use crate::wire::{self, Datagram};
 use crate::{DropReason, PacketInfo, PathId, Transition};
 

@@ -4,9 +4,10 @@
 use std::time::Instant;
 
 use crate::fec::FecMode;
-use crate::pmtu::Resize;
+use crate::path::ackwatch;
+use crate::path::pmtu::Resize;
 use crate::recovery::{Carry, Why};
-use crate::{ackwatch, wire};
+use crate::wire;
 use crate::{PathId, PathState, ProbeDue, Transition};
 
 use super::{Deliver, LinkStats, Received, TunnelCore};
@@ -30,7 +31,7 @@ pub struct Polled {
     pub carry: Vec<(PathId, Carry, Why)>,
     /// Metered paths whose standing against their budget changed now (log them; a path used
     /// up is a backup now).
-    pub budgets: Vec<(PathId, crate::budget::Standing)>,
+    pub budgets: Vec<(PathId, crate::path::budget::Standing)>,
     /// Packets were delivered (released by the resequencer): flush the TUN device.
     pub delivered: bool,
     /// What each path's connection reported, read once per poll (by `PathId::index()`).

@@ -25,8 +25,9 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use mpquic_core::classify::Classifier;
 use mpquic_core::fec::FecMode;
-use mpquic_core::standby::Standing;
-use mpquic_core::{reconnect, sessions, DropReason, HealthMode, PathId, PathSpec};
+use mpquic_core::path::reconnect;
+use mpquic_core::path::standby::Standing;
+use mpquic_core::{sessions, DropReason, HealthMode, PathId, PathSpec};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
@@ -104,7 +105,7 @@ struct Client {
     budget_file: crate::budgets::StateFile,
     /// The MPTCP lane (status reads it, a reload changes it), once it runs.
     lane: std::sync::OnceLock<Arc<crate::lane::client::Live>>,
-    saved_usage: Mutex<std::collections::HashMap<String, mpquic_core::budget::Usage>>,
+    saved_usage: Mutex<std::collections::HashMap<String, mpquic_core::path::budget::Usage>>,
 }
 
 /// The tunnel addresses the server gave: IPv4, and IPv6 when its tunnel is dual-stack.
@@ -275,7 +276,7 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
         fatal: fatal_tx,
         mtu,
         link_mtu,
-        link_payload: mpquic_core::mtu::udp_payload(link_mtu),
+        link_payload: mpquic_core::packet::mtu::udp_payload(link_mtu),
         paths: Mutex::new(Vec::new()),
         reloads: reload::Record::default(),
         certificates: std::sync::RwLock::new(crate::tls::loaded(
@@ -551,7 +552,7 @@ impl Client {
         self.tun
             .read_loop(
                 self.mtu,
-                mpquic_core::mtu::tcp_mss(self.mtu),
+                mpquic_core::packet::mtu::tcp_mss(self.mtu),
                 |batch, infos, drops| {
                     let t = &self.tunnel;
                     t.drop_unsent(default, DropReason::Oversized, drops.oversized);
@@ -584,7 +585,7 @@ impl Client {
         let mut all: Vec<usize> = Vec::new();
         tun.read_loop(
             self.mtu,
-            mpquic_core::mtu::tcp_mss(self.mtu),
+            mpquic_core::packet::mtu::tcp_mss(self.mtu),
             |batch, infos, drops| {
                 let t = &self.tunnel;
                 t.drop_unsent(k, DropReason::Oversized, drops.oversized);
@@ -757,7 +758,7 @@ impl Client {
                                 let error = format!("{e:#}");
                                 if !tunnel.resize_failed(id, r.payload) {
                                     info!(path = %p.name, payload = r.payload, %error, "reconnect at a new packet size failed while the path was down; tried again once it is up");
-                                } else if before == Some(mpquic_core::pmtu::FLOOR) {
+                                } else if before == Some(mpquic_core::path::pmtu::FLOOR) {
                                     // Connected at the floor only, and larger packets fail
                                     // while those pass: the route's MTU fell.
                                     warn!(path = %p.name, payload = r.payload, %error, "path MTU fell: larger packets do not pass while the smallest do; finding the size that passes");
@@ -790,7 +791,7 @@ impl Client {
     async fn connect(&self, id: PathId, p: &PathConfig) -> Result<Arc<dyn PathTransport>> {
         let tunnel = &self.tunnel;
         let failures = self.slot(id).connect_failures;
-        let floor = mpquic_core::pmtu::FLOOR;
+        let floor = mpquic_core::path::pmtu::FLOOR;
         let current = self.slot(id).payload;
         // Only where the tunnel watches the size (not over CONNECT-IP: its server answers no
         // size probes), or nothing would find the larger size again.

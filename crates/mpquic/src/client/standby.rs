@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use mpquic_core::ackwatch::{self, AckWatch};
-use mpquic_core::standby::{self, Rank, Standing};
+use mpquic_core::path::ackwatch::{self, AckWatch};
+use mpquic_core::path::standby::{self, Rank, Standing};
 use mpquic_core::PathId;
 use tokio::sync::watch;
 
@@ -125,7 +125,9 @@ impl Liveness {
     pub(super) fn dead_for(&mut self, t: &dyn PathTransport, now: Instant) -> Option<Duration> {
         let st = t.stats();
         self.rtt = st.rtt.or(self.rtt);
-        let reached = st.udp_payload.filter(|p| *p > mpquic_core::pmtu::FLOOR);
+        let reached = st
+            .udp_payload
+            .filter(|p| *p > mpquic_core::path::pmtu::FLOOR);
         self.payload = self.payload.max(reached);
         let acks = st.acks?;
         self.watch.on_sample(acks, t.load().in_flight > 0, now);

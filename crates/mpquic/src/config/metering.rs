@@ -2,7 +2,7 @@
 //! (Mbit/s each way), `role` (primary, backup, overflow) and `data_budget` (bytes per day or
 //! month, persisted in `state_dir`).
 
-use mpquic_core::budget::{Budget, Period};
+use mpquic_core::path::budget::{Budget, Period};
 use mpquic_core::Role as PathRole;
 use serde::Deserialize;
 

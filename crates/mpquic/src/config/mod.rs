@@ -272,7 +272,7 @@ pub struct PathConfig {
     /// `role`: primary (default), backup or overflow (`mpquic_core::Role`).
     pub role: mpquic_core::Role,
     /// `data_budget`: bytes per day or month, both directions; used up, the path is a backup.
-    pub data_budget: Option<mpquic_core::budget::Budget>,
+    pub data_budget: Option<mpquic_core::path::budget::Budget>,
 }
 
 /// How a path carries the tunnel's datagrams.
@@ -1089,7 +1089,7 @@ multipath_paths:
         assert_eq!(caps, [Some(5_000_000), None, None]);
         let roles: Vec<_> = cc.paths.iter().map(|p| p.role.as_str()).collect();
         assert_eq!(roles, ["backup", "primary", "overflow"]);
-        use mpquic_core::budget::{Budget, Period};
+        use mpquic_core::path::budget::{Budget, Period};
         assert_eq!(
             cc.paths[0].data_budget,
             Some(Budget {

@@ -5,7 +5,7 @@
 //!
 //! With offloads, a read may be a 64 KB super-packet of one flow, which the kernel device splits
 //! into segments of the flow's MSS (tun-rs's port of wireguard-go's split); what the tunnel
-//! delivers is queued into `mpquic_core::coalesce`, which joins consecutive segments of a flow as
+//! delivers is queued into `mpquic_core::packet::coalesce`, which joins consecutive segments of a flow as
 //! they come, and written at the end of a receive wake-up (`flush`). Either way the kernel's
 //! stack runs once per super-packet instead of once per packet. (tun-rs's own coalescing copies
 //! and allocates every packet once more; ours copies each packet once, into its write.)
@@ -70,11 +70,11 @@ pub(super) const MAX_SEGMENTS: usize = tun_rs::IDEAL_BATCH_SIZE;
 /// Packets queued for writing at most; a full outbox is written before it takes more.
 const OUTBOX_PACKETS: usize = 128;
 /// Bytes of the virtio header in front of every read and write with offloads.
-pub const VNET: usize = mpquic_core::coalesce::VNET_HDR;
+pub const VNET: usize = mpquic_core::packet::coalesce::VNET_HDR;
 
 /// What the tunnel delivered and has not written yet: coalesced per flow as it comes
-/// (`mpquic_core::coalesce`), written in arrival order.
-type Outbox = mpquic_core::coalesce::Coalescer;
+/// (`mpquic_core::packet::coalesce`), written in arrival order.
+type Outbox = mpquic_core::packet::coalesce::Coalescer;
 
 /// Packets a TUN write refused: how many and why (the kernel's error).
 #[derive(Debug)]

@@ -1,7 +1,7 @@
 //! Reliable mode, receive side: frames off a path's stream (docs/PROTOCOL.md section 3), handed
-//! on at the steady delay `mpquic_core::playout` sets (none on a clean path).
+//! on at the steady delay `mpquic_core::reorder::playout` sets (none on a clean path).
 //!
-//! The stream is read in any order (`mpquic_core::reassembly` puts the frames back in order),
+//! The stream is read in any order (`mpquic_core::reorder::reassembly` puts the frames back in order),
 //! so each frame's head-of-line wait is known: the playout acts on those waits only, not on
 //! queueing at a bottleneck.
 //!
@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use mpquic_core::playout::Playout;
-pub use mpquic_core::reassembly::{header, HEADER};
-use mpquic_core::reassembly::{Frame, Reassembly};
+use mpquic_core::reorder::playout::Playout;
+pub use mpquic_core::reorder::reassembly::{header, HEADER};
+use mpquic_core::reorder::reassembly::{Frame, Reassembly};
 use tokio::sync::mpsc;
 use tracing::warn;
 

@@ -105,7 +105,9 @@ impl QuicDialer {
         // the size a connection reached, where the next one starts: `client_transport`.)
         let standard = self.masque.is_some();
         let link_mtu = match known.payload {
-            Some(p) if !standard => mpquic_core::mtu::link_mtu_for_payload(p).min(self.link_mtu),
+            Some(p) if !standard => {
+                mpquic_core::packet::mtu::link_mtu_for_payload(p).min(self.link_mtu)
+            }
             _ => self.link_mtu,
         };
         let mut client = (self.client.read().unwrap_or_else(|e| e.into_inner())).clone();
@@ -150,8 +152,10 @@ impl QuicDialer {
         if !ack.ok {
             return Ok(native((first, ack)));
         }
-        let group =
-            controller::PipeGroup::new(self.congestion, mpquic_core::mtu::udp_payload(to.link_mtu));
+        let group = controller::PipeGroup::new(
+            self.congestion,
+            mpquic_core::packet::mtu::udp_payload(to.link_mtu),
+        );
         let set = Unfinished::new(QuicPipes::new(group, p.pipes, ack.clone(), first));
         let hellos: Vec<Hello> = (1..p.pipes).map(hello_for).collect();
         let rest =
@@ -225,7 +229,7 @@ impl QuicDialer {
         let ack: HelloAck = hello::read(&mut recv)
             .await
             .context("no hello answer from the server")?;
-        let link_payload = mpquic_core::mtu::udp_payload(self.link_mtu);
+        let link_payload = mpquic_core::packet::mtu::udp_payload(self.link_mtu);
         let transport =
             QuicTransport::new(conn, send, recv, Some(endpoint), h.mode, Some(link_payload));
         Ok((transport, ack))
@@ -248,7 +252,7 @@ impl QuicDialer {
             .map(|(a, _)| a);
         let authority = format!("{}:{}", self.server_name, to.remote.port());
         let answered = crate::transport::masque::request(&conn, authority, m, h, ask).await?;
-        let link_payload = mpquic_core::mtu::udp_payload(self.link_mtu);
+        let link_payload = mpquic_core::packet::mtu::udp_payload(self.link_mtu);
         let transport = QuicTransport::http_datagrams(
             conn,
             answered.stream,

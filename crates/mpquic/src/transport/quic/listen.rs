@@ -322,7 +322,7 @@ impl OfferReply for QuicOffer {
             // the answer, a handshake later.
             let group = controller::PipeGroup::new(
                 accepting.congestion,
-                mpquic_core::mtu::udp_payload(crate::io::socket::DEFAULT_LINK_MTU),
+                mpquic_core::packet::mtu::udp_payload(crate::io::socket::DEFAULT_LINK_MTU),
             );
             let set = QuicPipes::new(group, count, ack, t);
             accepting.pipes.insert(key, &set);

@@ -71,8 +71,8 @@ pub fn client_transport(
     if standard {
         t.keep_alive_interval(Some(PROBELESS_KEEP_ALIVE));
         let start = known_payload
-            .unwrap_or(mpquic_core::pmtu::FLOOR)
-            .min(mpquic_core::mtu::udp_payload(link_mtu));
+            .unwrap_or(mpquic_core::path::pmtu::FLOOR)
+            .min(mpquic_core::packet::mtu::udp_payload(link_mtu));
         t.initial_mtu(start);
         t.min_mtu(start);
     }
@@ -90,7 +90,7 @@ pub fn transport_config(cc: Congestion, link_mtu: u32, rtt: Option<Duration>) ->
     // go in stripe packets), yet it is the path's life: keep it from idling out. Other paths'
     // probes every 100 ms make this a no-op for them.
     t.keep_alive_interval(Some(KEEP_ALIVE));
-    let payload = mpquic_core::mtu::udp_payload(link_mtu);
+    let payload = mpquic_core::packet::mtu::udp_payload(link_mtu);
     t.initial_mtu(payload);
     // The link's known payload is also the floor: quinn's black-hole detector reads bursts of
     // lost full-size packets as an MTU black hole and drops to `min_mtu` for a minute, and a
@@ -126,7 +126,7 @@ pub fn rate_per_rtt(window: u64, rtt: Duration) -> u64 {
 /// carry, so the server (whose own link MTU says nothing about the client's) never sends more.
 pub fn client_endpoint(link_mtu: u32) -> quinn::EndpointConfig {
     let mut c = quinn::EndpointConfig::default();
-    c.max_udp_payload_size(mpquic_core::mtu::udp_payload(link_mtu))
+    c.max_udp_payload_size(mpquic_core::packet::mtu::udp_payload(link_mtu))
         .expect("udp_payload is within QUIC's bounds (1200..=65527)");
     c
 }

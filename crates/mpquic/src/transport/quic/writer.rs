@@ -73,7 +73,7 @@ impl Recent {
             }
             let mut rest = chunk;
             while let Some(h) = rest.first_chunk::<STREAM_HEADER>() {
-                let (n, _) = mpquic_core::reassembly::parse_header(h);
+                let (n, _) = mpquic_core::reorder::reassembly::parse_header(h);
                 if n == 0 || rest.len() < STREAM_HEADER + n {
                     break;
                 }
@@ -147,7 +147,7 @@ pub(super) async fn path_writer(w: Writer) {
     let mut stale = Dropped::default();
     let mut refused = Dropped::default();
     let mut failed = (Dropped::default(), Dropped::default(), Dropped::default());
-    let mut loss = mpquic_core::loss::LossEstimate::default();
+    let mut loss = mpquic_core::path::loss::LossEstimate::default();
     // What left the writer's hands, sent or dropped, no longer waits.
     let gone = |d: &mut Dropped, reason: DropReason| {
         waiting.fetch_sub(d.bytes, Ordering::Relaxed);

@@ -1,6 +1,13 @@
 //! Read-only views of inner IP packets and the one in-place rewrite the data path does
 //! (TCP MSS clamping). Everything here takes untrusted bytes: every accessor is bounds-checked
 //! and returns `None` instead of panicking.
+//!
+//! Beside the parser: `coalesce` (GRO for the TUN writes), `icmp` ("packet too big" for inner
+//! senders), `mtu` (the tunnel's size arithmetic).
+
+pub mod coalesce;
+pub mod icmp;
+pub mod mtu;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

@@ -9,13 +9,13 @@
 
 use std::time::{Duration, Instant};
 
+use crate::bond::scheduler::Policy;
 use crate::bond::{Bond, Route};
 use crate::drops::DropReason;
-use crate::health::{HealthConfig, HealthMode, PeerView};
 use crate::packet::PacketInfo;
-use crate::paths::{PathId, PathLoad, PathSet, PathSpec, ProbeDue, Transition};
-use crate::reseq::{self, Resequencer, Verdict};
-use crate::scheduler::Policy;
+use crate::path::health::{HealthConfig, HealthMode, PeerView};
+use crate::path::{PathId, PathLoad, PathSet, PathSpec, ProbeDue, Transition};
+use crate::reorder::reseq::{self, Resequencer, Verdict};
 use crate::wire;
 
 /// How many slots a tunnel keeps per path it may use, counting retired ones (`path_within`).

@@ -2,14 +2,21 @@
 //! policy) and the drops that belong to no path; the paths themselves, their health and their
 //! counters live in the `PathSet`, which several bonds (traffic classes) may share. Both the
 //! client and the server drive their bonds with the same code.
+//!
+//! Beside the bond: `scheduler` (the policies), `flow` (the flow table that pins flows to
+//! paths), `router` (one tunnel's path set and the lanes that schedule over it).
+
+pub mod flow;
+pub mod router;
+pub mod scheduler;
 
 use std::time::{Duration, Instant};
 
+use crate::bond::scheduler::{Policy, Scheduler};
 use crate::drops::{DropReason, Drops};
 use crate::packet::PacketInfo;
-use crate::paths::{PathId, PathSet, Transition};
-use crate::reseq::Sequencer;
-use crate::scheduler::{Policy, Scheduler};
+use crate::path::{PathId, PathSet, Transition};
+use crate::reorder::reseq::Sequencer;
 
 /// How often the scheduler's housekeeping (flow expiry) runs.
 const HOUSEKEEPING: Duration = Duration::from_secs(1);

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::paths::PathId;
+use crate::path::PathId;
 
 const NIL: u32 = u32::MAX;
 
@@ -187,7 +187,7 @@ impl FlowTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::paths::{PathSet, PathSpec};
+    use crate::path::{PathSet, PathSpec};
 
     fn ids(n: usize) -> Vec<PathId> {
         let mut s = PathSet::new(Default::default());

@@ -2,12 +2,25 @@
 //! health (probed independently of any traffic), its counters and drops. A `PathSet` is shared
 //! by every bond that schedules over it (one prober per path, however many bonds), so a path's
 //! state lives here once and the bonds only decide where packets go.
+//!
+//! A path's state beside the set: `health` (probes, RTT, up/down), `ackwatch` (failover from
+//! the data's acknowledgements), `loss` (recent loss rate), `pmtu` (path MTU watch),
+//! `reconnect` (when to dial again), `budget` (a metered path's data budget), `standby` (one
+//! path at a time, for a server that does not bond).
+
+pub mod ackwatch;
+pub mod budget;
+pub mod health;
+pub mod loss;
+pub mod pmtu;
+pub mod reconnect;
+pub mod standby;
 
 use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::drops::{DropReason, Drops};
-use crate::health::{HealthConfig, HealthMode, PathHealth, PathState, PeerView};
+use crate::path::health::{HealthConfig, HealthMode, PathHealth, PathState, PeerView};
 use crate::role::Role;
 
 /// A path of one `PathSet`: stable for the set's lifetime (paths are added, never removed, so an

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use crate::paths::PathId;
+use crate::path::PathId;
 
 /// A false verdict of the carrying path's ACK watch costs a new session (a redial, and at a
 /// standard server perhaps a new address), not just a move to another live path as in the

@@ -4,9 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::flow::FlowTable;
+use crate::bond::flow::FlowTable;
 use crate::packet::PacketInfo;
-use crate::paths::{Path, PathId, PathSet};
+use crate::path::{Path, PathId, PathSet};
 
 /// The policies a config can name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
