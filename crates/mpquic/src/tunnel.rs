@@ -27,7 +27,7 @@ use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use crate::config::{Congestion, TransportMode};
-use crate::io::batch::PacketBatch;
+use crate::io::batch::{Facts, PacketBatch};
 use crate::io::tun::Tun;
 use crate::status::{ClassStatus, PathStatus, TunnelStatus};
 use crate::transport::{LaneCarry, LaneSend, PathTransport, Sink};
@@ -490,6 +490,11 @@ impl Tunnel {
             self.drop_unsent(0, DropReason::Malformed, which.len() as u64);
             return;
         };
+        // What the transports queue and carry by, from the headers parsed once.
+        for &i in which {
+            let facts = Facts::of(batch.packet(i), infos.get(i).and_then(Option::as_ref));
+            batch.set_facts(i, facts);
+        }
         scratch.lane = lane;
         if l.per_packet {
             self.refresh_loads(scratch);

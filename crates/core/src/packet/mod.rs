@@ -56,6 +56,24 @@ impl PacketInfo {
             self.ports.map(|(s, d)| (d, s)),
         )
     }
+
+    /// Whether `pkt` (the packet this was parsed from) is a TCP segment with ACK and no data,
+    /// no SYN, FIN or RST (`is_pure_tcp_ack`), from the header already parsed.
+    pub fn is_pure_tcp_ack(&self, pkt: &[u8]) -> bool {
+        let (Some(t), PROTO_TCP) = (self.transport_offset, self.proto) else {
+            return false;
+        };
+        let Some(hdr) = pkt.get(t..t + 20) else {
+            return false;
+        };
+        let flags = hdr[13];
+        let only_ack = flags & 0x10 != 0 && flags & 0x07 == 0;
+        let end = match self.src {
+            IpAddr::V4(_) => usize::from(u16::from_be_bytes([pkt[2], pkt[3]])),
+            IpAddr::V6(_) => 40 + usize::from(u16::from_be_bytes([pkt[4], pkt[5]])),
+        };
+        only_ack && t + usize::from(hdr[12] >> 4) * 4 == end
+    }
 }
 
 fn tuple_hash(src: IpAddr, dst: IpAddr, proto: u8, ports: Option<(u16, u16)>) -> u64 {
@@ -184,22 +202,7 @@ fn parse_v6(pkt: &[u8]) -> Option<PacketInfo> {
 /// one retransmission holds every later ACK back and stalls the peer's sender (
 /// 10% loss both ways, inner BBR 26 Mbit/s through reliable mode).
 pub fn is_pure_tcp_ack(pkt: &[u8]) -> bool {
-    let Some(info) = PacketInfo::parse(pkt) else {
-        return false;
-    };
-    let (Some(t), PROTO_TCP) = (info.transport_offset, info.proto) else {
-        return false;
-    };
-    let Some(hdr) = pkt.get(t..t + 20) else {
-        return false;
-    };
-    let flags = hdr[13];
-    let only_ack = flags & 0x10 != 0 && flags & 0x07 == 0;
-    let end = match info.src {
-        IpAddr::V4(_) => usize::from(u16::from_be_bytes([pkt[2], pkt[3]])),
-        IpAddr::V6(_) => 40 + usize::from(u16::from_be_bytes([pkt[4], pkt[5]])),
-    };
-    only_ack && t + usize::from(hdr[12] >> 4) * 4 == end
+    PacketInfo::parse(pkt).is_some_and(|info| info.is_pure_tcp_ack(pkt))
 }
 
 /// Lower the MSS option of a TCP SYN to `max_mss` (IPv4 and IPv6; `max_mss` is the IPv4 figure,

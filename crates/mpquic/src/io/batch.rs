@@ -32,6 +32,31 @@ pub struct PacketBatch {
     frozen: Option<Bytes>,
     /// Start of the slot handed out by `slot` and not yet committed.
     pending: Option<usize>,
+    /// What the tunnel learnt of each packet's inner header when it routed it (`set_facts`),
+    /// indexed like `packets`: the transports queue and carry by it without parsing again.
+    facts: Vec<Facts>,
+}
+
+/// What a transport needs to know of an inner packet, from its header as parsed once
+/// (`PacketInfo`): its flow (sparse flows go first, a flow's packets stay in order) and whether
+/// it is a pure TCP ACK (reliable mode sends those as datagrams). Unparsed: no flow, not an ACK.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Facts {
+    pub flow: Option<u64>,
+    pub pure_ack: bool,
+}
+
+impl Facts {
+    /// The facts of `pkt`, whose parsed header is `info`.
+    pub fn of(pkt: &[u8], info: Option<&mpquic_core::PacketInfo>) -> Facts {
+        match info {
+            Some(i) => Facts {
+                flow: Some(i.flow_hash()),
+                pure_ack: i.is_pure_tcp_ack(pkt),
+            },
+            None => Facts::default(),
+        }
+    }
 }
 
 impl Default for PacketBatch {
@@ -47,6 +72,7 @@ impl PacketBatch {
             packets: Vec::with_capacity(BATCH_PACKETS),
             frozen: None,
             pending: None,
+            facts: Vec::with_capacity(BATCH_PACKETS),
         }
     }
 
@@ -64,6 +90,7 @@ impl PacketBatch {
     /// (and all of it, once the transport is done) is reused.
     pub fn clear(&mut self) {
         self.packets.clear();
+        self.facts.clear();
         self.frozen = None;
         self.pending = None;
         self.buf.clear();
@@ -95,6 +122,7 @@ impl PacketBatch {
         let at = self.buf.len();
         self.buf.extend_from_slice(pkt);
         self.packets.push((at..at + pkt.len(), 0));
+        self.facts.push(Facts::default());
     }
 
     /// The slot from `slot` holds a packet of `len` bytes.
@@ -106,6 +134,16 @@ impl PacketBatch {
         let len = len.min(self.buf.len() - at);
         self.buf.truncate(at + len);
         self.packets.push((at..at + len, 0));
+        self.facts.push(Facts::default());
+    }
+
+    /// What is known of packet `i`'s inner header (`Facts::of`), set once it is parsed.
+    pub fn set_facts(&mut self, i: usize, facts: Facts) {
+        self.facts[i] = facts;
+    }
+
+    pub fn facts(&self, i: usize) -> Facts {
+        self.facts[i]
     }
 
     /// Packet `i` (without any header).
@@ -220,6 +258,64 @@ mod tests {
         let s = b.slot(1500);
         s[..data.len()].copy_from_slice(data);
         b.commit(data.len());
+    }
+
+    /// An IPv4 TCP segment from 10.0.0.1:1000 to 10.0.0.2:80 with `flags` and `data` bytes.
+    fn tcp(flags: u8, data: usize) -> Vec<u8> {
+        let total = (40 + data) as u16;
+        let mut p = vec![
+            0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+        ];
+        p[2..4].copy_from_slice(&total.to_be_bytes());
+        let mut t = vec![0u8; 20];
+        t[0..2].copy_from_slice(&1000u16.to_be_bytes());
+        t[2..4].copy_from_slice(&80u16.to_be_bytes());
+        t[12] = 5 << 4;
+        t[13] = flags;
+        p.extend_from_slice(&t);
+        p.extend(std::iter::repeat_n(7, data));
+        p
+    }
+
+    /// The facts a transport reads are those of the parsed header: a pure ACK and a data
+    /// segment of one flow share its flow key, only the ACK is one; unparsed bytes have none.
+    #[test]
+    fn facts_come_from_the_parsed_header() {
+        let mut b = PacketBatch::new();
+        let (ack, data) = (tcp(0x10, 0), tcp(0x18, 100));
+        for p in [&ack, &data, &vec![0xff; 30]] {
+            fill(&mut b, p);
+        }
+        assert_eq!(
+            b.facts(0),
+            Facts::default(),
+            "nothing known before it is set"
+        );
+        for i in 0..b.len() {
+            let info = mpquic_core::PacketInfo::parse(b.packet(i));
+            let facts = Facts::of(b.packet(i), info.as_ref());
+            b.set_facts(i, facts);
+        }
+        let flow = mpquic_core::PacketInfo::parse(&ack).map(|i| i.flow_hash());
+        assert!(flow.is_some());
+        assert_eq!(
+            b.facts(0),
+            Facts {
+                flow,
+                pure_ack: true
+            }
+        );
+        assert_eq!(
+            b.facts(1),
+            Facts {
+                flow,
+                pure_ack: false
+            }
+        );
+        assert_eq!(b.facts(2), Facts::default());
+        b.clear();
+        fill(&mut b, &ack);
+        assert_eq!(b.facts(0), Facts::default(), "a reused batch forgets");
     }
 
     #[test]

@@ -256,28 +256,18 @@ impl Dropped {
     }
 }
 
-/// Queue `frame` (its inner packet after `header` bytes) by that packet's flow, for a sender
-/// that paces (`SendQueue`: sparse flows first); a full queue refuses it, counted in `refused`.
+/// Queue `frame` by its inner packet's flow (`Facts::flow`), for a sender that paces
+/// (`SendQueue`: sparse flows first); a full queue refuses it, counted in `refused`.
 pub(crate) fn enqueue_by_flow(
     queue: &mut mpquic_core::sendq::SendQueue<bytes::Bytes>,
     refused: &mut Dropped,
     at: std::time::Instant,
+    flow: Option<u64>,
     frame: bytes::Bytes,
-    header: usize,
 ) {
-    let flow = flow_of(&frame, header);
     if let Err(frame) = queue.push(at, flow, frame) {
-        refused.add(frame.len() - header);
+        refused.add(frame.len());
     }
-}
-
-/// The flow key of `frame`: the bond's datagram after `header` bytes, whose inner packet may
-/// be behind a lane's header and the bond's numbering.
-pub(crate) fn flow_of(frame: &[u8], header: usize) -> Option<u64> {
-    (frame.get(header..))
-        .and_then(mpquic_core::wire::inner_packet)
-        .and_then(mpquic_core::PacketInfo::parse)
-        .map(|i| i.flow_hash())
 }
 
 /// Client side of session setup: open a path to the server and exchange the hello.

@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
-use mpquic_core::packet::is_pure_tcp_ack;
 use mpquic_core::recovery::Carry;
 use mpquic_core::sendq::WaitingFlows;
 use mpquic_core::{DropReason, PathLoad};
@@ -25,7 +24,7 @@ use tokio::sync::mpsc;
 
 pub use super::admit::Refused;
 use super::{
-    flow_of, stream_rx, BoxFuture, Closed, LaneCarry, LaneSend, PathTransport, Sink, TransportStats,
+    stream_rx, BoxFuture, Closed, LaneCarry, LaneSend, PathTransport, Sink, TransportStats,
 };
 use crate::config::{PathConfig, TransportMode};
 use crate::io::batch::PacketBatch;
@@ -264,7 +263,7 @@ impl PathTransport for QuicTransport {
     /// controller's rate), within the bound `queue_limit` gives for the carriage of the moment;
     /// beyond it they are refused (`queue_full`), the inner flows' loss signal, except a sparse
     /// flow's (`SPARSE_BYTES`, `SPARSE_CHANNEL`): the backlog is not its doing. Pure TCP ACKs
-    /// go as datagrams at once (`packet::is_pure_tcp_ack`): nothing waits for them, and a lost
+    /// go as datagrams at once (`Facts::pure_ack`): nothing waits for them, and a lost
     /// one is covered by the next. A packet too big for a datagram goes on the stream in
     /// `auto`, and is refused `oversized` in datagram mode (the tunnel answers its sender
     /// with ICMP).
@@ -282,7 +281,8 @@ impl PathTransport for QuicTransport {
             self.queue_limit(self.window().0, self.conn.rtt()) as i64 - self.queued() as i64;
         let max_datagram = self.conn.max_datagram_size();
         for &i in which {
-            if is_pure_tcp_ack(batch.packet(i)) {
+            let facts = batch.facts(i);
+            if facts.pure_ack {
                 if let Err(reason) = send_datagram(&self.conn, unframed(batch, i, &self.prefix)) {
                     refused(i, reason);
                 }
@@ -294,7 +294,7 @@ impl PathTransport for QuicTransport {
                 refused(i, DropReason::Oversized);
                 continue;
             }
-            let flow = flow_of(&frame, STREAM_HEADER);
+            let flow = facts.flow;
             let within = len as i64 <= room && self.queue_tx.capacity() > SPARSE_CHANNEL;
             let sparse = len as i64 <= room + SPARSE_BYTES && self.flows.is_sparse(flow);
             if !(within || sparse) {

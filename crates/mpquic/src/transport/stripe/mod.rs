@@ -45,6 +45,9 @@ pub mod client;
 mod sender;
 pub mod server;
 
+/// A packet handed to the sender task: when, its inner flow, the stripe datagram.
+pub(super) type Handed = (Instant, Option<u64>, Bytes);
+
 /// Packets handed to the sender task and not yet taken, at most; and the least its queue may
 /// hold waiting for the pacer (a packet beyond is refused, `queue_full`). The sender's queue
 /// grows with the path: `queue_limit`.
@@ -588,8 +591,9 @@ impl RecvBatch {
 pub struct StripeTransport {
     quic: Arc<QuicTransport>,
     link: Arc<Link>,
-    queue: mpsc::Sender<(Instant, Bytes)>,
-    start: Mutex<Option<mpsc::Receiver<(Instant, Bytes)>>>,
+    /// Packets for the sender task, with their flow (`Facts::flow`).
+    queue: mpsc::Sender<Handed>,
+    start: Mutex<Option<mpsc::Receiver<Handed>>>,
     /// The server's socket, which forgets the session when the path ends.
     server: Option<Arc<server::StripeServer>>,
 }
@@ -656,12 +660,13 @@ impl PathTransport for StripeTransport {
         let now = Instant::now();
         let max = self.max_datagram().unwrap_or(usize::MAX);
         for &i in which {
+            let flow = batch.facts(i).flow;
             let d = batch.framed(i);
             if d.len() > max {
                 refused(i, DropReason::Oversized);
                 continue;
             }
-            if let Err(e) = self.queue.try_send((now, d)) {
+            if let Err(e) = self.queue.try_send((now, flow, d)) {
                 refused(
                     i,
                     match e {

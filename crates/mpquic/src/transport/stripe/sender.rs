@@ -17,7 +17,7 @@ use mpquic_core::DropReason;
 use quinn::udp::Transmit;
 use tokio::sync::mpsc;
 
-use super::{queue_limit, Link, OVERHEAD, PACED_PACKET, QUEUE};
+use super::{queue_limit, Handed, Link, OVERHEAD, PACED_PACKET, QUEUE};
 use crate::transport::{enqueue_by_flow, Dropped, Sink};
 
 /// Packets sent to one pipe in one go, at most: their counters are consecutive, so a run
@@ -104,7 +104,7 @@ enum Wait {
 
 pub(super) async fn run(
     link: Arc<Link>,
-    mut rx: mpsc::Receiver<(Instant, Bytes)>,
+    mut rx: mpsc::Receiver<Handed>,
     sink: Arc<dyn Sink>,
     conn: quinn::Connection,
 ) {
@@ -133,7 +133,7 @@ pub(super) async fn run(
             for d in queue.drain().chain(carry.take()) {
                 failed.add(d.len());
             }
-            while let Ok((_, d)) = rx.try_recv() {
+            while let Ok((_, _, d)) = rx.try_recv() {
                 failed.add(d.len());
             }
             if !run.is_empty() {
@@ -145,14 +145,14 @@ pub(super) async fn run(
         if queue.is_empty() && carry.is_none() {
             tokio::select! {
                 got = rx.recv() => match got {
-                    Some((at, d)) => enqueue_by_flow(&mut queue, &mut full, at, d, 0),
+                    Some((at, flow, d)) => enqueue_by_flow(&mut queue, &mut full, at, flow, d),
                     None => return,
                 },
                 _ = conn.closed() => return,
             }
         }
-        while let Ok((at, d)) = rx.try_recv() {
-            enqueue_by_flow(&mut queue, &mut full, at, d, 0);
+        while let Ok((at, flow, d)) = rx.try_recv() {
+            enqueue_by_flow(&mut queue, &mut full, at, flow, d);
         }
         full.report(&*sink, DropReason::QueueFull);
         let now = Instant::now();
