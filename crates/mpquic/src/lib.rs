@@ -2,8 +2,10 @@
 //!
 //! The library holds everything the `mpquic` command runs (src/main.rs is its command line):
 //! the client and server shells, their transports and I/O, configuration and control. It is a
-//! library so the fuzz targets (fuzz/) reach the parsers that files and peers feed: the
-//! configuration loader, the hello, the control socket and the dashboard.
+//! library so the fuzz targets (fuzz/) reach the parsers that files and peers feed (the
+//! configuration loader, the hello, the control socket and the dashboard), and so the
+//! in-process tests (tests/inprocess.rs) run whole clients and servers on the in-memory
+//! network (`io::memnet`).
 
 mod budgets;
 pub mod client;
@@ -11,8 +13,6 @@ pub mod config;
 pub mod control;
 pub mod harness;
 pub mod hello;
-#[cfg(test)]
-mod inprocess_tests;
 pub mod io;
 pub mod lane;
 pub mod pki;
@@ -21,5 +21,5 @@ pub mod server;
 /// The status report's types live in their own crate, shared with the lab.
 pub use mpquic_status as status;
 mod tls;
-mod transport;
+pub mod transport;
 mod tunnel;

@@ -5,8 +5,9 @@
 pub(crate) mod batch;
 pub(crate) mod interface;
 pub(crate) mod kernel_tun;
-#[cfg(test)]
-pub(crate) mod memnet;
+/// In tests, the machine: the in-process tests (tests/inprocess.rs) run whole instances on it.
+#[doc(hidden)]
+pub mod memnet;
 pub mod platform;
 pub(crate) mod socket;
 pub(crate) mod tun;

@@ -1,5 +1,6 @@
 //! A whole client and server in one process, without root: the real shells, QUIC, TLS (a fresh
-//! PKI), hello, health and bonding, on the in-memory network of `memnet` with memory TUN devices.
+//! PKI), hello, health and bonding, on the in-memory network of `io::memnet` (the shells' `Machine`)
+//! with memory TUN devices.
 //! Runs in `cargo test` in seconds; the namespace end-to-end tests cover the kernel side.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -7,9 +8,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::{Config, RoleConfig};
-use crate::io::memnet::{Host, Network};
-use crate::{client, pki, server};
+use mpquic::config::{Config, RoleConfig};
+use mpquic::io::memnet::{Host, Network};
+use mpquic::{client, pki, server};
 
 const SERVER_TUN: Ipv4Addr = Ipv4Addr::new(10, 200, 17, 254);
 const CLIENT_TUN: Ipv4Addr = Ipv4Addr::new(10, 200, 17, 1);
@@ -199,7 +200,7 @@ async fn all_arrive_once(cli_host: &mut Host, srv_host: &mut Host) {
 /// The status of instance `who` (`server`, `client`...) in test directory `dir`.
 fn status_of(dir: &Path, who: &str) -> mpquic_status::StatusReport {
     let body =
-        crate::control::get_over_socket(&dir.join(format!("{who}.sock")), "/status").unwrap();
+        mpquic::control::get_over_socket(&dir.join(format!("{who}.sock")), "/status").unwrap();
     serde_json::from_str(&body).unwrap()
 }
 
@@ -312,8 +313,8 @@ async fn exchange_and_fail_over(mode: &str) {
 /// A pipe whose pipe 0 the server does not have is refused with a reason, and counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
-    use crate::hello::{Hello, PipeOf};
-    use crate::transport::{Dialer, Known};
+    use mpquic::hello::{Hello, PipeOf};
+    use mpquic::transport::{Dialer, Known};
 
     let dir = pki_dir(1);
     let d = dir.path();
@@ -361,7 +362,7 @@ async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
     }
 
     // Pipe 1 of a path the server has no pipe 0 of.
-    let dialer = crate::transport::quic::QuicDialer::new(&ccfg, &c, 1500, net.platform()).unwrap();
+    let dialer = mpquic::transport::quic::QuicDialer::new(&ccfg, &c, 1500, net.platform()).unwrap();
     let stray = Hello {
         session: 7,
         path: "wan9".into(),
@@ -380,7 +381,7 @@ async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
         instance: None,
         classes: Vec::new(),
     };
-    let crate::transport::Dialed {
+    let mpquic::transport::Dialed {
         transport: t, ack, ..
     } = dialer
         .dial(&c.paths[1], &stray, Known::default())
@@ -562,9 +563,9 @@ async fn stripe_path_to_a_server_without_stripe_is_refused() {
     let RoleConfig::Client(c) = ccfg.role.clone() else {
         panic!("role")
     };
-    let dialer = crate::transport::quic::QuicDialer::new(&ccfg, &c, 1500, net.platform()).unwrap();
+    let dialer = mpquic::transport::quic::QuicDialer::new(&ccfg, &c, 1500, net.platform()).unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let hello = crate::hello::Hello {
+    let hello = mpquic::hello::Hello {
         session: 7,
         path: "wan1".into(),
         priority: 1,
@@ -582,8 +583,8 @@ async fn stripe_path_to_a_server_without_stripe_is_refused() {
         instance: None,
         classes: Vec::new(),
     };
-    use crate::transport::{Dialer, Known};
-    let crate::transport::Dialed {
+    use mpquic::transport::{Dialer, Known};
+    let mpquic::transport::Dialed {
         transport: t, ack, ..
     } = dialer
         .dial(&c.paths[0], &hello, Known::default())
@@ -706,7 +707,7 @@ async fn classes_carry_their_flows_both_ways() {
             assert_eq!(t.peer, "site1/cli0", "a session per instance");
         }
     }
-    let m = crate::control::get_over_socket(&d.join("server.sock"), "/metrics").unwrap();
+    let m = mpquic::control::get_over_socket(&d.join("server.sock"), "/metrics").unwrap();
     assert!(
         m.contains("mpquic_path_up{tunnel=\"site1/cli0\",path=\"wan1\"} 1"),
         "{m}"
@@ -723,7 +724,7 @@ async fn classes_carry_their_flows_both_ways() {
     let text = std::fs::read_to_string(&file).unwrap();
     std::fs::write(&file, text.replace("port: 5060", "port: 5070")).unwrap();
     let sock = d.join("client.sock");
-    let what = tokio::task::spawn_blocking(move || crate::control::reload_over_socket(&sock));
+    let what = tokio::task::spawn_blocking(move || mpquic::control::reload_over_socket(&sock));
     assert_eq!(
         what.await.unwrap().unwrap(),
         "classes: match rules changed; TLS certificate, key and CA read again"
@@ -833,7 +834,7 @@ async fn reload_changes_paths_without_touching_the_others() {
 
     let reload = |d: &Path| {
         let sock = d.join("client.sock");
-        tokio::task::spawn_blocking(move || crate::control::reload_over_socket(&sock))
+        tokio::task::spawn_blocking(move || mpquic::control::reload_over_socket(&sock))
     };
     let wait_for =
         |who: &'static str, what: &'static str, ok: fn(&mpquic_status::StatusReport) -> bool| {
