@@ -13,7 +13,7 @@
 //! configuration stays, as it does for a file that does not load. The outcome goes to the log,
 //! to `mpquic status` and to the metrics (`Record`).
 //!
-//! The roles do the applying (`client.rs`, `server.rs`); this module is what they share: the
+//! The roles do the applying (`client/apply.rs`, `server/apply.rs`); this module is what they share: the
 //! trigger, what may change, the diff of the paths, and the record.
 
 use std::fmt::Debug;
