@@ -252,7 +252,8 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
     let started = Instant::now();
     let status_client = client.clone();
     let (trigger, reloads) = reload::channel();
-    platform.on_hangup(trigger.clone())?;
+    let hangup = trigger.clone();
+    platform.on_hangup(Box::new(move || hangup.hangup()))?;
     // Held until run returns: the socket file goes with the instance.
     let _control = crate::control::serve(
         &client.cfg.control_socket,

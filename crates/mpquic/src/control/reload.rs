@@ -81,20 +81,6 @@ pub async fn serve_until<T>(
     }
 }
 
-/// SIGHUP asks for a reload, for the life of the process (without a handler, SIGHUP would end
-/// it).
-pub fn on_hangup(trigger: Trigger) -> std::io::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hup = signal(SignalKind::hangup())?;
-    tokio::spawn(async move {
-        while hup.recv().await.is_some() {
-            info!("SIGHUP: reloading the configuration");
-            trigger.hangup();
-        }
-    });
-    Ok(())
-}
-
 /// The last reload's outcome, for status and metrics.
 #[derive(Default)]
 pub struct Record(Mutex<Option<ReloadStatus>>);

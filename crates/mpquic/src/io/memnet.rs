@@ -19,7 +19,7 @@ use mpquic_core::classify::Prefix;
 
 use crate::config::Bind;
 use crate::io::batch::PacketBatch;
-use crate::io::platform::{Machine, Platform};
+use crate::io::platform::{Machine, OnHangup, Platform};
 use crate::io::tun::{Device, ReadDrops, ReadScratch, Tun, VNET};
 
 /// Datagrams a socket may hold unread; more are dropped, as a full socket buffer would.
@@ -192,7 +192,7 @@ impl Machine for Memory {
         crate::io::socket::DEFAULT_LINK_MTU
     }
 
-    fn on_hangup(&self, _: crate::control::reload::Trigger) -> io::Result<()> {
+    fn on_hangup(&self, _: OnHangup) -> io::Result<()> {
         Ok(())
     }
 

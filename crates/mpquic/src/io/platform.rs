@@ -14,6 +14,9 @@ use anyhow::Result;
 use crate::config::Bind;
 use crate::io::{interface, kernel_tun, socket, tun::Tun};
 
+/// What SIGHUP does (`Machine::on_hangup`).
+pub type OnHangup = Box<dyn Fn() + Send + Sync>;
+
 /// The machine an instance runs on.
 pub trait Machine: Send + Sync {
     /// The TUN device `name` as `queues` queues (fewer where the device has fewer).
@@ -28,8 +31,9 @@ pub trait Machine: Send + Sync {
     ) -> Result<Arc<dyn quinn::AsyncUdpSocket>>;
     /// MTU of the link a path uses, for deriving the TUN MTU.
     fn link_mtu(&self, bind: &Bind) -> u32;
-    /// Reloads asked for from outside (SIGHUP) go to `trigger`.
-    fn on_hangup(&self, trigger: crate::control::reload::Trigger) -> std::io::Result<()>;
+    /// What SIGHUP does from now on, for the life of the process (`then`: the shells ask for a
+    /// reload; without a handler SIGHUP would end the process).
+    fn on_hangup(&self, then: OnHangup) -> std::io::Result<()>;
     /// Resolves when the instance must stop.
     fn stopped(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
@@ -89,8 +93,16 @@ impl Machine for System {
         }
     }
 
-    fn on_hangup(&self, trigger: crate::control::reload::Trigger) -> std::io::Result<()> {
-        crate::control::reload::on_hangup(trigger)
+    fn on_hangup(&self, then: OnHangup) -> std::io::Result<()> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hup = signal(SignalKind::hangup())?;
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                tracing::info!("SIGHUP: reloading the configuration");
+                then();
+            }
+        });
+        Ok(())
     }
 
     fn stopped(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {

@@ -147,7 +147,8 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
     let started = Instant::now();
     let s = server.clone();
     let (trigger, reloads) = reload::channel();
-    platform.on_hangup(trigger.clone())?;
+    let hangup = trigger.clone();
+    platform.on_hangup(Box::new(move || hangup.hangup()))?;
     // Held until run returns: the socket file goes with the instance.
     let _control = crate::control::serve(
         &server.cfg.control_socket,
