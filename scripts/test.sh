@@ -5,7 +5,7 @@ set -euo pipefail
 . "$(dirname "$0")/env.sh"
 scripts/install-deps.sh --tests
 echo "== cargo fmt --check"; cargo fmt --all -- --check
-echo "== import cycles";     python3 scripts/module-cycles.py
+echo "== code layout";       python3 scripts/layout-check.py
 echo "== cargo clippy";      cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== unit, simulator and CLI tests"; cargo test --workspace --quiet
 echo "== fuzz targets, 6 s each (bench/fuzz.sh MINUTES for a real run)"; bench/fuzz.sh 0.1

@@ -1,10 +1,18 @@
 #!/usr/bin/env python3
-"""Import cycles between the modules (files) of each crate: exit 1 and name them, else 0.
+"""The code's layout rules, checked: exit 1 and name what breaks them, else 0.
+
+1. No import cycle between the modules (files) of a crate.
+2. No test-only code inside production code: a `#[cfg(test)]` may stand before an item (a test
+   module, a test helper function) but not before a statement, a match arm, an enum variant or a
+   field, where it makes the production code take another branch in tests (the in-memory doubles
+   come in through the platform's traits instead: crates/mpquic/src/io/platform.rs).
+
+Cycles:
 
 A file's imports are the crate paths it names, in `use` lines or inline (`crate::a::b`,
 `super::c`, `self::d`), each resolved to the longest module path with a file of its own. A
 module's own children and its parent's declarations (`mod x;`) are not imports. Run by
-scripts/test.sh; `python3 scripts/module-cycles.py --graph` prints every edge.
+scripts/test.sh; `python3 scripts/layout-check.py --graph` prints every edge.
 """
 
 import os
@@ -126,10 +134,30 @@ def cycles(graph):
     return out
 
 
+ITEM = re.compile(r"\s*(pub\b|fn\b|async\b|mod\b|struct\b|enum\b|impl\b|use\b|const\b|static\b|type\b|trait\b|#\[|macro_rules!)")
+
+
+def test_branches(path):
+    """`#[cfg(test)]` lines (1-based) of a file that stand before something other than an item."""
+    lines = strip_comments(open(path).read()).split("\n")
+    out = []
+    for n, line in enumerate(lines):
+        if line.strip() != "#[cfg(test)]":
+            continue
+        after = next((l for l in lines[n + 1:] if l.strip()), "")
+        if not ITEM.match(after):
+            out.append(n + 1)
+    return out
+
+
 def main():
     bad = 0
     for crate in CRATES:
         mods = modules(os.path.join(ROOT, crate))
+        for path in sorted(mods.values()):
+            for n in test_branches(path):
+                bad += 1
+                print(f"{os.path.relpath(path, ROOT)}:{n}: #[cfg(test)] inside production code")
         graph = edges(mods)
         if "--graph" in sys.argv:
             for a in sorted(graph):
@@ -140,7 +168,7 @@ def main():
             names = ", ".join(sorted("::".join(c) or "lib" for c in comp))
             print(f"{crate}: import cycle between {names}")
     if not bad:
-        print(f"no import cycle between the modules of {len(CRATES)} crates")
+        print(f"{len(CRATES)} crates: no import cycle between modules, no test-only branch in production code")
     return 1 if bad else 0
 
 
