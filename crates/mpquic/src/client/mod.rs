@@ -34,7 +34,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::config::{parse_cidr, parse_cidr6, ClassConfig, ClientConfig, Config};
-use crate::control::reload::{self};
+use crate::control::reload;
 use crate::hello::HelloAck;
 use crate::io::platform::Platform;
 use crate::io::tun::Tun;
@@ -251,16 +251,11 @@ pub async fn run(cfg: Config, mut ccfg: ClientConfig, platform: Platform) -> Res
 
     let started = Instant::now();
     let status_client = client.clone();
-    let (trigger, reloads) = reload::channel();
-    let hangup = trigger.clone();
-    platform.on_hangup(Box::new(move || hangup.hangup()))?;
     // Held until run returns: the socket file goes with the instance.
-    let _control = crate::control::serve(
-        &client.cfg.control_socket,
-        client.cfg.metrics_listen,
-        client.cfg.dashboard.as_ref(),
+    let (_control, reloads) = crate::control::start(
+        &platform,
+        &client.cfg,
         Arc::new(move || status_client.status(started)),
-        trigger,
     )
     .await?;
 

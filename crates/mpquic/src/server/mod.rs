@@ -146,18 +146,9 @@ pub async fn run(cfg: Config, scfg: ServerConfig, platform: Platform) -> Result<
     });
     let started = Instant::now();
     let s = server.clone();
-    let (trigger, reloads) = reload::channel();
-    let hangup = trigger.clone();
-    platform.on_hangup(Box::new(move || hangup.hangup()))?;
     // Held until run returns: the socket file goes with the instance.
-    let _control = crate::control::serve(
-        &server.cfg.control_socket,
-        server.cfg.metrics_listen,
-        server.cfg.dashboard.as_ref(),
-        Arc::new(move || s.status(started)),
-        trigger,
-    )
-    .await?;
+    let (_control, reloads) =
+        crate::control::start(&platform, &server.cfg, Arc::new(move || s.status(started))).await?;
 
     let s = server.clone();
     tokio::spawn(async move {
