@@ -185,22 +185,6 @@ fn decode_classed(buf: &[u8]) -> Option<Datagram<'_>> {
     }
 }
 
-/// The inner IP packet of what a bond sends (behind an FEC data header, a lane's header and
-/// the bond's numbering, each if present), for its flow key; `None` for anything else.
-pub fn inner_packet(buf: &[u8]) -> Option<&[u8]> {
-    let mut b = buf;
-    for (kind, header) in [
-        (FEC_DATA, FEC_DATA_HEADER),
-        (CLASSED, CLASSED_HEADER),
-        (BOND_DATA, BOND_HEADER),
-    ] {
-        if b.first() == Some(&kind) {
-            b = b.get(header..)?;
-        }
-    }
-    matches!(b.first()? >> 4, 4 | 6).then_some(b)
-}
-
 /// The header in front of an inner packet of `lane` (`CLASSED`); the first lane (0) has none.
 pub fn encode_classed(lane: u8) -> Option<[u8; CLASSED_HEADER]> {
     (lane > 0 && usize::from(lane) < MAX_LANES).then_some([CLASSED, lane])
@@ -488,15 +472,6 @@ mod bond_tests {
         assert_eq!(decode(&[0x08, 0x01, 0x01, 0, 0, 0, 1]), None);
         assert_eq!(decode(&[0x08, 0x01, 0x08, 0x02, 0x45]), None);
         assert_eq!(decode(&[0x08, 0x01, 0x03, 0, 0, 0, 0x45]), None);
-        // The inner packet behind every header a bond writes, for its flow key.
-        assert_eq!(inner_packet(&bonded), Some(&[0x60][..]));
-        assert_eq!(
-            inner_packet(&[0x03, 0, 1, 2, 0x08, 0x02, 0x45]),
-            Some(&[0x45][..])
-        );
-        assert_eq!(inner_packet(&[0x45, 1]), Some(&[0x45, 1][..]));
-        assert_eq!(inner_packet(&[0x01, 0, 0, 0, 1]), None);
-        assert_eq!(inner_packet(&[0x08]), None);
     }
 }
 

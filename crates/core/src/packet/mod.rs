@@ -57,8 +57,12 @@ impl PacketInfo {
         )
     }
 
-    /// Whether `pkt` (the packet this was parsed from) is a TCP segment with ACK and no data,
-    /// no SYN, FIN or RST (`is_pure_tcp_ack`), from the header already parsed.
+    /// Whether `pkt` (the packet this was parsed from) is a TCP segment that only acknowledges:
+    /// ACK set, no SYN, FIN or RST, no payload. Reliable mode sends these as datagrams rather than
+    /// on the path's stream: ACKs are cumulative, so a lost one costs nothing and one arriving
+    /// before an earlier segment is harmless, whereas on the stream one retransmission holds
+    /// every later ACK back and stalls the peer's sender (10% loss both ways, inner BBR
+    /// 26 Mbit/s through reliable mode).
     pub fn is_pure_tcp_ack(&self, pkt: &[u8]) -> bool {
         let (Some(t), PROTO_TCP) = (self.transport_offset, self.proto) else {
             return false;
@@ -196,15 +200,6 @@ fn parse_v6(pkt: &[u8]) -> Option<PacketInfo> {
     })
 }
 
-/// A TCP segment that only acknowledges: ACK set, no SYN, FIN or RST, no payload. Reliable mode
-/// sends these as datagrams rather than on the path's stream: ACKs are cumulative, so a lost one
-/// costs nothing and one arriving before an earlier segment is harmless, whereas on the stream
-/// one retransmission holds every later ACK back and stalls the peer's sender (
-/// 10% loss both ways, inner BBR 26 Mbit/s through reliable mode).
-pub fn is_pure_tcp_ack(pkt: &[u8]) -> bool {
-    PacketInfo::parse(pkt).is_some_and(|info| info.is_pure_tcp_ack(pkt))
-}
-
 /// Lower the MSS option of a TCP SYN to `max_mss` (IPv4 and IPv6; `max_mss` is the IPv4 figure,
 /// `mtu::tcp_mss`: an IPv6 SYN gets 20 bytes less, its header being that much longer). Returns
 /// true if the packet was changed. The TCP checksum is updated incrementally (RFC 1624), so no pseudo-header is needed.
@@ -340,6 +335,10 @@ pub(crate) mod tests {
     use super::*;
 
     use super::checksum as csum;
+
+    fn is_pure_tcp_ack(pkt: &[u8]) -> bool {
+        PacketInfo::parse(pkt).is_some_and(|info| info.is_pure_tcp_ack(pkt))
+    }
 
     /// An IPv4 TCP packet with valid checksums.
     pub fn tcp4(
