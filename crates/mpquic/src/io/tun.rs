@@ -119,10 +119,6 @@ impl Tun {
         }
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     /// The device's interface settings (`Device`): MTU, addresses, routes.
     pub fn device(&self) -> &dyn Device {
         self.device.as_ref()
