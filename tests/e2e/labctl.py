@@ -208,6 +208,21 @@ class Lab:
     def unblock(self, p, c=0):
         lab_cmd("set", self.name, p + 1, "state=up", "--client", c + 1)
 
+    def nat(self, p, action="on", c=0, timeout=None):
+        """Path p of client c behind a carrier-grade NAT in the emulator: `on`, `off`, or `rebind`
+        (every mapping forgotten: the client's next packet gets a new external port, packets to
+        the old one are dropped)."""
+        extra = ["--timeout", timeout] if timeout else []
+        lab_cmd("nat", self.name, p + 1, action, "--client", c + 1, *extra)
+
+    def nat_stats(self, p, c=0):
+        """The NAT's counters of path p of client c (mappings, rebinds, unmapped_drops, expired)."""
+        k = c * self.npaths + p + 1  # the emulator numbers paths over all clients
+        for x in json.loads(lab_cmd("stats", self.name))["paths"]:
+            if x["index"] == k:
+                return x["nat"]
+        raise KeyError(p)
+
     # -- mpquic -----------------------------------------------------------------------------
     def pki(self):
         """PKI and configurations for every client (mpquic-lab configs); returns the PKI dir."""

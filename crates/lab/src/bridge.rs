@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use mpquic_core::PacketInfo;
 
 use crate::emu::{Link, LinkSpec, LinkStats};
+use crate::nat::{Nat, NatStats};
 use crate::packet_ring::RxRing;
 use crate::timing::{self, arrival_age, LinkTimes, WakeTuner};
 
@@ -288,6 +289,55 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A path's NAT (`nat.rs`), shared by its two directions and the control plane; off until
+/// `mpquic-lab nat NAME PATH on`.
+pub struct PathNat {
+    on: AtomicBool,
+    nat: Mutex<Nat>,
+}
+
+impl PathNat {
+    pub fn new(seed: u64) -> Arc<PathNat> {
+        Arc::new(PathNat {
+            on: AtomicBool::new(false),
+            nat: Mutex::new(Nat::new(seed, None)),
+        })
+    }
+
+    /// On (with mappings that expire after `timeout` idle, or never) or off (mappings
+    /// forgotten, packets pass untranslated).
+    pub fn set(&self, on: bool, timeout: Option<Duration>) {
+        let mut nat = lock(&self.nat);
+        nat.forget();
+        nat.set_timeout(timeout);
+        self.on.store(on, Ordering::Relaxed);
+    }
+
+    pub fn rebind(&self) -> Result<(), String> {
+        if !self.on.load(Ordering::Relaxed) {
+            return Err("the path has no NAT (mpquic-lab nat NAME PATH on)".into());
+        }
+        lock(&self.nat).rebind();
+        Ok(())
+    }
+
+    pub fn is_on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    pub fn stats(&self) -> NatStats {
+        lock(&self.nat).stats
+    }
+}
+
+/// Which side of a path's NAT a direction is: client to server (`Outbound`: source ports
+/// mapped when a frame enters the link) or server to client (`Inbound`: mapped back when it
+/// leaves the link, so a packet still in flight at a rebind finds its mapping gone).
+pub enum NatSide {
+    Outbound(Arc<PathNat>),
+    Inbound(Arc<PathNat>),
+}
+
 /// One direction of a path: frames read from `input` go through the link model of `dir` and
 /// leave on `output`.
 pub struct DirectionIo {
@@ -295,6 +345,7 @@ pub struct DirectionIo {
     pub output: RawSocket,
     pub dir: Arc<Direction>,
     pub seed: u64,
+    pub nat: NatSide,
 }
 
 /// Forward one direction until `stop`, in rounds (`timing::plan`). One thread per direction:
@@ -385,6 +436,7 @@ struct Forwarder {
     last_arrival: Instant,
     /// The last round that released a packet.
     last_release: Option<Instant>,
+    nat: NatSide,
 }
 
 impl Forwarder {
@@ -401,6 +453,7 @@ impl Forwarder {
             published: Published::default(),
             last_arrival: Instant::now(),
             last_release: None,
+            nat: io.nat,
         }
     }
 
@@ -452,11 +505,18 @@ impl Forwarder {
                 let frame = rx.data;
                 let ip = frame.get(ETH_HDR..).filter(|_| is_ip(frame));
                 match ip.and_then(|p| PacketInfo::parse(p).map(|i| (p.len(), i))) {
-                    Some((len, info)) => {
+                    Some((len, mut info)) => {
                         let mut v = self.free.pop().unwrap_or_default();
                         v.clear();
                         v.extend_from_slice(frame);
                         let now = Instant::now();
+                        if let NatSide::Outbound(nat) = &self.nat {
+                            if nat.is_on() {
+                                lock(&nat.nat).outbound(&mut v[ETH_HDR..], now);
+                                // The flow is its external port's from here on.
+                                info = PacketInfo::parse(&v[ETH_HDR..]).unwrap_or(info);
+                            }
+                        }
                         let age = arrival_age(rx.stamp_ns, clock_ns(libc::CLOCK_REALTIME), || {
                             clock_ns(libc::CLOCK_MONOTONIC)
                         });
@@ -490,8 +550,17 @@ impl Forwarder {
             return;
         }
         self.last_release = Some(now);
-        for frame in self.out.drain(..) {
-            if !self.output.send(&frame) {
+        let mut nat = match &self.nat {
+            NatSide::Inbound(nat) if nat.is_on() => Some(lock(&nat.nat)),
+            _ => None,
+        };
+        for mut frame in self.out.drain(..) {
+            // Frames in the model are IP frames (others pass through unemulated). One the NAT
+            // has no mapping for is dropped (counted in its stats).
+            let mapped = nat
+                .as_mut()
+                .is_none_or(|nat| nat.inbound(&mut frame[ETH_HDR..], now));
+            if mapped && !self.output.send(&frame) {
                 self.counters.send_errors += 1;
             }
             if self.free.len() < 4096 {

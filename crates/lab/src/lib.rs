@@ -10,6 +10,7 @@
 //! - `mpquic_conf`: mpquic's PKI and configurations for a lab (`mpquic-lab configs`);
 //! - `sut`: the systems under test started in a lab (mpquic, other VPNs from commands);
 //! - `report`, `plot`: report.md and the PNG plots from results.json (`mpquic-lab plot DIR`);
+//! - `nat`: a carrier-grade NAT on a path (`mpquic-lab nat`), mappings dropped on a rebind;
 //! - `flood`: spoofed unauthenticated traffic at a server (`mpquic-lab flood`).
 
 pub mod bridge;
@@ -17,6 +18,7 @@ pub mod flood;
 /// The link model, from its own crate (shared with the core's simulator).
 pub use mpquic_linkmodel as emu;
 pub mod mpquic_conf;
+pub mod nat;
 pub mod packet_ring;
 pub mod plot;
 pub mod report;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
-use mpquic_lab::bridge::{self, Direction, DirectionIo, Input, RawSocket};
+use mpquic_lab::bridge::{self, Direction, DirectionIo, Input, NatSide, PathNat, RawSocket};
 use mpquic_lab::emu::LinkSpec;
 use mpquic_lab::topo;
 
@@ -69,6 +69,20 @@ enum Cmd {
         path: usize,
         #[arg(value_parser = ["up", "down"])]
         state: String,
+        #[arg(long, default_value_t = 1)]
+        client: usize,
+    },
+    /// A carrier-grade NAT in front of a path's client end: `on` (the client's ports mapped to
+    /// random external ones; `--timeout 30s`: idle mappings expire), `rebind` (every mapping
+    /// forgotten at once, as when a CGNAT renews them: the next packet gets a new port, packets
+    /// to the old one are dropped), `off`.
+    Nat {
+        name: String,
+        path: usize,
+        #[arg(value_parser = ["on", "off", "rebind"])]
+        action: String,
+        #[arg(long)]
+        timeout: Option<String>,
         #[arg(long, default_value_t = 1)]
         client: usize,
     },
@@ -178,6 +192,19 @@ fn main() -> ExitCode {
         } => topo::load(&name)
             .and_then(|st| st.emulator_path(client, path))
             .and_then(|k| topo::control(&name, &format!("set {k} {dir} {}", changes.join(","))))
+            .map(|r| println!("{r}")),
+        Cmd::Nat {
+            name,
+            path,
+            action,
+            timeout,
+            client,
+        } => topo::load(&name)
+            .and_then(|st| st.emulator_path(client, path))
+            .and_then(|k| {
+                let timeout = timeout.map(|t| format!(" {t}")).unwrap_or_default();
+                topo::control(&name, &format!("nat {k} {action}{timeout}"))
+            })
             .map(|r| println!("{r}")),
         Cmd::Link {
             name,
@@ -337,7 +364,7 @@ fn emu(name: &str, seed: u64) -> Result<()> {
     let st = topo::load(name)?;
     let stop = Arc::new(AtomicBool::new(false));
     // Indexed by path number - 1; `None` for direct paths.
-    let mut dirs: Vec<Option<(Arc<Direction>, Arc<Direction>)>> = Vec::new();
+    let mut dirs: Vec<Option<EmuPath>> = Vec::new();
     for p in &st.paths {
         if !p.emulated {
             dirs.push(None);
@@ -345,14 +372,19 @@ fn emu(name: &str, seed: u64) -> Result<()> {
         }
         let spec = LinkSpec::parse(&p.spec_text).map_err(|e| anyhow!(e))?;
         let (up, down) = (Direction::new(spec.clone()), Direction::new(spec));
+        let nat = PathNat::new(seed.wrapping_mul(1000).wrapping_add(p.index as u64));
         let c = format!("c{}", p.index);
         let s = format!("s{}", p.index);
-        for (from, to, d, k) in [(&c, &s, up.clone(), 0u64), (&s, &c, down.clone(), 1u64)] {
+        for (from, to, d, k, side) in [
+            (&c, &s, up.clone(), 0u64, NatSide::Outbound(nat.clone())),
+            (&s, &c, down.clone(), 1u64, NatSide::Inbound(nat.clone())),
+        ] {
             let io = DirectionIo {
                 input: Input::open(from).with_context(|| format!("raw socket on {from}"))?,
                 output: RawSocket::output(to).with_context(|| format!("raw socket on {to}"))?,
                 dir: d,
                 seed: seed.wrapping_mul(1000).wrapping_add(p.index as u64 * 2 + k),
+                nat: side,
             };
             let stop = stop.clone();
             std::thread::Builder::new()
@@ -363,7 +395,7 @@ fn emu(name: &str, seed: u64) -> Result<()> {
                 ))
                 .spawn(move || bridge::run(io, stop))?;
         }
-        dirs.push(Some((up, down)));
+        dirs.push(Some(EmuPath { up, down, nat }));
     }
     let _ = std::fs::remove_file(&st.control_socket);
     let listener = UnixListener::bind(&st.control_socket)?;
@@ -387,7 +419,14 @@ fn emu(name: &str, seed: u64) -> Result<()> {
     Ok(())
 }
 
-fn handle(dirs: &[Option<(Arc<Direction>, Arc<Direction>)>], line: &str) -> Result<String, String> {
+/// An emulated path: its two directions and its NAT.
+struct EmuPath {
+    up: Arc<Direction>,
+    down: Arc<Direction>,
+    nat: Arc<PathNat>,
+}
+
+fn handle(dirs: &[Option<EmuPath>], line: &str) -> Result<String, String> {
     let lock = |m: &std::sync::Mutex<LinkSpec>| {
         m.lock()
             .map(|g| g.clone())
@@ -400,7 +439,7 @@ fn handle(dirs: &[Option<(Arc<Direction>, Arc<Direction>)>], line: &str) -> Resu
                 .iter()
                 .enumerate()
                 .filter_map(|(i, x)| x.as_ref().map(|x| (i, x)))
-                .map(|(i, (u, d))| {
+                .map(|(i, p)| {
                     let one = |x: &Direction| {
                         serde_json::json!({
                             "spec": lock(&x.spec),
@@ -411,7 +450,8 @@ fn handle(dirs: &[Option<(Arc<Direction>, Arc<Direction>)>], line: &str) -> Resu
                             "oversize_drops": *x.oversize_drops.lock().unwrap_or_else(|e| e.into_inner()),
                         })
                     };
-                    serde_json::json!({"index": i + 1, "up": one(u), "down": one(d)})
+                    let nat = p.nat.is_on().then(|| p.nat.stats());
+                    serde_json::json!({"index": i + 1, "up": one(&p.up), "down": one(&p.down), "nat": nat})
                 })
                 .collect();
             Ok(serde_json::json!({ "paths": paths }).to_string())
@@ -421,11 +461,8 @@ fn handle(dirs: &[Option<(Arc<Direction>, Arc<Direction>)>], line: &str) -> Resu
                 .next()
                 .and_then(|p| p.parse().ok())
                 .ok_or("set PATH DIR SPEC: bad path number")?;
-            let (u, d) = dirs
-                .get(path.wrapping_sub(1))
-                .ok_or_else(|| format!("no path {path} (paths 1..{})", dirs.len()))?
-                .as_ref()
-                .ok_or_else(|| format!("path {path} is direct (not emulated)"))?;
+            let p = emulated(dirs, path)?;
+            let (u, d) = (&p.up, &p.down);
             let which: Vec<&Arc<Direction>> = match words.next() {
                 Some("up") => vec![u],
                 Some("down") => vec![d],
@@ -455,6 +492,37 @@ fn handle(dirs: &[Option<(Arc<Direction>, Arc<Direction>)>], line: &str) -> Resu
             }
             Ok("ok".into())
         }
-        _ => Err("commands: stats | set PATH up|down|both key=value,...".into()),
+        Some("nat") => {
+            let path: usize = words
+                .next()
+                .and_then(|p| p.parse().ok())
+                .ok_or("nat PATH on|off|rebind [TIMEOUT]: bad path number")?;
+            let nat = &emulated(dirs, path)?.nat;
+            match (words.next(), words.next()) {
+                (Some("on"), timeout) => {
+                    let timeout = timeout
+                        .map(|t| {
+                            mpquic_lab::emu::spec::parse_duration(t)
+                                .map_err(|e| format!("nat timeout {t:?}: {e}"))
+                        })
+                        .transpose()?;
+                    nat.set(true, timeout);
+                }
+                (Some("off"), None) => nat.set(false, None),
+                (Some("rebind"), None) => nat.rebind()?,
+                other => return Err(format!("nat {other:?}: use on [TIMEOUT], off or rebind")),
+            }
+            Ok("ok".into())
+        }
+        _ => Err(
+            "commands: stats | set PATH up|down|both key=value,... | nat PATH on|off|rebind".into(),
+        ),
     }
+}
+
+fn emulated(dirs: &[Option<EmuPath>], path: usize) -> Result<&EmuPath, String> {
+    dirs.get(path.wrapping_sub(1))
+        .ok_or_else(|| format!("no path {path} (paths 1..{})", dirs.len()))?
+        .as_ref()
+        .ok_or_else(|| format!("path {path} is direct (not emulated)"))
 }
