@@ -72,6 +72,10 @@ pub struct PathStatus {
     /// it carried (before its probes would have).
     #[serde(default)]
     pub ack_silences: u64,
+    /// Times the peer's address changed under the path's connection and the connection
+    /// followed (a NAT rebinding; seen by the server).
+    #[serde(default)]
+    pub peer_moves: u64,
     /// Reliable mode: packets this path had sent when it went down, sent again on a live path
     /// (some may reach the peer twice).
     #[serde(default)]

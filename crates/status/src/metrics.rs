@@ -260,6 +260,11 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Counter(|p| p.ack_silences),
     ),
     (
+        "mpquic_path_peer_moves",
+        "Times the peer's address changed under the path's connection and the connection followed it (a NAT rebinding)",
+        PathValue::Counter(|p| p.peer_moves),
+    ),
+    (
         "mpquic_path_to_stream",
         "transport_mode auto: times the path went to its stream",
         PathValue::Counter(|p| p.to_stream),

@@ -233,6 +233,12 @@ impl Default for ReplayWindow {
 }
 
 impl ReplayWindow {
+    /// Newer than every counter seen so far (what may move a peer to a new address: a
+    /// reordered or delayed packet from its old one never does).
+    pub fn newest(&self, n: u64) -> bool {
+        n >= self.next
+    }
+
     /// Not seen, and not too old.
     pub fn fresh(&self, n: u64) -> bool {
         if n >= self.next {
@@ -286,6 +292,16 @@ impl ReplayWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_counter_above_all_seen_is_newest() {
+        let mut w = ReplayWindow::default();
+        assert!(w.newest(0));
+        w.mark(5);
+        assert!(!w.newest(5), "seen");
+        assert!(!w.newest(3), "older: a reordered or delayed packet");
+        assert!(w.newest(6));
+    }
 
     fn secret() -> [u8; SECRET_LEN] {
         std::array::from_fn(|i| i as u8)

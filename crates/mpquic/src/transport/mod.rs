@@ -103,6 +103,10 @@ pub struct TransportStats {
     /// Bytes on the link both ways, IP and UDP headers included (`data_budget`); `None`
     /// where the transport does not count them.
     pub wire_bytes: Option<u64>,
+    /// Times the peer's address changed under the connection and the transport followed (a
+    /// NAT rebinding: QUIC's connection migration, a stripe pipe's new port); seen by the side
+    /// that receives from a moving peer, the server.
+    pub peer_moves: u64,
 }
 
 /// Where a transport delivers what it receives, and reports what it lost after accepting it.

@@ -90,6 +90,7 @@ impl Tunnel {
                     ps.quic_sent_packets = st.sent_packets;
                     ps.udp_payload = st.udp_payload.map(u64::from);
                     ps.quic_lost_packets = st.lost_packets;
+                    ps.peer_moves = st.peer_moves;
                     ps.pipes = l.transport.pipes();
                     ps.transport = l.transport.kind().into();
                     if st.sent_packets > 0 {

@@ -101,6 +101,8 @@ pub struct QuicTransport {
     /// CONNECT-IP (`transport/masque`): the HTTP Datagram prefix (the request's quarter stream
     /// ID, context 0) in front of every datagram each way. Empty on the native protocol.
     prefix: Vec<u8>,
+    /// The peer's address as last seen, and how often it changed (`peer_moves`).
+    peer: Mutex<(SocketAddr, u64)>,
 }
 
 /// What `start` takes. The hello stream is missing on a CONNECT-IP connection, whose request
@@ -170,6 +172,7 @@ impl QuicTransport {
         let (send, recv) = streams.unzip();
         Arc::new(QuicTransport {
             meter: controller::window_meter(&conn),
+            peer: Mutex::new((conn.remote_address(), 0)),
             conn,
             queue_tx,
             waiting: Arc::default(),
@@ -239,6 +242,22 @@ impl QuicTransport {
     /// Bytes in flight (as the controller last saw them) and waiting to be sent.
     fn outstanding(&self) -> u64 {
         self.window().1 + self.queued()
+    }
+}
+
+impl QuicTransport {
+    /// The peer's address changes seen so far: QUIC's connection migration follows a client
+    /// whose NAT gave it a new port or address (and validates the new path; a forged packet
+    /// cannot move it, it does not decrypt). Counted when seen (status and metrics read this
+    /// every probe interval), and logged.
+    fn peer_moves(&self) -> u64 {
+        let now = self.conn.remote_address();
+        let mut peer = self.peer.lock().unwrap_or_else(|e| e.into_inner());
+        if peer.0 != now {
+            tracing::info!(from = %peer.0, to = %now, "peer address changed; the connection followed (NAT rebinding)");
+            *peer = (now, peer.1 + 1);
+        }
+        peer.1
     }
 }
 
@@ -371,6 +390,7 @@ impl PathTransport for QuicTransport {
             playout: self.has_stream.then(|| stream_rx::delay(&self.playout_us)),
             acks: self.meter.as_ref().map(|m| m.acked()),
             wire_bytes: Some(on_the_link(&st, self.conn.remote_address())),
+            peer_moves: self.peer_moves(),
         }
     }
 

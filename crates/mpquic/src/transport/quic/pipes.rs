@@ -244,6 +244,7 @@ impl PathTransport for QuicPipes {
             // Any pipe's ACKs show the path alive.
             acks: all.iter().map(|s| s.acks).sum(),
             wire_bytes: all.iter().map(|s| s.wire_bytes).sum(),
+            peer_moves: all.iter().map(|s| s.peer_moves).sum(),
         }
     }
 

@@ -78,6 +78,9 @@ struct Pipe {
     registered: AtomicBool,
     /// When the client last sent a KEEPALIVE (or REGISTER) on it, as µs since the link started.
     keepalive_us: AtomicU64,
+    /// When an authentic packet last came from its address, as µs since the link started
+    /// (server: the pipe a rebinding moved is the one that fell silent, `follow`).
+    heard_us: AtomicU64,
     sent: AtomicU64,
     tx_bytes: AtomicU64,
     rx_bytes: AtomicU64,
@@ -90,6 +93,7 @@ impl Pipe {
             dest: Mutex::new(dest),
             registered: AtomicBool::new(false),
             keepalive_us: AtomicU64::new(0),
+            heard_us: AtomicU64::new(0),
             sent: AtomicU64::new(0),
             tx_bytes: AtomicU64::new(0),
             rx_bytes: AtomicU64::new(0),
@@ -168,6 +172,8 @@ pub(crate) struct Link {
     next_control: AtomicUsize,
     /// Server: the last sender address seen and its pipe (`pipe_of`).
     last_from: Mutex<Option<(SocketAddr, usize)>>,
+    /// Server: pipes moved to a new client address by an authentic packet (`follow`).
+    moves: AtomicU64,
 }
 
 impl Link {
@@ -199,6 +205,7 @@ impl Link {
             registered: Notify::new(),
             next_control: AtomicUsize::new(0),
             last_from: Mutex::new(None),
+            moves: AtomicU64::new(0),
         })
     }
 
@@ -389,9 +396,10 @@ impl Link {
         let len = pkt.len() as u64;
         let counter =
             u64::from_be_bytes(pkt[10..18].try_into().expect("opened packets are longer"));
-        let opened = {
+        let (opened, newest) = {
             let mut rx = self.rx();
-            match rx.open.open(pkt) {
+            let newest = rx.open.window().newest(counter);
+            let opened = match rx.open.open(pkt) {
                 Err(r) => {
                     drop(rx);
                     self.refused(r);
@@ -406,12 +414,19 @@ impl Link {
                     }
                     (kind, payload)
                 }
-            }
+            };
+            (opened, newest)
         };
         let (kind, payload) = opened;
-        let pipe = pipe.or_else(|| self.pipe_of(from));
+        // REGISTER and KEEPALIVE name their pipe (`handle` places it); any other authentic
+        // packet newer than all before, from an address no pipe has, is a NAT rebinding.
+        let names_pipe = matches!(kind, Kind::Register | Kind::Keepalive);
+        let pipe = pipe
+            .or_else(|| self.pipe_of(from))
+            .or_else(|| (newest && !names_pipe).then(|| self.follow(from)).flatten());
         if let Some(p) = pipe.and_then(|i| self.pipes.get(i)) {
             p.rx_bytes.fetch_add(len, Ordering::Relaxed);
+            p.heard_us.store(self.elapsed_us(), Ordering::Relaxed);
         }
         if let Some(d) = self.handle(kind, payload, from) {
             match self.sink.get() {
@@ -433,6 +448,27 @@ impl Link {
         }
         let i = self.pipes.iter().position(|p| p.dest() == Some(from))?;
         *last = Some((from, i));
+        Some(i)
+    }
+
+    /// Server: an authentic packet, newer than every one before, came from `from`, which no
+    /// pipe has: the client's NAT gave one of its pipes a new port (or address). The pipe heard
+    /// from least recently is the one that moved (after a rebinding, the old addresses fall
+    /// silent); it is answered at `from` from now on, so the server's half of the path follows
+    /// within the packet's one-way delay instead of waiting for the pipe's next KEEPALIVE (up
+    /// to 5 s), which still names the pipe and corrects the guess. A forged packet fails its
+    /// tag and a replayed one the window before this: neither moves a pipe.
+    fn follow(&self, from: SocketAddr) -> Option<usize> {
+        let i = self
+            .pipes
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.registered.load(Ordering::Relaxed))
+            .min_by_key(|(_, p)| p.heard_us.load(Ordering::Relaxed))?
+            .0;
+        *self.pipes[i].dest.lock().unwrap_or_else(|e| e.into_inner()) = Some(from);
+        *self.last_from.lock().unwrap_or_else(|e| e.into_inner()) = Some((from, i));
+        self.moves.fetch_add(1, Ordering::Relaxed);
         Some(i)
     }
 
@@ -710,6 +746,8 @@ impl PathTransport for StripeTransport {
             playout: None,
             // Stripe packets are acknowledged by their own feedback, not by QUIC's ACKs.
             acks: None,
+            // The pipes' and the QUIC connection's (it rides the same NAT).
+            peer_moves: self.link.moves.load(Ordering::Relaxed) + q.peer_moves,
         }
     }
 
