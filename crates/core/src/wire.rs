@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::path::delivery::Counts;
 use crate::path::health::{PathState, PeerView};
 use crate::role::Role;
 
@@ -35,6 +36,10 @@ pub const FEC_DATA_HEADER: usize = 4;
 pub const FEC_REPAIR_HEADER: usize = 6;
 /// Type and sequence number: a probe reply, or a probe without the sender's view.
 pub const PROBE_LEN: usize = 5;
+/// A probe reply with the answering side's counts for the path (`path/delivery.rs`): inner
+/// packets it sent, then inner packets that arrived (u32 each, wrapping). Sent to a client
+/// whose hello asked for them (`counts`).
+pub const PROBE_REPLY_COUNTED_LEN: usize = PROBE_LEN + 8;
 /// A probe with the prober's view: state (1), srtt, rttvar, min RTT (4 each, microseconds,
 /// all ones = not measured), loss in 1/1000 (2), the interval to the next probe in ms (2), the
 /// path's role (1, `Role::to_wire`).
@@ -51,7 +56,11 @@ pub enum Datagram<'a> {
         seq: u32,
         view: Option<PeerView>,
     },
-    ProbeReply(u32),
+    /// A reply to our probe `seq`, with the peer's counts when it sends them.
+    ProbeReply {
+        seq: u32,
+        counts: Option<Counts>,
+    },
     FecData {
         group: u16,
         index: u8,
@@ -124,7 +133,14 @@ pub fn decode(buf: &[u8]) -> Option<Datagram<'_>> {
             seq,
             view: Some(decode_view(&buf[PROBE_LEN..])?),
         }),
-        (PROBE_REPLY, PROBE_LEN) => Some(Datagram::ProbeReply(seq)),
+        (PROBE_REPLY, PROBE_LEN) => Some(Datagram::ProbeReply { seq, counts: None }),
+        (PROBE_REPLY, PROBE_REPLY_COUNTED_LEN) => Some(Datagram::ProbeReply {
+            seq,
+            counts: Some(Counts {
+                sent: u32::from_be_bytes([buf[5], buf[6], buf[7], buf[8]]),
+                arrived: u32::from_be_bytes([buf[9], buf[10], buf[11], buf[12]]),
+            }),
+        }),
         _ => None,
     }
 }
@@ -256,6 +272,16 @@ pub fn encode_probe(kind: u8, seq: u32) -> [u8; PROBE_LEN] {
     [kind, s[0], s[1], s[2], s[3]]
 }
 
+/// A probe reply; with `counts`, the counted form (`PROBE_REPLY_COUNTED_LEN`).
+pub fn encode_probe_reply(seq: u32, counts: Option<Counts>) -> Vec<u8> {
+    let mut out = encode_probe(PROBE_REPLY, seq).to_vec();
+    if let Some(c) = counts {
+        out.extend_from_slice(&c.sent.to_be_bytes());
+        out.extend_from_slice(&c.arrived.to_be_bytes());
+    }
+    out
+}
+
 /// A path-MTU probe (`MTU_PROBE`) or its reply (`MTU_PROBE_REPLY`), `len` bytes long (at least
 /// `PROBE_LEN`): the header, then zeros.
 pub fn encode_mtu_probe(kind: u8, seq: u32, len: usize) -> Vec<u8> {
@@ -352,7 +378,35 @@ mod tests {
         assert_eq!(decode(&bad), None, "unknown role");
         assert_eq!(decode(&p[..19]), None);
         assert_eq!(decode(&p[..21]), None);
-        assert_eq!(decode(&[0x02, 0, 0, 1, 0]), Some(Datagram::ProbeReply(256)));
+        assert_eq!(
+            decode(&[0x02, 0, 0, 1, 0]),
+            Some(Datagram::ProbeReply {
+                seq: 256,
+                counts: None
+            })
+        );
+        let counted = encode_probe_reply(
+            7,
+            Some(Counts {
+                sent: 0x01020304,
+                arrived: 0xfffffffe,
+            }),
+        );
+        assert_eq!(
+            counted,
+            [0x02, 0, 0, 0, 7, 1, 2, 3, 4, 0xff, 0xff, 0xff, 0xfe]
+        );
+        assert_eq!(
+            decode(&counted),
+            Some(Datagram::ProbeReply {
+                seq: 7,
+                counts: Some(Counts {
+                    sent: 0x01020304,
+                    arrived: 0xfffffffe
+                })
+            })
+        );
+        assert_eq!(encode_probe_reply(7, None), encode_probe(PROBE_REPLY, 7));
         assert_eq!(decode(&[0x45, 0]), Some(Datagram::Packet(&[0x45, 0])));
         assert_eq!(decode(&[0x60]), Some(Datagram::Packet(&[0x60])));
         assert_eq!(decode(&[]), None);

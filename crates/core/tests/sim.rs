@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use mpquic_core::fec::FecMode;
 use mpquic_core::packet::PacketInfo;
+use mpquic_core::path::delivery::Direction;
 use mpquic_core::recovery::Carry;
 use mpquic_core::reorder::reseq::MAX_WAIT;
 use mpquic_core::tunnel::{LinkStats, Outgoing, Polled, Recorded, Routing, TunnelCore};
@@ -87,6 +88,10 @@ struct Sim {
     next_poll: [Option<Instant>; 2],
     /// Stream frames lost on a link, to be sent again at the time: (due, side, path, bytes).
     retransmit: Vec<(Duration, Side, PathId, Vec<u8>)>,
+    /// Per sending side: a middlebox in front of its links drops every data packet and lets
+    /// control messages (probes, replies) pass (as a NAT on the client host that corrupts
+    /// every UDP GSO segment, or a box that drops bursts).
+    drop_data: [bool; 2],
 }
 
 /// A batch of one packet, with the headers the core writes in front of it.
@@ -164,6 +169,8 @@ impl Sim {
         // As in the product: the client probes, the server follows its view.
         let mut client = TunnelCore::new(policy, HealthMode::Probe, fec, None);
         let mut server = TunnelCore::new(policy, HealthMode::Follow, fec, None);
+        // As in the product: the client's hello asks for counted replies (`path/delivery.rs`).
+        server.peer_reads_counts();
         if adaptive {
             client = client.adaptive();
             server = server.adaptive();
@@ -201,6 +208,7 @@ impl Sim {
             acks: vec![[0; 2]; specs.len()],
             next_poll: [None; 2],
             retransmit: Vec::new(),
+            drop_data: [false; 2],
         }
     }
 
@@ -227,6 +235,9 @@ impl Sim {
     /// Send `bytes`; `data`: an inner packet, which goes on the path's stream while the
     /// sending core says so, and is then sent again a round trip after the link loses it.
     fn send_as(&mut self, from: Side, path: PathId, bytes: Vec<u8>, data: bool) {
+        if data && self.drop_data[from.index()] {
+            return;
+        }
         let on_stream = data && self.core(from).carry(path) == Some(Carry::Stream);
         self.transmit(from, path, bytes, on_stream);
     }
@@ -1167,4 +1178,70 @@ fn a_lane_this_side_does_not_have_is_counted_not_delivered() {
         .map(|(_, p)| p.drops.get(mpquic_core::DropReason::Malformed))
         .sum();
     assert_eq!(malformed, 20);
+}
+
+/// A path that answers its probes but delivers none of the data it carries, one way or the
+/// other (`path/delivery.rs`): the client, told the server's counts in its probe replies, takes
+/// it down within the watch's bound (2 s without any arrival, plus the probe that shows it),
+/// says which way, and it stays down (the shell replaces its connection); the same path with
+/// 20% loss each way, or idle, is never taken down so.
+#[test]
+fn a_path_that_answers_probes_but_delivers_nothing_is_taken_down() {
+    for from in [Side::Client, Side::Server] {
+        let mut sim = Sim::new(Policy::Failover, &[spec("a", 1, 1)], &[delay(15)], 5);
+        let (mut seq, mut down_at, mut was_up) = (0, None, false);
+        while sim.now < Duration::from_secs(10) {
+            sim.drop_data[from.index()] = sim.now >= Duration::from_secs(3);
+            for side in [Side::Client, Side::Server] {
+                sim.send_data(side, 7, seq);
+            }
+            seq += 1;
+            let next = sim.now + Duration::from_millis(10);
+            sim.run_until(next);
+            let id = sim.client.router().paths().find("a").unwrap();
+            let up = sim.client.router().paths().get(id).is_up();
+            was_up |= up;
+            if was_up && down_at.is_none() && !up {
+                down_at = Some(sim.now);
+            }
+        }
+        let id = sim.client.router().paths().find("a").unwrap();
+        let paths = sim.client.router().paths();
+        let at = down_at.expect("taken down");
+        assert!(
+            at >= Duration::from_secs(5) && at <= Duration::from_millis(5300),
+            "{from:?}: down at {at:?}"
+        );
+        let way = if from == Side::Client {
+            Direction::Out
+        } else {
+            Direction::In
+        };
+        assert_eq!(paths.stalled(id), Some(way), "{from:?}");
+        assert!(
+            !paths.get(id).is_up(),
+            "{from:?}: stays down though its probes are answered"
+        );
+        assert_eq!(paths.get(id).delivery_stalls, 1);
+    }
+    for link in ["delay=15ms,loss=20%", "delay=15ms"] {
+        let mut sim = Sim::new(Policy::Failover, &[spec("a", 1, 1)], &[link.to_string()], 9);
+        let mut seq = 0;
+        while sim.now < Duration::from_secs(20) {
+            if link.contains("loss") {
+                for side in [Side::Client, Side::Server] {
+                    sim.send_data(side, 7, seq);
+                }
+            }
+            seq += 1;
+            let next = sim.now + Duration::from_millis(10);
+            sim.run_until(next);
+        }
+        let id = sim.client.router().paths().find("a").unwrap();
+        assert_eq!(
+            sim.client.router().paths().get(id).delivery_stalls,
+            0,
+            "{link}"
+        );
+    }
 }

@@ -81,6 +81,10 @@ pub struct Hello {
     /// backup only as the client would. Its probes say it from then on (`wire`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<String>,
+    /// The client judges its paths by what they deliver: the server's probe replies carry its
+    /// counts for the path (`path/delivery.rs`; docs/PROTOCOL.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub counts: bool,
 }
 
 /// A traffic class: its name, its rank (its lane: 0 = highest priority), whether it is the

@@ -378,6 +378,7 @@ async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
         routes: Vec::new(),
         rate_limit: None,
         role: None,
+        counts: false,
         instance: None,
         classes: Vec::new(),
     };
@@ -580,6 +581,7 @@ async fn stripe_path_to_a_server_without_stripe_is_refused() {
         routes: Vec::new(),
         rate_limit: None,
         role: None,
+        counts: false,
         instance: None,
         classes: Vec::new(),
     };

@@ -76,6 +76,10 @@ pub struct PathStatus {
     /// followed (a NAT rebinding; seen by the server).
     #[serde(default)]
     pub peer_moves: u64,
+    /// Times the path answered its probes while delivering nothing one way and was taken down
+    /// for it (its connection replaced; from then on without UDP GSO).
+    #[serde(default)]
+    pub delivery_stalls: u64,
     /// Reliable mode: packets this path had sent when it went down, sent again on a live path
     /// (some may reach the peer twice).
     #[serde(default)]

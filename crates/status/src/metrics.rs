@@ -265,6 +265,11 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Counter(|p| p.peer_moves),
     ),
     (
+        "mpquic_path_delivery_stalls",
+        "Times the path answered its probes while delivering nothing one way, and was taken down and reconnected for it",
+        PathValue::Counter(|p| p.delivery_stalls),
+    ),
+    (
         "mpquic_path_to_stream",
         "transport_mode auto: times the path went to its stream",
         PathValue::Counter(|p| p.to_stream),

@@ -13,6 +13,7 @@ use crate::bond::scheduler::Policy;
 use crate::bond::{Bond, Route};
 use crate::drops::DropReason;
 use crate::packet::PacketInfo;
+use crate::path::delivery::Counts;
 use crate::path::health::{HealthConfig, HealthMode, PeerView};
 use crate::path::{PathId, PathLoad, PathSet, PathSpec, ProbeDue, Transition};
 use crate::reorder::reseq::{self, Resequencer, Verdict};
@@ -250,9 +251,20 @@ impl Router {
             .min()
     }
 
-    pub fn on_probe_reply(&mut self, id: PathId, seq: u32, now: Instant) -> Option<Transition> {
-        let t = self.paths.on_probe_reply(id, seq, now);
+    pub fn on_probe_reply(
+        &mut self,
+        id: PathId,
+        seq: u32,
+        counts: Option<Counts>,
+        now: Instant,
+    ) -> Option<Transition> {
+        let t = self.paths.on_probe_reply(id, seq, counts, now);
         self.tell_bond(t)
+    }
+
+    /// A datagram with an inner packet (or an FEC repair) arrived on `id` (`PathSet::on_arrived`).
+    pub fn on_arrived(&mut self, id: PathId) {
+        self.paths.on_arrived(id);
     }
 
     /// The peer's probe arrived on `id` (on a follower, its view may change the path's state).
@@ -395,7 +407,7 @@ mod tests {
         let mut probes = Vec::new();
         r.poll(now, &mut probes, &mut Vec::new());
         for p in probes {
-            r.on_probe_reply(p.path, p.seq, now);
+            r.on_probe_reply(p.path, p.seq, None, now);
         }
     }
 
@@ -411,7 +423,7 @@ mod tests {
             let now = t0 + Duration::from_millis(ms);
             r.poll(now, &mut probes, &mut changes);
             for p in probes.drain(..).filter(|p| p.path == b) {
-                r.on_probe_reply(p.path, p.seq, now);
+                r.on_probe_reply(p.path, p.seq, None, now);
             }
         }
         assert!(!r.paths().get(a).is_up() && r.paths().get(b).is_up());

@@ -17,6 +17,7 @@
 //! path: backups included) detects a dead path as fast as ever. The probe carries the interval, so
 //! the follower scales its own silence bound the same way.
 
+use crate::path::delivery::{Counts, DeliveryWatch, Direction};
 use crate::role::Role;
 use std::time::{Duration, Instant};
 
@@ -165,6 +166,11 @@ pub struct PathHealth {
     pub transitions: u64,
     /// Down by its ACK watch: the silence it had then (`silence_at_down`).
     silent_for: Option<Duration>,
+    /// What the path delivers each way, from the counts in probe replies (`delivery.rs`).
+    delivery: DeliveryWatch,
+    /// The path answered its probes but delivered nothing this way: down until a new
+    /// connection replaces this one (its answers alone do not bring it back).
+    stalled: Option<Direction>,
 }
 
 impl PathHealth {
@@ -196,6 +202,8 @@ impl PathHealth {
             probes_answered: 0,
             transitions: 0,
             silent_for: None,
+            delivery: DeliveryWatch::default(),
+            stalled: None,
         }
     }
 
@@ -388,10 +396,50 @@ impl PathHealth {
 
     /// A reply to our probe `seq` arrived.
     pub fn on_reply(&mut self, seq: u32, now: Instant) {
+        self.reply(seq, now);
+    }
+
+    /// A probe `seq` is sent now (`poll` gave it) while this side had sent `sent` inner packets
+    /// on the path: what the peer's counts in its reply are compared with.
+    pub fn on_probe_sent(&mut self, seq: u32, sent: u32) {
+        self.delivery.on_probe_sent(seq, sent);
+    }
+
+    /// A reply to our probe `seq` arrived with the peer's counts for the path; `arrived`: the
+    /// inner packets that arrived here from the peer so far. A path that is up but delivers
+    /// nothing one way (`delivery.rs`) goes down, and stays down until its connection is
+    /// replaced (`stalled`).
+    pub fn on_counted_reply(&mut self, seq: u32, now: Instant, peer: Counts, arrived: u32) {
+        let Some(sent) = self.reply(seq, now) else {
+            return;
+        };
+        let loss = self.loss();
+        let stalled =
+            (self.delivery).on_reply(seq, sent, now, peer, arrived, self.srtt, self.rttvar, loss);
+        if let (Some(d), PathState::Up) = (stalled, self.state) {
+            self.stalled = Some(d);
+            self.consecutive = 0;
+            self.set_state(PathState::Down, now);
+        }
+    }
+
+    /// The way the path stopped delivering while its probes were answered (`on_counted_reply`);
+    /// the shell replaces its connection.
+    pub fn stalled(&self) -> Option<Direction> {
+        self.stalled
+    }
+
+    /// Times a direction of the path stalled (this connection's).
+    pub fn stalls(&self) -> u64 {
+        self.delivery.stalls
+    }
+
+    /// The reply's probe was sent at the returned time (`None`: not one of ours, or too old).
+    fn reply(&mut self, seq: u32, now: Instant) -> Option<Instant> {
         let slot = &mut self.sent_at[seq as usize % PROBE_RING];
-        let Some((s, sent)) = *slot else { return };
+        let (s, sent) = (*slot)?;
         if s != seq {
-            return; // stale or forged
+            return None; // stale or forged
         }
         *slot = None;
         self.probes_answered += 1;
@@ -406,6 +454,7 @@ impl PathHealth {
             .count();
         self.heard(seq, now, overtaken);
         self.up_if_proven(now);
+        Some(sent)
     }
 
     /// Something answering for the path arrived: a reply to our probe `seq`, or (a follower)
@@ -426,6 +475,9 @@ impl PathHealth {
     }
 
     fn up_if_proven(&mut self, now: Instant) {
+        if self.stalled.is_some() {
+            return;
+        }
         match self.state {
             // A fresh connection has just proven the path with its handshake.
             PathState::Probing => self.set_state(PathState::Up, now),

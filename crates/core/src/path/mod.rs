@@ -10,6 +10,7 @@
 
 pub mod ackwatch;
 pub mod budget;
+pub mod delivery;
 pub mod health;
 pub mod loss;
 pub mod pmtu;
@@ -20,6 +21,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::drops::{DropReason, Drops};
+use crate::path::delivery::{Counts, Direction};
 use crate::path::health::{HealthConfig, HealthMode, PathHealth, PathState, PeerView};
 use crate::role::Role;
 
@@ -65,6 +67,9 @@ pub struct PathCounters {
     pub tx_bytes: u64,
     pub rx_packets: u64,
     pub rx_bytes: u64,
+    /// Inner packets (and FEC repairs) that arrived from the peer, before any check: what
+    /// this side tells the prober in its counted probe replies (`delivery.rs`).
+    pub arrived: u64,
     /// Reliable mode: packets this path had sent when it went down, sent again on a live path.
     pub handed_over: u64,
 }
@@ -160,6 +165,9 @@ pub struct Path {
     /// Its data budget is used up (`budget.rs`): it carries only as a backup until the budget's
     /// period ends.
     pub used_up: bool,
+    /// Times it answered its probes while delivering nothing one way (`delivery.rs`), and was
+    /// taken down for it.
+    pub delivery_stalls: u64,
 }
 
 impl Path {
@@ -298,6 +306,7 @@ impl PathSet {
             retired: false,
             last_srtt: None,
             used_up: false,
+            delivery_stalls: 0,
         });
         Some(PathId((self.paths.len() - 1) as u16))
     }
@@ -409,6 +418,7 @@ impl PathSet {
             let id = PathId(i as u16);
             let before = h.state();
             if let Some(seq) = h.poll(now) {
+                h.on_probe_sent(seq, p.counters.tx_packets as u32);
                 probes.push(ProbeDue {
                     path: id,
                     seq,
@@ -443,9 +453,51 @@ impl PathSet {
         Some(quiet_at.map_or(health, |q| q.min(health)))
     }
 
-    /// A reply to our probe arrived on `id`. Returns a transition if the path changed state.
-    pub fn on_probe_reply(&mut self, id: PathId, seq: u32, now: Instant) -> Option<Transition> {
-        self.health_event(id, |h| h.on_reply(seq, now))
+    /// A reply to our probe arrived on `id`, with the peer's counts for the path when it sends
+    /// them. Returns a transition if the path changed state.
+    pub fn on_probe_reply(
+        &mut self,
+        id: PathId,
+        seq: u32,
+        counts: Option<Counts>,
+        now: Instant,
+    ) -> Option<Transition> {
+        let arrived = self.paths.get(id.index())?.counters.arrived as u32;
+        let t = self.health_event(id, |h| match counts {
+            Some(c) => h.on_counted_reply(seq, now, c, arrived),
+            None => h.on_reply(seq, now),
+        });
+        let p = &mut self.paths[id.index()];
+        if t.is_some() && p.health.as_ref().is_some_and(|h| h.stalled().is_some()) {
+            p.delivery_stalls += 1;
+        }
+        t
+    }
+
+    /// The counts this side gives the peer in its probe replies on `id` (`delivery.rs`).
+    pub fn counts(&self, id: PathId) -> Counts {
+        let c = self
+            .paths
+            .get(id.index())
+            .map(|p| p.counters)
+            .unwrap_or_default();
+        Counts {
+            sent: c.tx_packets as u32,
+            arrived: c.arrived as u32,
+        }
+    }
+
+    /// The way `id` stopped delivering while its probes were answered, when it did: its
+    /// connection is to be replaced now (`health::PathHealth::stalled`).
+    pub fn stalled(&self, id: PathId) -> Option<Direction> {
+        self.paths.get(id.index())?.health.as_ref()?.stalled()
+    }
+
+    /// A datagram carrying an inner packet (or an FEC repair) arrived on `id`.
+    pub fn on_arrived(&mut self, id: PathId) {
+        if let Some(p) = self.paths.get_mut(id.index()) {
+            p.counters.arrived += 1;
+        }
     }
 
     /// The peer's probe arrived on `id` (a follower adopts its view). Returns a transition if the
@@ -528,6 +580,12 @@ impl PathSet {
     pub fn unusable_for(&self, id: PathId, now: Instant) -> Option<Duration> {
         let h = self.paths.get(id.index())?.health.as_ref()?;
         (h.state() != PathState::Up).then(|| now.saturating_duration_since(h.since()))
+    }
+
+    /// How long `id` has been up (`None`: it is not).
+    pub fn up_for(&self, id: PathId, now: Instant) -> Option<Duration> {
+        let h = self.paths.get(id.index())?.health.as_ref()?;
+        (h.state() == PathState::Up).then(|| now.saturating_duration_since(h.since()))
     }
 
     /// Reliable mode, `id` just went down: the moment from which what it sent may not have

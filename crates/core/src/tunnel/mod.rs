@@ -108,6 +108,9 @@ pub struct TunnelCore {
     meters: Vec<Option<metering::Metered>>,
     /// Wall-clock seconds since the epoch, for the budgets (`set_wall_clock`).
     wall: i64,
+    /// The peer reads counted probe replies (its hello said `counts`): ours carry this side's
+    /// counts for the path (`path/delivery.rs`).
+    counted_replies: bool,
 }
 
 impl TunnelCore {
@@ -137,6 +140,7 @@ impl TunnelCore {
             plain: health == HealthMode::Transport,
             meters: Vec::new(),
             wall: 0,
+            counted_replies: false,
         }
     }
 
@@ -204,6 +208,12 @@ impl TunnelCore {
     pub fn peer_speaks_mpquic(&mut self) {
         self.router.set_health_mode(HealthMode::Probe);
         self.plain = false;
+    }
+
+    /// The peer's hello asked for counted probe replies (a client that judges its paths by
+    /// what they deliver): this side's replies carry its counts from now on.
+    pub fn peer_reads_counts(&mut self) {
+        self.counted_replies = true;
     }
 
     /// A standard server: it takes bare IP packets only, so a lane with a per-packet policy

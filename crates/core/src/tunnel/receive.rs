@@ -74,7 +74,20 @@ impl TunnelCore {
         out: &mut impl Deliver,
     ) -> Received {
         let mut got = Received::default();
-        match wire::decode(bytes) {
+        let decoded = wire::decode(bytes);
+        if let Some(
+            Datagram::Packet(_)
+            | Datagram::Bonded { .. }
+            | Datagram::Classed { .. }
+            | Datagram::FecData { .. }
+            | Datagram::FecRepair(_),
+        ) = decoded
+        {
+            // Counted as it arrives, before any check: what the prober compares with what it
+            // sent (`path/delivery.rs`).
+            self.router.on_arrived(path);
+        }
+        match decoded {
             Some(d @ Datagram::Packet(_)) => self.deliver_inner(path, d, now, out, &mut got),
             // A peer that speaks IP only sends nothing else.
             Some(_) if self.plain => self.router.drop_on(path, DropReason::Malformed, 1),
@@ -82,11 +95,14 @@ impl TunnelCore {
                 self.deliver_inner(path, d, now, out, &mut got)
             }
             Some(Datagram::Probe { seq, view }) => {
-                out.answer(&wire::encode_probe(wire::PROBE_REPLY, seq));
+                let counts = self
+                    .counted_replies
+                    .then(|| self.router.paths().counts(path));
+                out.answer(&wire::encode_probe_reply(seq, counts));
                 got.transition = self.router.on_peer_probe(path, seq, view.as_ref(), now);
             }
-            Some(Datagram::ProbeReply(seq)) => {
-                got.transition = self.router.on_probe_reply(path, seq, now);
+            Some(Datagram::ProbeReply { seq, counts }) => {
+                got.transition = self.router.on_probe_reply(path, seq, counts, now);
                 // A transition makes a probe due now (it carries the new view to the peer).
                 got.wake = got.transition.is_some();
             }
@@ -140,7 +156,10 @@ impl TunnelCore {
     ) -> Received {
         let mut got = Received::default();
         match packet {
-            Some(p) => self.receive_inner(path, p, now, out, &mut got),
+            Some(p) => {
+                self.router.on_arrived(path);
+                self.receive_inner(path, p, now, out, &mut got)
+            }
             None => self.router.drop_on(path, DropReason::Malformed, 1),
         }
         got

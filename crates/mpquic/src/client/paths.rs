@@ -18,6 +18,7 @@ use crate::config::PathConfig;
 use crate::hello::{ClassOf, Hello};
 use crate::transport::{Dialed, Known, PathTransport, Unfinished};
 use crate::tunnel::{close, Tunnel};
+use mpquic_core::path::delivery::Direction;
 
 impl Client {
     /// Path `p` in the tunnel, with its task.
@@ -207,10 +208,37 @@ impl Client {
                         }
                         continue;
                     }
+                    if tunnel.up_for(id).is_some_and(|u| u >= HELD) {
+                        let slot = self.slot(id);
+                        if slot.replaced >= 2 && slot.live_unsegmented && !slot.unsegmented {
+                            warn!(path = %p.name, replaced = slot.replaced, "path holds without UDP GSO after connections with it failed in a row; it sends without GSO from now on (a NAT on this host that rewrites ports, with checksum offload off, corrupts GSO segments)");
+                            self.with_slot(id, |s| s.unsegmented = true);
+                        }
+                        self.with_slot(id, |s| s.replaced = 0);
+                    }
+                    if let Some(way) = tunnel.stalled(id) {
+                        // Its probes are answered, so the path would never count as unusable
+                        // long enough: a new connection now, sending datagrams one by one.
+                        let first = !self.slot(id).unsegmented;
+                        self.with_slot(id, |s| s.unsegmented = true);
+                        let why = match way {
+                            Direction::Out => "what this side sends does not arrive",
+                            Direction::In => "what the server sends does not arrive",
+                        };
+                        warn!(path = %p.name, direction = way.as_str(), "path answers its probes but delivers nothing ({why}); its connection is replaced{}",
+                              if first { ", sending without UDP GSO from now on (a NAT on this host that rewrites ports, with checksum offload off, corrupts GSO segments)" } else { "" });
+                        match self.connect(id, &p).await {
+                            Ok(new) => now = Installed::new(tunnel, id, new),
+                            Err(e) => info!(path = %p.name, error = %format!("{e:#}"), "path delivers nothing; reconnect failed"),
+                        }
+                        continue;
+                    }
                     if reconnect::should_replace(tunnel.unusable_for(id)) {
                         match self.connect(id, &p).await {
                             Ok(new) => {
-                                info!(path = %p.name, "path unusable; replaced its connection");
+                                self.with_slot(id, |s| s.replaced += 1);
+                                let gso = if self.slot(id).live_unsegmented { " (without UDP GSO)" } else { "" };
+                                info!(path = %p.name, "path unusable; replaced its connection{gso}");
                                 now = Installed::new(tunnel, id, new);
                             }
                             Err(e) => info!(path = %p.name, error = %format!("{e:#}"), "path still unusable; reconnect failed"),
@@ -323,10 +351,18 @@ impl Client {
             role: Some(self.tunnel.role(id))
                 .filter(|r| *r != mpquic_core::Role::Primary)
                 .map(|r| r.as_str().into()),
+            counts: true,
         };
+        let slot = self.slot(id);
+        // A path whose connections keep becoming unusable right after they connect may be
+        // losing every GSO batch while single packets pass (the probes, so its health never
+        // shows it for long): every second replacement in a row is made without them.
+        let unsegmented = slot.unsegmented || slot.replaced % 2 == 1;
+        self.with_slot(id, |s| s.live_unsegmented = unsegmented);
         let known = Known {
-            payload: self.slot(id).payload,
+            payload: slot.payload,
             rtt: self.rtt(id),
+            unsegmented,
         };
         let Dialed {
             transport,
@@ -420,7 +456,19 @@ pub(super) struct PathSlot {
     /// Its last connection's own RTT estimate, for a path without probes (CONNECT-IP), which
     /// the tunnel has no RTT for.
     pub(super) quic_rtt: Option<Duration>,
+    /// Its connections send without UDP GSO batches (`io::socket::Unsegmented`): it answered
+    /// its probes while none of its data arrived one way (`path/delivery.rs`), or a connection
+    /// without them held after ones with them kept failing.
+    pub(super) unsegmented: bool,
+    /// Connections replaced in a row because the path was unusable (back to 0 once one holds
+    /// `HELD`): every second one is made without UDP GSO (`unsegmented_now`).
+    pub(super) replaced: u32,
+    /// The live connection sends without GSO.
+    pub(super) live_unsegmented: bool,
 }
+
+/// A connection up this long has held: the replacements in a row are over.
+const HELD: Duration = Duration::from_secs(10);
 
 /// A path's connection in the tunnel: the transport, its end, and the tunnel's generation for it.
 pub(super) struct Installed {

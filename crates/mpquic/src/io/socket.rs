@@ -90,3 +90,46 @@ pub fn client_socket(bind: &Bind, remote: SocketAddr) -> Result<UdpSocket> {
         .with_context(|| format!("cannot bind udp socket to {local}"))?;
     Ok(s.into())
 }
+
+/// A path socket that sends every datagram on its own: no UDP GSO batches. For a path that
+/// answered its probes while none of its data arrived (`path/delivery.rs`): a NAT on the client
+/// host that changes ports before the kernel segments a GSO batch, on an interface without
+/// checksum offload, sends every segment with a wrong UDP checksum (bench/gso-nat.sh), while
+/// single datagrams (the probes) pass. It costs CPU at high rates, so only such a path gets it.
+#[derive(Debug)]
+pub struct Unsegmented(pub std::sync::Arc<dyn quinn::AsyncUdpSocket>);
+
+impl quinn::AsyncUdpSocket for Unsegmented {
+    fn create_io_poller(self: std::sync::Arc<Self>) -> std::pin::Pin<Box<dyn quinn::UdpPoller>> {
+        self.0.clone().create_io_poller()
+    }
+
+    fn try_send(&self, transmit: &quinn::udp::Transmit) -> std::io::Result<()> {
+        self.0.try_send(transmit)
+    }
+
+    fn poll_recv(
+        &self,
+        cx: &mut std::task::Context,
+        bufs: &mut [std::io::IoSliceMut<'_>],
+        meta: &mut [quinn::udp::RecvMeta],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.0.poll_recv(cx, bufs, meta)
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.0.local_addr()
+    }
+
+    fn max_transmit_segments(&self) -> usize {
+        1
+    }
+
+    fn max_receive_segments(&self) -> usize {
+        self.0.max_receive_segments()
+    }
+
+    fn may_fragment(&self) -> bool {
+        self.0.may_fragment()
+    }
+}

@@ -121,6 +121,9 @@ impl Server {
         }
         let tunnel =
             self.session_tunnel(&joined.value, &name, joined.addr, h, (policy, fec), carrier)?;
+        if h.counts {
+            tunnel.peer_reads_counts();
+        }
         let role = match h.role.as_deref() {
             None => mpquic_core::Role::Primary,
             Some(r) => mpquic_core::Role::parse(r).ok_or_else(|| format!("unknown role `{r}`"))?,

@@ -343,6 +343,9 @@ pub struct Known {
     /// about three of these rather than a second, so a path that comes back from an outage is
     /// connected again within a fraction of a second of its return.
     pub rtt: Option<std::time::Duration>,
+    /// Send each datagram on its own, without UDP GSO batches: the path answered its probes
+    /// while its data did not arrive (`io::socket::Unsegmented`).
+    pub unsegmented: bool,
 }
 
 /// Server side of session setup: paths offered by authenticated clients. Connections that fail

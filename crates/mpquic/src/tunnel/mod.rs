@@ -424,6 +424,26 @@ impl Tunnel {
         self.lock().core.router().unusable_for(path, Instant::now())
     }
 
+    /// How long `path` has been up (`None`: it is not).
+    pub fn up_for(&self, path: PathId) -> Option<Duration> {
+        self.lock()
+            .core
+            .router()
+            .paths()
+            .up_for(path, Instant::now())
+    }
+
+    /// The way `path` stopped delivering while its probes were answered, if it did: its
+    /// connection must be replaced (`path/delivery.rs`).
+    pub fn stalled(&self, path: PathId) -> Option<mpquic_core::path::delivery::Direction> {
+        self.lock().core.router().paths().stalled(path)
+    }
+
+    /// The peer's hello asked for counted probe replies (`TunnelCore::peer_reads_counts`).
+    pub fn peer_reads_counts(&self) {
+        self.lock().core.peer_reads_counts();
+    }
+
     /// Close every connection (shutdown, or the session was replaced).
     pub fn close_all(&self, code: u32, reason: &str) {
         let links: Vec<Link> = self

@@ -66,6 +66,7 @@ impl Tunnel {
                     fec_status(&mut ps, f);
                 }
                 ps.ack_silences = s.core.ack_watch(id).map_or(0, |w| w.silences);
+                ps.delivery_stalls = p.delivery_stalls;
                 if let Some(r) = s.core.recovery(id) {
                     ps.carry = Some(r.carry().as_str().into());
                     ps.carry_why = Some(r.why().as_str().into());

@@ -312,6 +312,7 @@ impl Driver {
             routes: Vec::new(),
             rate_limit: None,
             role: None,
+            counts: false,
         });
         let (tx, rx) = oneshot::channel();
         let offer = Offer {

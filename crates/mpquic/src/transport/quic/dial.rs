@@ -124,6 +124,7 @@ impl QuicDialer {
             remote,
             link_mtu,
             client,
+            unsegmented: known.unsegmented,
         };
         if let Some(m) = &self.masque {
             return self.dial_connect_ip(p, to, h, m).await;
@@ -276,9 +277,13 @@ impl QuicDialer {
             remote,
             link_mtu,
             client,
+            unsegmented,
         } = to;
         let (remote, link_mtu) = (*remote, *link_mtu);
-        let socket = self.platform.client_socket(&p.bind, remote)?;
+        let mut socket = self.platform.client_socket(&p.bind, remote)?;
+        if *unsegmented {
+            socket = Arc::new(crate::io::socket::Unsegmented(socket));
+        }
         let endpoint = quinn::Endpoint::new_with_abstract_socket(
             settings::client_endpoint(link_mtu),
             None,
@@ -330,4 +335,6 @@ struct Target {
     remote: SocketAddr,
     link_mtu: u32,
     client: quinn::ClientConfig,
+    /// Send without UDP GSO batches (`Known::unsegmented`).
+    unsegmented: bool,
 }

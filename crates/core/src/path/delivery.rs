@@ -1,0 +1,293 @@
+//! The delivery watch: a path is judged by what it delivers, not only by whether its probes
+//! come back. Probes are small single packets; a path can answer every one of them while the
+//! data it carries is lost whole (a NAT on the client host that corrupts the checksum of every
+//! UDP GSO segment, a middlebox that drops bursts or large packets only, a transport wedged on a
+//! stale peer address). Its probes would then keep it `up` while the tunnel is silent for good.
+//!
+//! So each probe reply carries the answering side's counts for the path: inner packets it sent
+//! and inner packets that arrived (wrapping u32s, `wire::encode_probe_reply`). The prober sees
+//! both directions of the path: its own sends against what the peer says arrived, and what the
+//! peer says it sent against its own arrivals. A direction *stalls* when the receiver's count
+//! has not moved for `stall_after` while the sender handed the path at least
+//! `MIN_UNDELIVERED` packets that had `grace` to arrive (its queue, the way across, the
+//! receiver's reordering and playout). Any arrival at all resets it: loss, however heavy, is
+//! not a stall; this catches only a path that delivers nothing while it answers probes.
+//!
+//! The bounds follow the path's RTT, so a long path (a geostationary satellite, a bloated LTE
+//! queue) is not judged before its data could have arrived, and never below 2 s: a reliable
+//! stream's head-of-line wait for a retransmission on a lossy path delivers nothing for a while
+//! too, and must not be mistaken for a dead path.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// The counts a probe reply carries: inner packets the answering side sent on the path, and
+/// inner packets (and FEC repairs) that arrived on it. Both wrap at 2^32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counts {
+    pub sent: u32,
+    pub arrived: u32,
+}
+
+/// Which way a path stopped delivering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// What this side sends does not arrive.
+    Out,
+    /// What the peer sends does not arrive.
+    In,
+}
+
+impl Direction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Out => "out",
+            Direction::In => "in",
+        }
+    }
+}
+
+/// Packets handed to the path, with time to arrive, none of which arrived: at least this many,
+/// and as many as make the chance that random loss took them all at most `FALSE_STALL`. A
+/// wedged path offers little: the inner TCP it carries backs off to a retransmitted SYN or
+/// segment every few seconds, so the bound must be a handful, not a burst.
+pub const MIN_UNDELIVERED: u32 = 3;
+const FALSE_STALL: f64 = 1e-4;
+/// The shortest time a receiver's count must stand still.
+pub const STALL_MIN: Duration = Duration::from_secs(2);
+/// The least time a packet is given to arrive.
+const GRACE_MIN: Duration = Duration::from_millis(500);
+/// Sender counts remembered (a probe's each: 6.4 s at the fast interval).
+const SAMPLES: usize = 64;
+
+/// How long a packet is given to arrive, and how long a receiver may stand still, on a path of
+/// this RTT.
+pub fn bounds(srtt: Option<Duration>, rttvar: Duration) -> (Duration, Duration) {
+    let rtt = srtt.unwrap_or_default();
+    let grace = GRACE_MIN.max(rtt * 2 + rttvar * 4);
+    (grace, STALL_MIN.max(grace * 2))
+}
+
+/// Packets that must all have vanished at this loss rate (the path's probes') before it is a
+/// stall: 3 on a clean path, 4 at 10%, 8 at 30%, 14 at 50%.
+pub fn min_undelivered(loss: f64) -> u32 {
+    if loss <= 0.0 {
+        return MIN_UNDELIVERED;
+    }
+    let n = (FALSE_STALL.ln() / loss.min(0.9).ln()).ceil();
+    (n as u32).max(MIN_UNDELIVERED)
+}
+
+/// One direction: the receiver's count, when it last moved, and the sender's counts over time.
+#[derive(Debug, Clone, Default)]
+struct Flow {
+    /// The receiver's count and when it was first seen at that value.
+    rx: Option<(u32, Instant)>,
+    /// The sender's count when the receiver's last moved.
+    base: u32,
+    /// The sender's counts, each with the moment it was taken, oldest first.
+    samples: VecDeque<(Instant, u32)>,
+}
+
+impl Flow {
+    /// The sender's count was `sender` at `sender_at`; the receiver's is `receiver`, seen at
+    /// `now`. True when the direction has stalled.
+    fn observe(
+        &mut self,
+        now: Instant,
+        sender_at: Instant,
+        sender: u32,
+        receiver: u32,
+        (grace, stall_after): (Duration, Duration),
+        least: u32,
+    ) -> bool {
+        if self.samples.len() == SAMPLES {
+            self.samples.pop_front();
+        }
+        self.samples.push_back((sender_at, sender));
+        let since = match self.rx {
+            Some((r, since)) if r == receiver => since,
+            _ => {
+                self.rx = Some((receiver, now));
+                self.base = sender;
+                return false;
+            }
+        };
+        if now.saturating_duration_since(since) < stall_after {
+            return false;
+        }
+        // What the sender had handed the path `grace` ago, and since the receiver last moved.
+        let due = self
+            .samples
+            .iter()
+            .rev()
+            .find(|(t, _)| *t + grace <= now && *t >= since)
+            .map(|&(_, s)| s.wrapping_sub(self.base));
+        due.is_some_and(|n| (least..1 << 31).contains(&n))
+    }
+}
+
+/// A path's delivery watch, for the side that probes (`health.rs`).
+#[derive(Debug, Clone, Default)]
+pub struct DeliveryWatch {
+    out: Flow,
+    inn: Flow,
+    /// Our sent count when each probe left, by sequence number.
+    sent_at_probe: VecDeque<(u32, u32)>,
+    /// Times a direction stalled.
+    pub stalls: u64,
+}
+
+impl DeliveryWatch {
+    /// Probe `seq` leaves now; this side had sent `sent` inner packets on the path.
+    pub fn on_probe_sent(&mut self, seq: u32, sent: u32) {
+        if self.sent_at_probe.len() == SAMPLES {
+            self.sent_at_probe.pop_front();
+        }
+        self.sent_at_probe.push_back((seq, sent));
+    }
+
+    /// The reply to probe `seq`, sent at `sent_at`, arrived now with the peer's `counts`;
+    /// `arrived` is what arrived here from the peer so far; `loss`: the share of the path's
+    /// probes lost lately. The direction that stalled, if one did.
+    #[allow(clippy::too_many_arguments)]
+    pub fn on_reply(
+        &mut self,
+        seq: u32,
+        sent_at: Instant,
+        now: Instant,
+        peer: Counts,
+        arrived: u32,
+        srtt: Option<Duration>,
+        rttvar: Duration,
+        loss: f64,
+    ) -> Option<Direction> {
+        let bounds = bounds(srtt, rttvar);
+        let least = min_undelivered(loss);
+        let ours = self
+            .sent_at_probe
+            .iter()
+            .find(|(s, _)| *s == seq)
+            .map(|&(_, n)| n);
+        let out = ours.is_some_and(|ours| {
+            self.out
+                .observe(now, sent_at, ours, peer.arrived, bounds, least)
+        });
+        // The peer's count as it answered: about half a round trip ago.
+        let answered = now - now.saturating_duration_since(sent_at) / 2;
+        let inn = self
+            .inn
+            .observe(now, answered, peer.sent, arrived, bounds, least);
+        let stalled = match (out, inn) {
+            (true, _) => Some(Direction::Out),
+            (false, true) => Some(Direction::In),
+            _ => None,
+        };
+        if stalled.is_some() {
+            self.stalls += 1;
+        }
+        stalled
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RTT: Duration = Duration::from_millis(30);
+
+    /// A probe every 100 ms for `secs`; each interval this side sends `out` packets and the
+    /// peer `inn`; `delivered(t)` says whether what is sent at `t` arrives. The first stall.
+    fn run(
+        secs: f64,
+        out: u32,
+        inn: u32,
+        delivered: impl Fn(Duration) -> bool,
+    ) -> Option<(Duration, Direction)> {
+        let t0 = Instant::now();
+        let mut w = DeliveryWatch::default();
+        let (mut sent, mut peer_sent, mut peer_arrived, mut arrived) = (0u32, 0u32, 0u32, 0u32);
+        let steps = (secs * 10.0) as u32;
+        for k in 0..steps {
+            let at = Duration::from_millis(100 * u64::from(k));
+            w.on_probe_sent(k, sent);
+            sent += out;
+            peer_sent += inn;
+            if delivered(at) {
+                peer_arrived += out;
+                arrived += inn;
+            }
+            let counts = Counts {
+                sent: peer_sent,
+                arrived: peer_arrived,
+            };
+            if let Some(d) = w.on_reply(
+                k,
+                t0 + at,
+                t0 + at + RTT,
+                counts,
+                arrived,
+                Some(RTT),
+                RTT / 4,
+                0.0,
+            ) {
+                return Some((at, d));
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn a_path_that_delivers_nothing_stalls_after_the_bound() {
+        let (at, d) = run(10.0, 50, 0, |t| t < Duration::from_secs(3)).expect("stalls");
+        assert_eq!(d, Direction::Out);
+        // Delivery stopped after the interval at 2.9 s: the receiver stood still from then on,
+        // and 2 s later the path is judged.
+        assert!(
+            at >= Duration::from_millis(4900) && at <= Duration::from_millis(5500),
+            "{at:?}"
+        );
+    }
+
+    #[test]
+    fn the_way_back_is_judged_too() {
+        let (_, d) = run(10.0, 0, 50, |t| t < Duration::from_secs(3)).expect("stalls");
+        assert_eq!(d, Direction::In);
+    }
+
+    #[test]
+    fn heavy_loss_and_idle_paths_do_not_stall() {
+        // Something of every second interval arrives (or of every 1.5 s): loss, not a stall.
+        assert_eq!(run(10.0, 50, 50, |t| t.as_millis() / 100 % 2 == 0), None);
+        assert_eq!(run(10.0, 50, 50, |t| t.as_millis() / 100 % 15 == 0), None);
+        // Nothing sent, nothing arrives.
+        assert_eq!(run(10.0, 0, 0, |_| false), None);
+        // Nothing arrives, but not for as long as the bound.
+        assert_eq!(run(1.5, 10, 0, |_| false), None);
+    }
+
+    #[test]
+    fn a_head_of_line_wait_shorter_than_the_bound_is_not_a_stall() {
+        // 1.5 s with nothing delivered (a reliable stream's retransmission waits), then all.
+        let gap = |t: Duration| !(Duration::from_secs(2)..Duration::from_millis(3500)).contains(&t);
+        assert_eq!(run(10.0, 50, 50, gap), None);
+    }
+
+    #[test]
+    fn the_packets_that_must_vanish_follow_the_loss() {
+        assert_eq!(min_undelivered(0.0), 3);
+        assert_eq!(min_undelivered(0.01), 3);
+        assert_eq!(min_undelivered(0.1), 4);
+        assert_eq!(min_undelivered(0.3), 8);
+        assert_eq!(min_undelivered(0.5), 14);
+        assert_eq!(min_undelivered(1.0), 88);
+    }
+
+    #[test]
+    fn a_long_path_gets_longer_bounds() {
+        let (grace, stall) = bounds(Some(Duration::from_millis(600)), Duration::from_millis(50));
+        assert_eq!(grace, Duration::from_millis(1400));
+        assert_eq!(stall, Duration::from_millis(2800));
+        assert_eq!(bounds(Some(RTT), RTT / 4), (GRACE_MIN, STALL_MIN));
+    }
+}
