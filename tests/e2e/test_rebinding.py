@@ -21,8 +21,6 @@ import labctl
 INTERVAL = 0.01
 ONE_WAY_MS = 15
 LINK = f"rate=50mbit,delay={ONE_WAY_MS}ms"
-# The gap bound: one round trip + 50 ms.
-GAP_BOUND = (2 * ONE_WAY_MS + 50) / 1000
 
 
 def start_under_nat(make_lab, paths, transport, extra=""):
@@ -98,7 +96,11 @@ def test_rebinding_under_load_keeps_the_connection(make_lab, transport, directio
     transfer(lab, seconds, reverse=direction == "down")
     lab.start_ping("ping", interval=INTERVAL)
     t0 = time.monotonic()
-    time.sleep(2)
+    time.sleep(1.5)
+    # The gap bound: one round trip of the loaded path (its probes' smoothed RTT) + 50 ms.
+    srtt = lab.path_status("client0", "wan1")["srtt_ms"]
+    bound = (srtt + 50) / 1000
+    time.sleep(0.5)
     marks = []
     for _ in range(rebinds):
         marks.append(time.monotonic() - t0)
@@ -115,8 +117,10 @@ def test_rebinding_under_load_keeps_the_connection(make_lab, transport, directio
     nat = lab.nat_stats(0)
     after = {"client": connects(lab, "client0"), "server": connects(lab, "server")}
     moves = lab.path_status("server", "wan1")["peer_moves"]
+    gap = longest + max(spikes, default=0) / 1000
     report(f"rebinding {transport} {direction} x{rebinds} ({paths} path{'s' if paths > 1 else ''}): "
-           f"longest ping gap {longest * 1000:.0f} ms (bound {GAP_BOUND * 1000:.0f}), {len(lost)} of "
+           f"gap {gap * 1000:.0f} ms (bound {bound * 1000:.0f}: srtt {srtt:.0f} + 50): longest run of lost pings "
+           f"{longest * 1000:.0f} ms, {len(lost)} of "
            f"{ping['sent']} pings lost, ping delay after each rebinding +{max(spikes):.0f} ms at most "
            f"({', '.join(f'{x:.0f}' for x in spikes)}); transfer every 0.5 s: min {min(rates[1:]):.1f}, mean "
            f"{sum(rates) / len(rates):.1f} Mbit/s; connects {before} -> {after}; server saw "
@@ -124,7 +128,8 @@ def test_rebinding_under_load_keeps_the_connection(make_lab, transport, directio
     assert nat["rebinds"] == rebinds and nat["unmapped_drops"] > 0, nat
     assert after == before, f"a path reconnected: {before} -> {after}\n{lab.log('client0')[-3000:]}"
     assert moves >= rebinds, f"the server followed {moves} of {rebinds} rebindings"
-    assert longest <= GAP_BOUND + 1e-9, f"gap {longest * 1000:.0f} ms at rebinds {marks}: lost {lost}"
+    # Nothing delivered for the longest run of lost pings, plus the most a ping was held back.
+    assert gap <= bound, f"gap {gap * 1000:.0f} ms at rebinds {marks}: lost {lost}, delays {spikes}"
     # The transfer carries again right after each rebinding: no half second without it.
     assert min(rates[1:]) > 10, rates
 
