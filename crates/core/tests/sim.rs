@@ -1185,26 +1185,36 @@ fn a_lane_this_side_does_not_have_is_counted_not_delivered() {
 /// it down within the watch's bound (2 s without any arrival, plus the probe that shows it),
 /// says which way, and it stays down (the shell replaces its connection); the same path with
 /// 20% loss each way, or idle, is never taken down so.
+/// Data both ways every 10 ms (none unless `send`) until `until`; `after` sees each step.
+fn exchange(sim: &mut Sim, until: Duration, send: bool, mut after: impl FnMut(&mut Sim)) {
+    let mut seq = 0;
+    while sim.now < until {
+        if send {
+            for side in [Side::Client, Side::Server] {
+                sim.send_data(side, 7, seq);
+            }
+        }
+        seq += 1;
+        let next = sim.now + Duration::from_millis(10);
+        sim.run_until(next);
+        after(sim);
+    }
+}
+
 #[test]
 fn a_path_that_answers_probes_but_delivers_nothing_is_taken_down() {
     for from in [Side::Client, Side::Server] {
         let mut sim = Sim::new(Policy::Failover, &[spec("a", 1, 1)], &[delay(15)], 5);
-        let (mut seq, mut down_at, mut was_up) = (0, None, false);
-        while sim.now < Duration::from_secs(10) {
+        let (mut down_at, mut was_up) = (None, false);
+        exchange(&mut sim, Duration::from_secs(10), true, |sim| {
             sim.drop_data[from.index()] = sim.now >= Duration::from_secs(3);
-            for side in [Side::Client, Side::Server] {
-                sim.send_data(side, 7, seq);
-            }
-            seq += 1;
-            let next = sim.now + Duration::from_millis(10);
-            sim.run_until(next);
             let id = sim.client.router().paths().find("a").unwrap();
             let up = sim.client.router().paths().get(id).is_up();
             was_up |= up;
             if was_up && down_at.is_none() && !up {
                 down_at = Some(sim.now);
             }
-        }
+        });
         let id = sim.client.router().paths().find("a").unwrap();
         let paths = sim.client.router().paths();
         let at = down_at.expect("taken down");
@@ -1226,17 +1236,12 @@ fn a_path_that_answers_probes_but_delivers_nothing_is_taken_down() {
     }
     for link in ["delay=15ms,loss=20%", "delay=15ms"] {
         let mut sim = Sim::new(Policy::Failover, &[spec("a", 1, 1)], &[link.to_string()], 9);
-        let mut seq = 0;
-        while sim.now < Duration::from_secs(20) {
-            if link.contains("loss") {
-                for side in [Side::Client, Side::Server] {
-                    sim.send_data(side, 7, seq);
-                }
-            }
-            seq += 1;
-            let next = sim.now + Duration::from_millis(10);
-            sim.run_until(next);
-        }
+        exchange(
+            &mut sim,
+            Duration::from_secs(20),
+            link.contains("loss"),
+            |_| {},
+        );
         let id = sim.client.router().paths().find("a").unwrap();
         assert_eq!(
             sim.client.router().paths().get(id).delivery_stalls,

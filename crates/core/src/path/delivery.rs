@@ -134,8 +134,6 @@ pub struct DeliveryWatch {
     inn: Flow,
     /// Our sent count when each probe left, by sequence number.
     sent_at_probe: VecDeque<(u32, u32)>,
-    /// Times a direction stalled.
-    pub stalls: u64,
 }
 
 impl DeliveryWatch {
@@ -178,15 +176,11 @@ impl DeliveryWatch {
         let inn = self
             .inn
             .observe(now, answered, peer.sent, arrived, bounds, least);
-        let stalled = match (out, inn) {
+        match (out, inn) {
             (true, _) => Some(Direction::Out),
             (false, true) => Some(Direction::In),
             _ => None,
-        };
-        if stalled.is_some() {
-            self.stalls += 1;
         }
-        stalled
     }
 }
 

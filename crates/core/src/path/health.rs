@@ -429,11 +429,6 @@ impl PathHealth {
         self.stalled
     }
 
-    /// Times a direction of the path stalled (this connection's).
-    pub fn stalls(&self) -> u64 {
-        self.delivery.stalls
-    }
-
     /// The reply's probe was sent at the returned time (`None`: not one of ours, or too old).
     fn reply(&mut self, seq: u32, now: Instant) -> Option<Instant> {
         let slot = &mut self.sent_at[seq as usize % PROBE_RING];

@@ -461,7 +461,7 @@ pub(super) struct PathSlot {
     /// without them held after ones with them kept failing.
     pub(super) unsegmented: bool,
     /// Connections replaced in a row because the path was unusable (back to 0 once one holds
-    /// `HELD`): every second one is made without UDP GSO (`unsegmented_now`).
+    /// `HELD`): every second one is made without UDP GSO (`connect_inner`).
     pub(super) replaced: u32,
     /// The live connection sends without GSO.
     pub(super) live_unsegmented: bool,

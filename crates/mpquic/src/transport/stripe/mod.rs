@@ -426,7 +426,9 @@ impl Link {
             .or_else(|| (newest && !names_pipe).then(|| self.follow(from)).flatten());
         if let Some(p) = pipe.and_then(|i| self.pipes.get(i)) {
             p.rx_bytes.fetch_add(len, Ordering::Relaxed);
-            p.heard_us.store(self.elapsed_us(), Ordering::Relaxed);
+            // From the `now` this packet was stamped with: no second clock read per packet.
+            let heard = now.saturating_duration_since(self.started).as_micros() as u64;
+            p.heard_us.store(heard, Ordering::Relaxed);
         }
         if let Some(d) = self.handle(kind, payload, from) {
             match self.sink.get() {
