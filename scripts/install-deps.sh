@@ -20,6 +20,10 @@ case "${1:-}" in --tests|--browser) browser=true ;; esac
 if $browser; then
   command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
   command -v systemd-nspawn >/dev/null 2>&1 || missing+=(systemd-container)
+  # The NAT-rebinding tests: conntrack flushes a NAT's mappings, tcpdump captures a genuine
+  # packet to forge from.
+  command -v conntrack >/dev/null 2>&1 || missing+=(conntrack)
+  command -v tcpdump >/dev/null 2>&1 || missing+=(tcpdump)
 fi
 if $browser && ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
   echo "installing: chromium chromium-driver"
