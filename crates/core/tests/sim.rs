@@ -175,13 +175,7 @@ impl Sim {
             client = client.adaptive();
             server = server.adaptive();
         }
-        for s in specs {
-            for core in [&mut client, &mut server] {
-                let id = core.path(s.clone(), usize::MAX).unwrap();
-                core.connected(id, LinkStats::default(), t0);
-            }
-        }
-        let links = links
+        let links: Vec<[Link<Msg>; 2]> = links
             .iter()
             .enumerate()
             .map(|(i, l)| {
@@ -189,6 +183,17 @@ impl Sim {
                 [link(l, s), link(l, s.wrapping_add(1))]
             })
             .collect();
+        for (s, l) in specs.iter().zip(&links) {
+            // As in the product: the connection's handshake measured the path's round trip.
+            let handshake = LinkStats {
+                rtt: Some(l[0].min_delay() + l[1].min_delay()),
+                ..LinkStats::default()
+            };
+            for core in [&mut client, &mut server] {
+                let id = core.path(s.clone(), usize::MAX).unwrap();
+                core.connected(id, handshake, t0);
+            }
+        }
         Sim {
             t0,
             now: Duration::ZERO,
@@ -621,6 +626,47 @@ proptest! {
         for side in 0..2 {
             let gap = last[side].unwrap_or_default();
             prop_assert!(gap < Duration::from_secs(1), "side {side} stayed on the dead path for {gap:?}");
+            let b = back[side].expect("returned to the primary");
+            prop_assert!(b < Duration::from_secs(5), "side {side} took {b:?} to return");
+        }
+    }
+
+    /// Long paths (up to 1 s of round trip: a satellite, an LTE link's full queue) under
+    /// traffic (10 ms pings both ways): neither changes state after it comes up, whatever the
+    /// other's delay; a black hole on the primary, in either or both directions, is left
+    /// within its own bound (1 s, or on a long path the round trip its last replies may take
+    /// to arrive, two round trips and a probe interval), and the primary is taken back after
+    /// the repair, once (a path back from an outage was judged stalled a round trip later:
+    /// the replies in flight carried the peer's counts from before).
+    #[test]
+    fn long_paths_stay_up_and_fail_over_within_their_own_bound(
+        d0 in 2u64..500, d1 in 2u64..500,
+        dir in 0usize..3,
+        fail_ms in 4_000u64..6_000,
+        seed in any::<u64>(),
+    ) {
+        let block = [(true, true), (true, false), (false, true)][dir];
+        let fail_at = Duration::from_millis(fail_ms);
+        let repair_at = fail_at + Duration::from_secs(5);
+        let (sim, last, back) = failover_case((d0, d1), block, fail_at, repair_at, seed);
+        // The client's paths (the prober decides): up once each, the primary down and up
+        // again once for its black hole. (The server may flip once more when its own ACK
+        // watch sees the fault before the client's probes say so.)
+        let transitions = |core: &TunnelCore| -> Vec<u64> {
+            (core.router().paths().ids())
+                .map(|id| core.router().paths().get(id).health.as_ref().unwrap().transitions)
+                .collect()
+        };
+        prop_assert_eq!(transitions(&sim.client), vec![3, 1], "delays {:?}", (d0, d1));
+        prop_assert_eq!(transitions(&sim.server)[1], 1, "delays {:?}", (d0, d1));
+        let rtt = Duration::from_millis(2 * d0);
+        // Replies to the probes sent before the fault arrive for up to a round trip after it
+        // (client to server dark), then its silence bound (two round trips and a probe
+        // interval) runs.
+        let bound = Duration::from_secs(1).max(rtt * 3 + Duration::from_millis(200));
+        for side in 0..2 {
+            let gap = last[side].unwrap_or_default();
+            prop_assert!(gap < bound, "side {side} stayed on the dead path for {gap:?} (bound {bound:?})");
             let b = back[side].expect("returned to the primary");
             prop_assert!(b < Duration::from_secs(5), "side {side} took {b:?} to return");
         }

@@ -174,6 +174,11 @@ impl Router {
         t
     }
 
+    /// The round trip `id`'s new connection measured in its handshake (`PathHealth::set_rtt_hint`).
+    pub fn handshake_rtt(&mut self, id: PathId, rtt: Option<Duration>) {
+        self.paths.handshake_rtt(id, rtt);
+    }
+
     /// The connection of `id` is gone.
     pub fn disconnected(&mut self, id: PathId) -> Transition {
         let t = self.paths.disconnected(id);

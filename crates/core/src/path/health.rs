@@ -171,6 +171,9 @@ pub struct PathHealth {
     /// The path answered its probes but delivered nothing this way: down until a new
     /// connection replaces this one (its answers alone do not bring it back).
     stalled: Option<Direction>,
+    /// The round trip the connection's handshake measured (`set_rtt_hint`): what bounds the
+    /// silence before the first probe's reply, which cannot come sooner.
+    rtt_hint: Option<Duration>,
 }
 
 impl PathHealth {
@@ -204,7 +207,21 @@ impl PathHealth {
             silent_for: None,
             delivery: DeliveryWatch::default(),
             stalled: None,
+            rtt_hint: None,
         }
+    }
+
+    /// The round trip the path's connection measured in its handshake, before any probe: a
+    /// path of 600 ms (a geostationary satellite) was declared down 350 ms after it connected,
+    /// before its first reply could arrive, and its connection was replaced every few seconds.
+    pub fn set_rtt_hint(&mut self, rtt: Option<Duration>) {
+        self.rtt_hint = rtt.filter(|r| !r.is_zero());
+    }
+
+    /// The path's own round trip without queueing: the least its probes took, or before the
+    /// first reply what its handshake took.
+    pub fn round_trip(&self) -> Option<Duration> {
+        self.min_rtt.or(self.rtt_hint)
     }
 
     pub fn state(&self) -> PathState {
@@ -252,7 +269,12 @@ impl PathHealth {
         self.interval
     }
 
-    /// How long silence must last before the path is declared down.
+    /// How long silence must last before the path is declared down: the adaptive bound
+    /// within `down_after_min..=down_after_max`, and never less than two of the path's own
+    /// round trips and a probe interval (`round_trip`): the first reply, and the first after a
+    /// quiet tunnel wakes, take a whole round trip, which on a long path (a satellite, 550-650
+    /// ms) is more than the short paths' bounds. On a path of less than ~125 ms the bounds
+    /// hold as they were.
     pub fn down_after(&self) -> Duration {
         let adaptive = match self.srtt {
             Some(srtt) => 2 * srtt + 4 * self.rttvar,
@@ -260,7 +282,22 @@ impl PathHealth {
         }
         .max(self.loss_tolerance());
         let (min, max) = self.silence_bounds();
-        adaptive.max(min).min(max)
+        let own = self
+            .round_trip()
+            .map_or(Duration::ZERO, |rtt| 2 * rtt + self.interval);
+        adaptive.max(min).min(max).max(own)
+    }
+
+    /// How long a probe may wait for its reply before it counts as lost: the silence bound,
+    /// or where the path's round trips have grown beyond it (a queue that fills: 600 ms of
+    /// path and 600 ms of queue) as long as a reply can take. The silence bound is capped,
+    /// and a reply is not a silence: with every probe expired before its reply came, a path
+    /// whose replies kept arriving every probe interval went down for silence.
+    fn reply_deadline(&self) -> Duration {
+        let reply = self
+            .srtt
+            .map_or(Duration::ZERO, |srtt| 2 * srtt + 4 * self.rttvar);
+        self.down_after().max(reply)
     }
 
     /// `down_after_min` and `down_after_max` at the probe interval in force: silence is
@@ -571,10 +608,10 @@ impl PathHealth {
         }
     }
 
-    /// A probe unanswered for as long as the silence that takes a path down counts as lost;
-    /// a reply arriving later is ignored.
+    /// A probe unanswered for `reply_deadline` counts as lost; a reply arriving later is
+    /// ignored.
     fn expire_probes(&mut self, now: Instant) {
-        let limit = self.down_after();
+        let limit = self.reply_deadline();
         let mut lost = 0;
         for slot in self.sent_at.iter_mut() {
             if slot.is_some_and(|(_, at)| now.saturating_duration_since(at) > limit) {
@@ -589,6 +626,15 @@ impl PathHealth {
 
     fn set_state(&mut self, s: PathState, now: Instant) {
         if self.state != s {
+            if s == PathState::Up {
+                // What was sent into an outage never arrives, and the replies still in flight
+                // when the path returns carry the peer's counts from before the first packets
+                // after it arrived: without a fresh start a path back from a black hole was
+                // judged stalled a round trip later (every time on a 400 ms path; a short one's
+                // new packets arrive before the next reply). A wedged path is never down, so
+                // this spares it nothing.
+                self.delivery = DeliveryWatch::default();
+            }
             self.silent_for = None;
             self.state = s;
             self.since = now;
@@ -641,11 +687,22 @@ mod tests {
         rtt: Duration,
         answer: bool,
     ) -> Instant {
+        run_with(h, start, dur, |_| answer.then_some(rtt))
+    }
+
+    /// Drive a path for `dur`, a probe sent at `d` into it answered after `rtt_at(d)` (`None`:
+    /// never).
+    fn run_with(
+        h: &mut PathHealth,
+        start: Instant,
+        dur: Duration,
+        rtt_at: impl Fn(Duration) -> Option<Duration>,
+    ) -> Instant {
         let mut t = start;
         let mut pending: Vec<(Instant, u32)> = Vec::new();
         while t < start + dur {
             if let Some(seq) = h.poll(t) {
-                if answer {
+                if let Some(rtt) = rtt_at(t - start) {
                     pending.push((t + rtt, seq));
                 }
             }
@@ -732,6 +789,46 @@ mod tests {
         assert_eq!(h.srtt(), Some(ms(20)));
         assert_eq!(h.min_rtt(), Some(ms(20)));
         assert_eq!(h.loss(), 0.0);
+    }
+
+    /// A long path (600 ms, 1 s: a satellite) comes up on its first reply and stays up, its
+    /// bound set by the handshake's RTT before any reply; with the probes' replies taking
+    /// longer than the capped silence bound (a queue that fills, to 1.8 s) it stays up too;
+    /// a black hole still takes it down within a few of its round trips. A short path's
+    /// bounds are what they were.
+    #[test]
+    fn a_long_path_comes_up_stays_up_and_still_goes_down_in_a_black_hole() {
+        let cfg = HealthConfig::default();
+        for rtt in [ms(600), ms(1000)] {
+            let t0 = Instant::now();
+            let mut h = PathHealth::new(cfg, t0);
+            h.set_rtt_hint(Some(rtt));
+            let t = run(&mut h, t0, rtt * 20, rtt, true);
+            assert_eq!((h.state(), h.transitions), (PathState::Up, 1), "{rtt:?}");
+            assert!(h.since() <= t0 + rtt + ms(1), "up at {:?}", h.since() - t0);
+            // The queue fills over seconds, 100 ms more of it every second, up to 1.8 s.
+            let ramp = |d: Duration| Some((rtt + d / 10).min(ms(1800)));
+            let t = run_with(&mut h, t, ms(30_000), ramp);
+            assert_eq!(
+                (h.state(), h.transitions),
+                (PathState::Up, 1),
+                "{rtt:?} loaded"
+            );
+            let t = run(&mut h, t, ms(5000), rtt, true);
+            let dark = t;
+            run(&mut h, t, rtt * 5, rtt, false);
+            assert_eq!(h.state(), PathState::Down, "{rtt:?}");
+            let took = h.since() - dark;
+            assert!(
+                took <= 2 * rtt + cfg.probe_interval + ms(2),
+                "{rtt:?}: {took:?}"
+            );
+        }
+        let mut short = PathHealth::new(cfg, Instant::now());
+        short.set_rtt_hint(Some(ms(10)));
+        assert_eq!(short.down_after(), cfg.down_after_min);
+        run(&mut short, Instant::now(), ms(1000), ms(10), true);
+        assert_eq!(short.down_after(), cfg.down_after_min);
     }
 
     #[test]

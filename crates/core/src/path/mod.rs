@@ -388,6 +388,21 @@ impl PathSet {
         }
     }
 
+    /// The round trip `id`'s new connection measured in its handshake: its health bounds the
+    /// silence before the first reply by it (`PathHealth::set_rtt_hint`). A path that stayed up
+    /// through the reconnection keeps its probes' measure.
+    pub fn handshake_rtt(&mut self, id: PathId, rtt: Option<Duration>) {
+        if let Some(h) = self
+            .paths
+            .get_mut(id.index())
+            .and_then(|p| p.health.as_mut())
+        {
+            if h.min_rtt().is_none() {
+                h.set_rtt_hint(rtt);
+            }
+        }
+    }
+
     /// The path's connection is gone.
     pub fn disconnected(&mut self, id: PathId) -> Transition {
         let p = &mut self.paths[id.index()];

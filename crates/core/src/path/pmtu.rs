@@ -71,7 +71,9 @@ const BISECT_GAP: u16 = STEP + SIZE_SLACK;
 /// that much: verdicts are that far below the largest size answered.
 pub const SIZE_SLACK: u16 = 10;
 /// A probe unanswered for this many smoothed RTTs is lost (at least `MIN_TIMEOUT`, at most
-/// `MAX_TIMEOUT`: a path that slow is a health matter).
+/// `MAX_TIMEOUT` or, on a path whose round trip is more than a second (a satellite behind a
+/// full queue), two of them: its probes' replies take that long, and each one taken for lost
+/// would count towards a search for a smaller size).
 const TIMEOUT_RTTS: u32 = 3;
 const MIN_TIMEOUT: Duration = Duration::from_millis(300);
 const MAX_TIMEOUT: Duration = Duration::from_secs(2);
@@ -444,8 +446,9 @@ impl PathMtu {
 }
 
 fn timeout(srtt: Option<Duration>) -> Duration {
-    srtt.map_or(MAX_TIMEOUT, |r| r * TIMEOUT_RTTS)
-        .clamp(MIN_TIMEOUT, MAX_TIMEOUT)
+    srtt.map_or(MAX_TIMEOUT, |r| {
+        (r * TIMEOUT_RTTS).clamp(MIN_TIMEOUT, MAX_TIMEOUT.max(2 * r))
+    })
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! When the client dials a path again: after a failed attempt, with exponential backoff; and
 //! while a connection exists but the path has been unusable (down, or never answered) for
-//! `REPLACE_AFTER`, in parallel with the old connection (whichever recovers first wins). The
-//! latter is what brings a path back after a server restart, whose QUIC state is gone.
+//! `REPLACE_AFTER`, or three of its round trips on a long path, in parallel with the old
+//! connection (whichever recovers first wins). The latter is what brings a path back after a
+//! server restart, whose QUIC state is gone.
 
 use std::time::Duration;
 
@@ -10,9 +11,13 @@ pub const REPLACE_AFTER: Duration = Duration::from_millis(1000);
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
-/// Whether to dial a replacement, given how long the path has been unusable (`None`: usable).
-pub fn should_replace(unusable_for: Option<Duration>) -> bool {
-    unusable_for.is_some_and(|d| d >= REPLACE_AFTER)
+/// Whether to dial a replacement, given how long the path has been unusable (`None`: usable)
+/// and its round trip as last known: a fresh connection of a 1 s path is not answered sooner
+/// than its first probe's round trip, so a replacement dialed at `REPLACE_AFTER` replaced every
+/// connection before it could come up.
+pub fn should_replace(unusable_for: Option<Duration>, rtt: Option<Duration>) -> bool {
+    let after = REPLACE_AFTER.max(3 * rtt.unwrap_or_default());
+    unusable_for.is_some_and(|d| d >= after)
 }
 
 /// Waits between failed attempts: 200 ms doubling up to 2 s; reset by a success.
@@ -54,8 +59,13 @@ mod tests {
 
     #[test]
     fn replaces_only_after_a_long_unusable_spell() {
-        assert!(!should_replace(None));
-        assert!(!should_replace(Some(Duration::from_millis(999))));
-        assert!(should_replace(Some(REPLACE_AFTER)));
+        assert!(!should_replace(None, None));
+        assert!(!should_replace(Some(Duration::from_millis(999)), None));
+        assert!(should_replace(Some(REPLACE_AFTER), None));
+        let short = Some(Duration::from_millis(40));
+        assert!(should_replace(Some(REPLACE_AFTER), short));
+        let geo = Some(Duration::from_millis(600));
+        assert!(!should_replace(Some(Duration::from_millis(1700)), geo));
+        assert!(should_replace(Some(Duration::from_millis(1800)), geo));
     }
 }

@@ -275,6 +275,7 @@ impl TunnelCore {
     /// starts over at that size.
     pub fn connected(&mut self, path: PathId, link: LinkStats, now: Instant) {
         self.router.connected(path, now);
+        self.router.handshake_rtt(path, link.rtt);
         self.meter_reconnected(path);
         if let (Some(payload), Some(ceiling), true) =
             (link.udp_payload, link.link_payload, self.watch_mtu)

@@ -233,7 +233,7 @@ impl Client {
                         }
                         continue;
                     }
-                    if reconnect::should_replace(tunnel.unusable_for(id)) {
+                    if reconnect::should_replace(tunnel.unusable_for(id), self.rtt(id)) {
                         match self.connect(id, &p).await {
                             Ok(new) => {
                                 self.with_slot(id, |s| s.replaced += 1);
@@ -295,7 +295,7 @@ impl Client {
     }
 
     pub(super) async fn dial(&self, id: PathId, p: &PathConfig) -> Result<Arc<dyn PathTransport>> {
-        let limit = connect_timeout(self.rtt(id));
+        let limit = connect_timeout(self.rtt(id), self.slot(id).connect_failures);
         tokio::time::timeout(limit, self.connect_inner(id, p))
             .await
             .map_err(|_| anyhow!("no answer from the server within {limit:?}"))?
@@ -425,10 +425,14 @@ pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// retransmissions start about three RTTs apart and double (`quic::transport`), so later ones
 /// come a second or more apart; an attempt given up after ~40 RTTs (1 s at most 25 ms, never
 /// more than `CONNECT_TIMEOUT`) and made again keeps the wait after a path's return under half
-/// a second rather than up to one and a half.
-pub(super) fn connect_timeout(rtt: Option<Duration>) -> Duration {
-    rtt.map_or(CONNECT_TIMEOUT, |r| {
-        (r * 40).clamp(Duration::from_secs(1), CONNECT_TIMEOUT)
+/// a second rather than up to one and a half. A long path gets five of its round trips at
+/// least (a handshake, the hello and one retransmission of each: 3 s at 600 ms). With no RTT
+/// known, each failed attempt in a row doubles the bound, up to four times `CONNECT_TIMEOUT`:
+/// a path of a second's round trip whose first Initial is lost needs more than 3 s.
+pub(super) fn connect_timeout(rtt: Option<Duration>, failures: u32) -> Duration {
+    let unknown = CONNECT_TIMEOUT * (1 << failures.min(2));
+    rtt.map_or(unknown, |r| {
+        (r * 40).clamp(Duration::from_secs(1), CONNECT_TIMEOUT.max(r * 5))
     })
 }
 
