@@ -41,7 +41,9 @@ pub use send::{Routed, Shares};
 pub use crate::transport::close;
 pub use mpquic_core::tunnel::Sources;
 
-/// How long a replaced connection stays open to drain what is already in flight on it.
+/// How long a replaced connection stays open to drain what is already in flight on it, at
+/// least; on a long path two of its round trips (what is in flight takes one to arrive, and a
+/// retransmission of it another).
 const REPLACE_GRACE: Duration = Duration::from_millis(250);
 /// A live transport carrying one path.
 struct Link {
@@ -328,7 +330,7 @@ impl Tunnel {
     /// transport closed, when the path was retired meanwhile: no generation is 0).
     pub fn install(self: &Arc<Self>, path: PathId, transport: Arc<dyn PathTransport>) -> u64 {
         let now = Instant::now();
-        let (generation, old) = {
+        let (generation, old, grace) = {
             let mut s = self.lock();
             if s.core.router().paths().get(path).retired {
                 // Removed by a reload while this connection was being made (a path task on
@@ -354,7 +356,12 @@ impl Tunnel {
             if self.lanes.len() > 1 {
                 transport.set_yielding();
             }
-            (generation, old)
+            let rtt = s.core.router().paths().get(path).srtt();
+            (
+                generation,
+                old,
+                REPLACE_GRACE.max(2 * rtt.unwrap_or_default()),
+            )
         };
         // A new path probes at once.
         self.timers_changed.notify_one();
@@ -363,7 +370,7 @@ impl Tunnel {
             // (either way) still arrive and are delivered by its reader; new packets use the
             // new connection. Closing at once would discard them.
             tokio::spawn(async move {
-                tokio::time::sleep(REPLACE_GRACE).await;
+                tokio::time::sleep(grace).await;
                 old.transport
                     .close(close::REPLACED, "replaced by a new connection");
             });
