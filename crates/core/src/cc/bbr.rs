@@ -137,6 +137,9 @@ pub struct Bbr {
     // in flight during the round, and the window when it began.)
     round_max_in_flight: u64,
     round_window: u64,
+    /// Packets and bytes sent in the round under way: a round of small packets is not bulk.
+    round_packets: u64,
+    round_bytes: u64,
     full_bw: u64,
     full_bw_rounds: u32,
     filled: bool,
@@ -181,6 +184,8 @@ impl Bbr {
             drained_rounds: 0,
             queue_onset_rtt: None,
             round_max_in_flight: 0,
+            round_packets: 0,
+            round_bytes: 0,
             round_window: 0,
             full_bw: 0,
             full_bw_rounds: 0,
@@ -310,7 +315,14 @@ impl Bbr {
                 // a window of a few packets. quinn's per-ACK app-limited flag does not serve: a
                 // tunnel whose window doubles ahead of its inner flows is "app-limited" all
                 // through Startup.
-                let used_window = self.round_max_in_flight * 2 >= self.round_window;
+                // And only rounds of bulk traffic count: small packets (the inner TCP ACKs of
+                // an upload, flowing back: ~1,000 a second) fill a small window by their
+                // number, and their rate says nothing of the path's. Taken for the pipe's
+                // bandwidth, it left Startup at ~1 Mbit/s, and a download that began later
+                // grew from there by a quarter every eight round trips (2, 3, 5, 8 ... 20
+                // Mbit/s over 10 s on a 50 Mbit/s link).
+                let bulk = self.round_bytes * 2 >= self.round_packets * self.mss;
+                let used_window = self.round_max_in_flight * 2 >= self.round_window && bulk;
                 if self.round_start && used_window {
                     let bw = self.bw.get();
                     if bw as f64 >= self.full_bw as f64 * FULL_BW_GROWTH {
@@ -446,6 +458,8 @@ impl Controller for Bbr {
         self.in_flight += bytes;
         self.delivery.on_sent(now, bytes, self.in_flight);
         self.round_max_in_flight = self.round_max_in_flight.max(self.in_flight);
+        self.round_packets += 1;
+        self.round_bytes += bytes;
     }
 
     fn on_ack(&mut self, now: Instant, sent: Instant, bytes: u64, app_limited: bool) {
@@ -496,6 +510,8 @@ impl Controller for Bbr {
         self.update_window();
         if self.round_start {
             self.round_max_in_flight = self.in_flight;
+            self.round_packets = 0;
+            self.round_bytes = 0;
             self.round_window = self.window;
         }
         self.round_start = false;
@@ -564,5 +580,95 @@ impl Controller for Bbr {
             State::ProbeRtt => (1.0, bw),
         };
         (rate > 0).then_some((gain * rate as f64) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ACK_EVERY: u64 = 25;
+
+    /// Drive `c` for `dur` over a path of `rtt`: every `every` `burst` packets of `bytes`
+    /// leave, and each one's ACK comes a round trip later, in the peer's batches of up to
+    /// `ACK_EVERY` ms (nothing lost).
+    fn run(
+        c: &mut Bbr,
+        start: Instant,
+        dur: Duration,
+        rtt: Duration,
+        every: Duration,
+        (burst, bytes): (u64, u64),
+        app_limited: bool,
+    ) -> Instant {
+        let mut t = start;
+        let mut in_flight: std::collections::VecDeque<(Instant, u64)> = Default::default();
+        let mut next_send = start;
+        let mut tick = 0u64;
+        while t < start + dur {
+            // The peer acknowledges in batches, at most `ACK_EVERY` apart (QUIC's ACK delay).
+            tick += 1;
+            let acking = tick.is_multiple_of(ACK_EVERY);
+            while acking && in_flight.front().is_some_and(|(sent, _)| *sent + rtt <= t) {
+                let (sent, b) = in_flight.pop_front().unwrap();
+                c.on_ack(t, sent, b, app_limited);
+                let flying = in_flight.iter().map(|(_, b)| b).sum();
+                c.on_end_acks(t, flying);
+            }
+            if t >= next_send {
+                for _ in 0..burst {
+                    c.on_sent(t, bytes);
+                    in_flight.push_back((t, bytes));
+                }
+                next_send = t + every;
+            }
+            t += Duration::from_millis(1);
+        }
+        t
+    }
+
+    /// A tunnel's return direction during an upload carries only small control packets (probe
+    /// answers, flow-control updates) a few per round trip: that says nothing of the path, and
+    /// the controller must still be able to grow at Startup's pace when a download begins. It
+    /// left Startup on such traffic (half its small window was in flight), took the control
+    /// traffic's rate (~1 Mbit/s) for the path's, and a download that began 12 s into the
+    /// tunnel's life grew from there by a quarter every eight round trips: 2, 3, 5, 8 ... 20
+    /// Mbit/s over 10 s on a 50 Mbit/s link (5 ms of jitter: 10-18 Mbit/s in the lab).
+    #[test]
+    fn control_traffic_alone_does_not_end_startup() {
+        // Inner TCP's ACKs for a 40 Mbit/s upload: ~1,000 small packets a second, whose ACKs
+        // (delayed, batched) come back well after the path's least round trip: more in flight
+        // than their rate's BDP, half the window or more (measured in the lab: 127 packets
+        // of 71 bytes in flight, window 17.5 KB, "bandwidth" 0.66 Mbit/s).
+        for (every, burst) in [(1, 1), (5, 5), (10, 10)] {
+            let t0 = Instant::now();
+            let mut c = Bbr::new(1400);
+            let t = run(
+                &mut c,
+                t0,
+                Duration::from_millis(300),
+                Duration::from_millis(40),
+                Duration::from_millis(20),
+                (1, 100),
+                false,
+            );
+            let every = Duration::from_millis(every);
+            run(
+                &mut c,
+                t,
+                Duration::from_secs(12),
+                Duration::from_millis(100),
+                every,
+                (burst, 100),
+                false,
+            );
+            // (ProbeRtt every 10 s is allowed: it returns to Startup while the pipe is not
+            // known to be full.)
+            assert!(
+                !c.filled,
+                "{burst} every {every:?}: left Startup ({:?})",
+                c.state()
+            );
+        }
     }
 }
