@@ -91,6 +91,9 @@ const MIN_WINDOW_PACKETS: u64 = 4;
 /// small share of the window.
 const ACK_AGGREGATION: Duration = Duration::from_millis(2);
 const INITIAL_WINDOW_PACKETS: u64 = 10;
+/// In flight, in full packets, that counts as bulk traffic in Startup whatever the packets'
+/// size: four initial windows (inner TCP's ACKs for a 40 Mbit/s upload keep ~13 KB in flight).
+const BULK_IN_FLIGHT_PACKETS: u64 = 4 * INITIAL_WINDOW_PACKETS;
 /// The loss the window makes room for is the share of bytes declared lost, smoothed over round
 /// trips with this weight (rounds with fewer than `LOSS_ROUND_PACKETS` packets' fates are
 /// pooled with the next), and counted up to `MAX_ROOM_LOSS`.
@@ -320,8 +323,12 @@ impl Bbr {
                 // number, and their rate says nothing of the path's. Taken for the pipe's
                 // bandwidth, it left Startup at ~1 Mbit/s, and a download that began later
                 // grew from there by a quarter every eight round trips (2, 3, 5, 8 ... 20
-                // Mbit/s over 10 s on a 50 Mbit/s link).
-                let bulk = self.round_bytes * 2 >= self.round_packets * self.mss;
+                // Mbit/s over 10 s on a 50 Mbit/s link). A sender with a backlog fills its
+                // packets (QUIC packs small datagrams together), so small packets mean nothing
+                // waited; and whatever their size, `BULK_IN_FLIGHT_PACKETS` in flight is not a trickle
+                // (small packets one per datagram, as stripe sends them, that fill a path).
+                let bulk = self.round_bytes * 2 >= self.round_packets * self.mss
+                    || self.round_max_in_flight >= BULK_IN_FLIGHT_PACKETS * self.mss;
                 let used_window = self.round_max_in_flight * 2 >= self.round_window && bulk;
                 if self.round_start && used_window {
                     let bw = self.bw.get();
@@ -670,5 +677,34 @@ mod tests {
                 c.state()
             );
         }
+        // Small packets that fill a path (one per datagram, as stripe sends them: 6.4 Mbit/s
+        // of 160-byte ones, 80 KB in flight) are bulk: the pipe is found full.
+        let t0 = Instant::now();
+        let mut c = Bbr::new(1400);
+        let warm = (
+            Duration::from_millis(40),
+            Duration::from_millis(20),
+            (1, 100),
+        );
+        let t = run(
+            &mut c,
+            t0,
+            Duration::from_millis(300),
+            warm.0,
+            warm.1,
+            warm.2,
+            false,
+        );
+        let (rtt, every) = (Duration::from_millis(100), Duration::from_millis(1));
+        run(
+            &mut c,
+            t,
+            Duration::from_secs(5),
+            rtt,
+            every,
+            (5, 160),
+            false,
+        );
+        assert!(c.filled, "{:?}", c.state());
     }
 }
