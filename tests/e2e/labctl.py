@@ -447,6 +447,18 @@ def parse_ping(text):
     return {"received": sorted(set(seqs)), "rtts": rtts, "sent": sent}
 
 
+def wait_until(what, ok, timeout=10):
+    """Poll `ok()` every 0.1 s until it returns something true (returned), for at most
+    `timeout` seconds; then fail naming `what`."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        v = ok()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def gaps(received, sent, interval):
     """Lost sequence numbers and the longest run of consecutive losses in seconds."""
     got = set(received)

@@ -16,15 +16,6 @@ SHORT = "rate=50mbit,delay=20ms"
 INTERVAL = 0.02
 
 
-def wait_for(cond, timeout, what):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout} s: {what}")
-
-
 def stamp(line):
     """The time of a log line (RFC 3339, UTC), in seconds."""
     return datetime.fromisoformat(line.split()[0].replace("Z", "+00:00")).timestamp()
@@ -41,6 +32,16 @@ def handshake_to_up(log, path):
     up = next(l for l in state_changes(log, path) if 'to="up"' in l)
     rtt = float(re.search(r'handshake_ms="([\d.]+)"', hs).group(1)) / 1000
     return stamp(up) - stamp(hs), rtt
+
+
+def outage(lab, p, back_within):
+    """Path p black-holed both ways for 4 s, then repaired and waited for until it is up."""
+    lab.block(p, "both")
+    time.sleep(4)
+    lab.unblock(p)
+    name = f"wan{p + 1}"
+    labctl.wait_until(f"{name} back up",
+                      lambda: lab.path_status("client0", name)["state"] == "up", back_within)
 
 
 def test_a_long_path_comes_up_carries_and_stays_up(make_lab):
@@ -70,17 +71,9 @@ def test_a_long_path_bonded_with_a_short_one_fails_over_both_ways(make_lab):
     lab.start_ping("ping", interval=INTERVAL)
     time.sleep(2)
     # The short path dark both ways: the satellite carries; back, and then the satellite dark.
-    lab.block(0, "both")
-    time.sleep(4)
-    lab.unblock(0)
-    wait_for(lambda: lab.path_status("client0", "wan1")["state"] == "up", 10,
-                    "the short path back up")
+    outage(lab, 0, back_within=10)
     time.sleep(2)
-    lab.block(1, "both")
-    time.sleep(4)
-    lab.unblock(1)
-    wait_for(lambda: lab.path_status("client0", "wan2")["state"] == "up", 15,
-                    "the long path back up")
+    outage(lab, 1, back_within=15)
     lab.stop("ping", sig=signal.SIGINT)
     ping = labctl.parse_ping(lab.log("ping"))
     lost, longest = labctl.gaps(ping["received"], ping["sent"], INTERVAL)

@@ -16,16 +16,6 @@ def without_path(yaml, name):
     return re.sub(rf"- name: {name}\n(  .*\n)*", "", yaml)
 
 
-def wait_until(what, ok, timeout=10):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        v = ok()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def paths(st, tunnel=0):
     return {p["name"]: p for p in st["tunnels"][tunnel]["paths"]}
 
@@ -54,7 +44,7 @@ def test_sighup_changes_paths_under_traffic_without_a_gap(make_lab):
     with open(cfg, "w") as f:
         f.write(changed)
     lab.procs["client0"].send_signal(signal.SIGHUP)
-    wait_until("wan3 up and wan2 at weight 3 on both sides", lambda: all(
+    labctl.wait_until("wan3 up and wan2 at weight 3 on both sides", lambda: all(
         paths(lab.status(who)).get("wan3", {}).get("state") == "up"
         and paths(lab.status(who))["wan2"]["weight"] == 3 for who in ("client0", "server")))
     st = lab.status("client0")
@@ -66,7 +56,7 @@ def test_sighup_changes_paths_under_traffic_without_a_gap(make_lab):
     with open(cfg, "w") as f:
         f.write(changed.replace("multipath_paths:", "multipath_pathz:"))
     lab.procs["client0"].send_signal(signal.SIGHUP)
-    st = wait_until("the refusal in status", lambda: (
+    st = labctl.wait_until("the refusal in status", lambda: (
         lambda s: s if not s["last_reload"]["ok"] else None)(lab.status("client0")))
     assert "multipath_pathz" in st["last_reload"]["message"], st["last_reload"]
     assert "configuration reload refused" in lab.log("client0"), lab.log("client0")
@@ -98,7 +88,7 @@ def test_sighup_changes_paths_under_traffic_without_a_gap(make_lab):
         f.write(without_path(changed, "wan3"))
     out = lab.sh(lab.client_ns(0), [labctl.BIN, "reload", "--socket", lab.sock("client0")]).stdout
     assert "reloaded: paths: removed wan3" in out, out
-    wait_until("wan3 removed on both sides", lambda: all(
+    labctl.wait_until("wan3 removed on both sides", lambda: all(
         paths(lab.status(who))["wan3"]["state"] == "removed" for who in ("client0", "server")))
     assert len(lab.ping(count=5, interval=0.05)["received"]) == 5
 
@@ -145,7 +135,7 @@ def test_server_reload_swaps_client_rules_and_lan_routes(make_lab):
     out = reload_server()
     assert f"LAN routes removed {net}" in out and "rejoining" in out, out
     assert route().strip() == "", route()
-    wait_until("site1 refused", lambda: "is not allowed" in lab.log("client0"))
+    labctl.wait_until("site1 refused", lambda: "is not allowed" in lab.log("client0"))
     # site2 was not touched.
     assert site2_connects() == before
     assert len(lab.ping(count=3, interval=0.1, c=1)["received"]) == 3
@@ -215,9 +205,9 @@ def test_revocation_closes_sessions_and_a_rotated_server_certificate_is_served(m
     t0 = time.monotonic()
     out = reload_server()
     assert "certificate revoked or token taken out: " in out and "site1" in out and "site2" in out, out
-    wait_until("both sessions gone", lambda: not lab.status("server")["tunnels"], timeout=1.0)
+    labctl.wait_until("both sessions gone", lambda: not lab.status("server")["tunnels"], timeout=1.0)
     gone = time.monotonic() - t0
-    wait_until("a revoked handshake refused", lambda: lab.status("server")["refused"].get("revoked", 0) >= 2)
+    labctl.wait_until("a revoked handshake refused", lambda: lab.status("server")["refused"].get("revoked", 0) >= 2)
     assert "revoked" in lab.log("client0").lower(), lab.log("client0")[-2000:]
     assert "revoked certificate refused" in lab.log("server"), lab.log("server")[-2000:]
     assert len(lab.ping(count=2, interval=0.1)["received"]) == 0

@@ -607,6 +607,28 @@ fn failover_case(
     (sim, last_on_primary, back_on_primary)
 }
 
+/// `failover_case`'s outcome: each side left the dead primary within `bound` of the fault, and
+/// came back to it within 5 s of the repair.
+fn left_and_returned(
+    last: [Option<Duration>; 2],
+    back: [Option<Duration>; 2],
+    bound: Duration,
+) -> Result<(), TestCaseError> {
+    for side in 0..2 {
+        let gap = last[side].unwrap_or_default();
+        prop_assert!(
+            gap < bound,
+            "side {side} stayed on the dead path for {gap:?} (bound {bound:?})"
+        );
+        let b = back[side].expect("returned to the primary");
+        prop_assert!(
+            b < Duration::from_secs(5),
+            "side {side} took {b:?} to return"
+        );
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -623,12 +645,7 @@ proptest! {
         let fail_at = Duration::from_millis(fail_ms);
         let repair_at = fail_at + Duration::from_secs(5);
         let (_sim, last, back) = failover_case((d0, d1), block, fail_at, repair_at, seed);
-        for side in 0..2 {
-            let gap = last[side].unwrap_or_default();
-            prop_assert!(gap < Duration::from_secs(1), "side {side} stayed on the dead path for {gap:?}");
-            let b = back[side].expect("returned to the primary");
-            prop_assert!(b < Duration::from_secs(5), "side {side} took {b:?} to return");
-        }
+        left_and_returned(last, back, Duration::from_secs(1))?;
     }
 
     /// Long paths (up to 1 s of round trip: a satellite, an LTE link's full queue) under
@@ -664,12 +681,7 @@ proptest! {
         // (client to server dark), then its silence bound (two round trips and a probe
         // interval) runs.
         let bound = Duration::from_secs(1).max(rtt * 3 + Duration::from_millis(200));
-        for side in 0..2 {
-            let gap = last[side].unwrap_or_default();
-            prop_assert!(gap < bound, "side {side} stayed on the dead path for {gap:?} (bound {bound:?})");
-            let b = back[side].expect("returned to the primary");
-            prop_assert!(b < Duration::from_secs(5), "side {side} took {b:?} to return");
-        }
+        left_and_returned(last, back, bound)?;
     }
 
     /// Failover from the data: under traffic (10 ms pings both ways), a primary of up to 20 ms

@@ -325,8 +325,9 @@ impl Bbr {
                 // grew from there by a quarter every eight round trips (2, 3, 5, 8 ... 20
                 // Mbit/s over 10 s on a 50 Mbit/s link). A sender with a backlog fills its
                 // packets (QUIC packs small datagrams together), so small packets mean nothing
-                // waited; and whatever their size, `BULK_IN_FLIGHT_PACKETS` in flight is not a trickle
-                // (small packets one per datagram, as stripe sends them, that fill a path).
+                // waited; and whatever their size, `BULK_IN_FLIGHT_PACKETS` in flight is not
+                // a trickle (small packets one per datagram, as stripe sends them, that fill a
+                // path).
                 let bulk = self.round_bytes * 2 >= self.round_packets * self.mss
                     || self.round_max_in_flight >= BULK_IN_FLIGHT_PACKETS * self.mss;
                 let used_window = self.round_max_in_flight * 2 >= self.round_window && bulk;
@@ -598,7 +599,7 @@ mod tests {
 
     /// Drive `c` for `dur` over a path of `rtt`: every `every` `burst` packets of `bytes`
     /// leave, and each one's ACK comes a round trip later, in the peer's batches of up to
-    /// `ACK_EVERY` ms (nothing lost).
+    /// `ACK_EVERY` ms (nothing lost, nothing application-limited).
     fn run(
         c: &mut Bbr,
         start: Instant,
@@ -606,7 +607,6 @@ mod tests {
         rtt: Duration,
         every: Duration,
         (burst, bytes): (u64, u64),
-        app_limited: bool,
     ) -> Instant {
         let mut t = start;
         let mut in_flight: std::collections::VecDeque<(Instant, u64)> = Default::default();
@@ -618,7 +618,7 @@ mod tests {
             let acking = tick.is_multiple_of(ACK_EVERY);
             while acking && in_flight.front().is_some_and(|(sent, _)| *sent + rtt <= t) {
                 let (sent, b) = in_flight.pop_front().unwrap();
-                c.on_ack(t, sent, b, app_limited);
+                c.on_ack(t, sent, b, false);
                 let flying = in_flight.iter().map(|(_, b)| b).sum();
                 c.on_end_acks(t, flying);
             }
@@ -634,77 +634,39 @@ mod tests {
         t
     }
 
-    /// A tunnel's return direction during an upload carries only small control packets (probe
-    /// answers, flow-control updates) a few per round trip: that says nothing of the path, and
-    /// the controller must still be able to grow at Startup's pace when a download begins. It
-    /// left Startup on such traffic (half its small window was in flight), took the control
-    /// traffic's rate (~1 Mbit/s) for the path's, and a download that began 12 s into the
-    /// tunnel's life grew from there by a quarter every eight round trips: 2, 3, 5, 8 ... 20
-    /// Mbit/s over 10 s on a 50 Mbit/s link (5 ms of jitter: 10-18 Mbit/s in the lab).
+    /// A fresh controller that has seen a few probes at a 40 ms round trip, then `dur` of
+    /// `burst` packets of `bytes` every `every_ms`, each acknowledged 100 ms after it left.
+    fn after(dur: Duration, every_ms: u64, burst_bytes: (u64, u64)) -> Bbr {
+        let ms = Duration::from_millis;
+        let mut c = Bbr::new(1400);
+        let t = run(&mut c, Instant::now(), ms(300), ms(40), ms(20), (1, 100));
+        run(&mut c, t, dur, ms(100), ms(every_ms), burst_bytes);
+        c
+    }
+
+    /// During an upload a tunnel's return direction carries the inner TCP's ACKs: ~1,000 small
+    /// packets a second, whose own ACKs (delayed, batched) come back well after the path's
+    /// least round trip, so more of them are in flight than their rate's BDP: half the window
+    /// or more (measured in the lab: 127 packets of 71 bytes in flight, window 17.5 KB). That
+    /// says nothing of the path. Startup ended on it, took their ~0.66 Mbit/s for the path's
+    /// bandwidth, and a download that began later grew from there by a quarter every eight
+    /// round trips: 2, 3, 5, 8 ... 20 Mbit/s over 10 s on a 50 Mbit/s link (5 ms of jitter:
+    /// 10-18 Mbit/s in the lab). Small packets that fill a path are bulk all the same.
     #[test]
     fn control_traffic_alone_does_not_end_startup() {
-        // Inner TCP's ACKs for a 40 Mbit/s upload: ~1,000 small packets a second, whose ACKs
-        // (delayed, batched) come back well after the path's least round trip: more in flight
-        // than their rate's BDP, half the window or more (measured in the lab: 127 packets
-        // of 71 bytes in flight, window 17.5 KB, "bandwidth" 0.66 Mbit/s).
-        for (every, burst) in [(1, 1), (5, 5), (10, 10)] {
-            let t0 = Instant::now();
-            let mut c = Bbr::new(1400);
-            let t = run(
-                &mut c,
-                t0,
-                Duration::from_millis(300),
-                Duration::from_millis(40),
-                Duration::from_millis(20),
-                (1, 100),
-                false,
-            );
-            let every = Duration::from_millis(every);
-            run(
-                &mut c,
-                t,
-                Duration::from_secs(12),
-                Duration::from_millis(100),
-                every,
-                (burst, 100),
-                false,
-            );
+        for (every_ms, burst) in [(1, 1), (5, 5), (10, 10)] {
+            let c = after(Duration::from_secs(12), every_ms, (burst, 100));
             // (ProbeRtt every 10 s is allowed: it returns to Startup while the pipe is not
             // known to be full.)
             assert!(
                 !c.filled,
-                "{burst} every {every:?}: left Startup ({:?})",
+                "{burst} every {every_ms} ms: left Startup ({:?})",
                 c.state()
             );
         }
-        // Small packets that fill a path (one per datagram, as stripe sends them: 6.4 Mbit/s
-        // of 160-byte ones, 80 KB in flight) are bulk: the pipe is found full.
-        let t0 = Instant::now();
-        let mut c = Bbr::new(1400);
-        let warm = (
-            Duration::from_millis(40),
-            Duration::from_millis(20),
-            (1, 100),
-        );
-        let t = run(
-            &mut c,
-            t0,
-            Duration::from_millis(300),
-            warm.0,
-            warm.1,
-            warm.2,
-            false,
-        );
-        let (rtt, every) = (Duration::from_millis(100), Duration::from_millis(1));
-        run(
-            &mut c,
-            t,
-            Duration::from_secs(5),
-            rtt,
-            every,
-            (5, 160),
-            false,
-        );
+        // One per datagram, as stripe sends them: 6.4 Mbit/s of 160-byte packets, 80 KB in
+        // flight: the pipe is found full.
+        let c = after(Duration::from_secs(5), 1, (5, 160));
         assert!(c.filled, "{:?}", c.state());
     }
 }

@@ -389,17 +389,15 @@ impl PathSet {
     }
 
     /// The round trip `id`'s new connection measured in its handshake: its health bounds the
-    /// silence before the first reply by it (`PathHealth::set_rtt_hint`). A path that stayed up
-    /// through the reconnection keeps its probes' measure.
+    /// silence before the first reply by it (`PathHealth::set_rtt_hint`; a path that stayed up
+    /// through the reconnection goes on by its probes' measure, which comes first).
     pub fn handshake_rtt(&mut self, id: PathId, rtt: Option<Duration>) {
         if let Some(h) = self
             .paths
             .get_mut(id.index())
             .and_then(|p| p.health.as_mut())
         {
-            if h.min_rtt().is_none() {
-                h.set_rtt_hint(rtt);
-            }
+            h.set_rtt_hint(rtt);
         }
     }
 
