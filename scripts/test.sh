@@ -6,6 +6,8 @@ set -euo pipefail
 scripts/install-deps.sh --tests
 echo "== cargo fmt --check"; cargo fmt --all -- --check
 echo "== code layout";       python3 scripts/layout-check.py
+# The e2e modules import each other; a broken import should fail here, not after the build.
+echo "== e2e collection";    python3 -m pytest --collect-only -q tests/e2e >/dev/null
 echo "== cargo clippy";      cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== unit, simulator and CLI tests"; cargo test --workspace --quiet
 echo "== fuzz targets, 6 s each (bench/fuzz.sh MINUTES for a real run)"; bench/fuzz.sh 0.1

@@ -9,7 +9,6 @@ import time
 
 from conftest import measured, report
 from test_metered import with_path_keys
-from test_reload import wait_until
 import labctl
 
 
@@ -85,7 +84,7 @@ def test_the_first_path_removed_under_a_download_moves_the_lane_connection_witho
     t = threading.Thread(target=lambda: got.update(d=lab.iperf(seconds=8, reverse=True, interval=0.1)))
     began = time.monotonic()
     t.start()
-    wait_until("both subflows", lambda: lab.status("client0")["lane"].get("subflows", {}).get("wan2", 0) >= 2)
+    labctl.wait_until("both subflows", lambda: lab.status("client0")["lane"].get("subflows", {}).get("wan2", 0) >= 2)
     time.sleep(2)
     # In iperf3's time (to within its start-up, some ms).
     removed = time.monotonic() - began
@@ -142,7 +141,7 @@ def test_lane_connection_setup_against_direct(make_lab):
         lab.spawn(key, ns, ["python3", "-c", RESPONDER], log=False)
     rtt = lab.ping(count=10, interval=0.05, dst=remote, src_ns=lab.client_ns())
     rtt_ms = sorted(rtt["rtts"])[len(rtt["rtts"]) // 2]
-    wait_until("connections set up ahead", lambda: lab.status("client0")["lane"]["ready"] >= 2)
+    labctl.wait_until("connections set up ahead", lambda: lab.status("client0")["lane"]["ready"] >= 2)
 
     def ms(ns, dst, script=FIRST_BYTE, n=15):
         return float(lab.sh(ns, ["python3", "-c", script.format(n=n, dst=dst)]).stdout) * 1000
@@ -200,7 +199,7 @@ def test_a_reload_moves_the_endpoints_and_a_revocation_closes_lane_connections(m
 
     t = threading.Thread(target=flow)
     t.start()
-    wait_until("the flow's lane connections", lambda: lab.status("server")["lane"]["connected"] >= 2)
+    labctl.wait_until("the flow's lane connections", lambda: lab.status("server")["lane"]["connected"] >= 2)
     lab.write("server-run.yaml", server + "revoked:\n- site1\n")
     t0 = time.monotonic()
     out = reload(lab, "server", lab.server_ns)
