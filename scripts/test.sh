@@ -10,6 +10,7 @@ echo "== code layout";       python3 scripts/layout-check.py
 echo "== e2e collection";    python3 -m pytest --collect-only -q tests/e2e >/dev/null
 echo "== cargo clippy";      cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== unit, simulator and CLI tests"; cargo test --workspace --quiet
+echo "== the vendored QUIC engine's tests (vendor/README.md)"; scripts/test-vendor.sh
 echo "== fuzz targets, 6 s each (bench/fuzz.sh MINUTES for a real run)"; bench/fuzz.sh 0.1
 echo "== build release";     cargo build --release --quiet
 echo "== end-to-end tests (namespaces)"

@@ -11,6 +11,24 @@ mod table;
 
 pub use metrics::CONTENT_TYPE;
 
+/// A path's reordering, and how its loss detection adapted: a packet declared lost and then
+/// acknowledged was late, not lost (`spurious_losses`), and widens the thresholds in force;
+/// losses that stay lost narrow them again.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+pub struct Reordering {
+    /// Packets acknowledged after a later packet was.
+    pub reordered_packets: u64,
+    /// The deepest reordering seen, in packets.
+    pub depth_packets: u64,
+    /// Packets declared lost and acknowledged afterwards (included in `quic_lost_packets`, not
+    /// in `quic_loss_pct`).
+    pub spurious_losses: u64,
+    /// A packet is lost once this many later ones are acknowledged ...
+    pub loss_threshold_packets: u64,
+    /// ... or once it is this much older than RFC 9002's 9/8 of the RTT allows.
+    pub loss_extra_delay_ms: f64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct PathStatus {
     pub name: String,
@@ -54,8 +72,9 @@ pub struct PathStatus {
     #[serde(default)]
     pub stream_s: f64,
     pub quic_sent_packets: u64,
+    /// Packets declared lost, spurious ones included (`reordering`).
     pub quic_lost_packets: u64,
-    /// lost / sent packets over the connection's life (%).
+    /// Packets lost (declared lost and never acknowledged) / sent over the connection's life (%).
     pub quic_loss_pct: f64,
     pub tx_bytes: u64,
     pub tx_packets: u64,
@@ -76,6 +95,9 @@ pub struct PathStatus {
     /// followed (a NAT rebinding; seen by the server).
     #[serde(default)]
     pub peer_moves: u64,
+    /// The link's reordering as loss detection saw it and adapted to it (QUIC paths).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reordering: Option<Reordering>,
     /// Times the path answered its probes while delivering nothing one way and was taken down
     /// for it (its connection replaced; from then on without UDP GSO).
     #[serde(default)]
@@ -411,6 +433,22 @@ impl PathStatus {
         ))
     }
 
+    /// One line on the link's reordering once it has shown some (`None` before).
+    pub fn reorder_summary(&self) -> Option<String> {
+        let r = self
+            .reordering
+            .as_ref()
+            .filter(|r| r.reordered_packets > 0)?;
+        Some(format!(
+            "{} packets overtaken, up to {} deep; {} taken for lost were late; a packet is lost after {} later ones or {:.0} ms past 9/8 of the RTT",
+            r.reordered_packets,
+            r.depth_packets,
+            r.spurious_losses,
+            r.loss_threshold_packets,
+            r.loss_extra_delay_ms
+        ))
+    }
+
     /// One line on the path's role, cap and budget when any is set (`None` for a primary
     /// without limits).
     pub fn limits_summary(&self) -> Option<String> {
@@ -574,6 +612,28 @@ mod tests {
             PathStatus::default().carry_summary(),
             None,
             "a fixed mode has no line"
+        );
+    }
+
+    /// The reordering line appears once the link has reordered, with what loss detection
+    /// learned.
+    #[test]
+    fn the_reorder_line_appears_once_the_link_reorders() {
+        let mut p = PathStatus {
+            reordering: Some(Reordering::default()),
+            ..PathStatus::default()
+        };
+        assert_eq!(p.reorder_summary(), None);
+        p.reordering = Some(Reordering {
+            reordered_packets: 120,
+            depth_packets: 60,
+            spurious_losses: 7,
+            loss_threshold_packets: 76,
+            loss_extra_delay_ms: 28.7,
+        });
+        assert_eq!(
+            p.reorder_summary().unwrap(),
+            "120 packets overtaken, up to 60 deep; 7 taken for lost were late; a packet is lost after 76 later ones or 29 ms past 9/8 of the RTT"
         );
     }
 }

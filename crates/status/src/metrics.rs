@@ -306,8 +306,33 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
     ),
     (
         "mpquic_path_quic_lost_packets",
-        "QUIC packets declared lost",
+        "QUIC packets declared lost (spurious ones included)",
         PathValue::Counter(|p| p.quic_lost_packets),
+    ),
+    (
+        "mpquic_path_spurious_losses",
+        "QUIC packets declared lost and acknowledged afterwards (late: the link reorders or jitters)",
+        PathValue::Counter(|p| p.reordering.as_ref().map_or(0, |r| r.spurious_losses)),
+    ),
+    (
+        "mpquic_path_reordered_packets",
+        "QUIC packets acknowledged after a later packet was",
+        PathValue::Counter(|p| p.reordering.as_ref().map_or(0, |r| r.reordered_packets)),
+    ),
+    (
+        "mpquic_path_reordering_depth_packets",
+        "The deepest reordering the path's loss detection has seen, in packets",
+        PathValue::Gauge(|p| p.reordering.as_ref().map(|r| r.depth_packets as f64)),
+    ),
+    (
+        "mpquic_path_loss_threshold_packets",
+        "Later packets acknowledged before loss detection declares a packet lost (3, or what the path's reordering taught it)",
+        PathValue::Gauge(|p| p.reordering.as_ref().map(|r| r.loss_threshold_packets as f64)),
+    ),
+    (
+        "mpquic_path_loss_extra_delay_ms",
+        "Delay loss detection tolerates beyond RFC 9002's 9/8 of the RTT (what the path's jitter taught it)",
+        PathValue::Gauge(|p| p.reordering.as_ref().map(|r| r.loss_extra_delay_ms)),
     ),
     (
         "mpquic_path_tx_bytes",

@@ -149,6 +149,9 @@ impl StatusReport {
                 if let Some(mtu) = p.mtu_summary() {
                     let _ = writeln!(o, "  mtu {:<6} {mtu}", p.name);
                 }
+                if let Some(r) = p.reorder_summary() {
+                    let _ = writeln!(o, "  reorder {:<4} {r}", p.name);
+                }
                 if let Some(pipes) = p.pipes_summary() {
                     let _ = writeln!(o, "  pipes {:<4} {pipes}", p.name);
                 }

@@ -107,6 +107,36 @@ pub struct TransportStats {
     /// NAT rebinding: QUIC's connection migration, a stripe pipe's new port); seen by the side
     /// that receives from a moving peer, the server.
     pub peer_moves: u64,
+    /// What the QUIC engine's loss detection learned of the link's reordering; `None` where
+    /// the transport detects loss its own way (stripe).
+    pub reordering: Option<Reordering>,
+}
+
+/// A link's reordering as the QUIC engine's loss detection saw it and adapted to it (the
+/// engine's `connection/reordering.rs`, our change to quinn-proto: `vendor/README.md`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Reordering {
+    /// Packets acknowledged after a later packet was, and the deepest of them in packets.
+    pub reordered: u64,
+    pub depth: u64,
+    /// Packets declared lost that were acknowledged afterwards (late, not lost).
+    pub spurious: u64,
+    /// The thresholds in force: packets, and the delay beyond RFC 9002's time threshold.
+    pub packet_threshold: u64,
+    pub extra_delay: Duration,
+}
+
+impl Reordering {
+    /// Several connections of one path (pipes): counts summed, the widest thresholds.
+    pub fn merge(self, o: Reordering) -> Reordering {
+        Reordering {
+            reordered: self.reordered + o.reordered,
+            depth: self.depth.max(o.depth),
+            spurious: self.spurious + o.spurious,
+            packet_threshold: self.packet_threshold.max(o.packet_threshold),
+            extra_delay: self.extra_delay.max(o.extra_delay),
+        }
+    }
 }
 
 /// Where a transport delivers what it receives, and reports what it lost after accepting it.

@@ -10,7 +10,7 @@ use mpquic_core::tunnel::PathFec;
 use mpquic_core::PathState;
 
 use super::{wall_clock, Tunnel};
-use crate::status::{ClassStatus, PathStatus, TunnelStatus};
+use crate::status::{ClassStatus, PathStatus, Reordering, TunnelStatus};
 
 impl Tunnel {
     pub fn status(&self, address: Option<String>) -> TunnelStatus {
@@ -94,9 +94,18 @@ impl Tunnel {
                     ps.peer_moves = st.peer_moves;
                     ps.pipes = l.transport.pipes();
                     ps.transport = l.transport.kind().into();
+                    let spurious = st.reordering.map_or(0, |r| r.spurious);
                     if st.sent_packets > 0 {
-                        ps.quic_loss_pct = st.lost_packets as f64 * 100.0 / st.sent_packets as f64;
+                        ps.quic_loss_pct = st.lost_packets.saturating_sub(spurious) as f64 * 100.0
+                            / st.sent_packets as f64;
                     }
+                    ps.reordering = st.reordering.map(|r| Reordering {
+                        reordered_packets: r.reordered,
+                        depth_packets: r.depth,
+                        spurious_losses: r.spurious,
+                        loss_threshold_packets: r.packet_threshold,
+                        loss_extra_delay_ms: ms(r.extra_delay),
+                    });
                 }
                 ps
             })

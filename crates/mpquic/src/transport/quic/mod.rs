@@ -391,6 +391,13 @@ impl PathTransport for QuicTransport {
             acks: self.meter.as_ref().map(|m| m.acked()),
             wire_bytes: Some(on_the_link(&st, self.conn.remote_address())),
             peer_moves: self.peer_moves(),
+            reordering: Some(super::Reordering {
+                reordered: st.path.reordered_packets,
+                depth: st.path.reordering_depth,
+                spurious: st.path.spurious_lost_packets,
+                packet_threshold: st.path.reordering_packet_threshold,
+                extra_delay: st.path.reordering_extra_delay,
+            }),
         }
     }
 

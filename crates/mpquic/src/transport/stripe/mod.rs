@@ -750,6 +750,8 @@ impl PathTransport for StripeTransport {
             acks: None,
             // The pipes' and the QUIC connection's (it rides the same NAT).
             peer_moves: self.link.moves.load(Ordering::Relaxed) + q.peer_moves,
+            // Stripe packets' losses are the stripe's own to detect (`stripe/flight.rs`).
+            reordering: None,
         }
     }
 
