@@ -19,7 +19,7 @@
 use std::time::{Duration, Instant};
 
 use super::delivery::Delivery;
-use super::filters::{MaxBwFilter, MinRttFilter};
+use super::filters::{AckRtts, MaxBwFilter, MinRttFilter};
 use super::Controller;
 
 /// In-flight allowance in steady state, in BDPs: BBRv1's 2. With the engine pacing from the
@@ -156,6 +156,10 @@ pub struct Bbr {
     // smallest RTT seen since the window drained.
     probe_rtt_until: Option<Instant>,
     probe_rtt_min: Option<Duration>,
+    /// The smallest RTT sample of the ACK being processed, and the recent ACKs' (what the
+    /// minimum RTT is taken from: `AckRtts`).
+    ack_rtt: Option<Duration>,
+    ack_rtts: AckRtts,
     /// Acknowledged bytes since the last `on_end_acks` (window growth).
     acked: u64,
     /// The path's loss (share of bytes), the share of it seen while the path did not queue
@@ -198,6 +202,8 @@ impl Bbr {
             queue_gone: false,
             probe_rtt_until: None,
             probe_rtt_min: None,
+            ack_rtt: None,
+            ack_rtts: AckRtts::default(),
             acked: 0,
             loss: 0.0,
             random_loss: 0.0,
@@ -377,6 +383,9 @@ impl Bbr {
             State::ProbeRtt => {
                 if self.probe_rtt_until.is_none() && self.in_flight <= self.probe_rtt_window() {
                     self.probe_rtt_until = Some(now + PROBE_RTT_TIME);
+                    // What the probe measures is what the drained pipe's ACKs say, not the
+                    // queue's before it.
+                    self.ack_rtts = AckRtts::default();
                 }
                 if self.probe_rtt_until.is_some_and(|t| now >= t) {
                     self.probe_rtt_until = None;
@@ -475,12 +484,7 @@ impl Controller for Bbr {
         self.acked += bytes;
         self.loss_acked += bytes;
         let rtt = now.saturating_duration_since(sent);
-        self.min_rtt.update(now, rtt);
-        // A sample with no standing queue in it confirms the minimum (`STANDING_QUEUE`).
-        if let Some(m) = self.min_rtt.get() {
-            let slack = m.mul_f64(STANDING_QUEUE).max(STANDING_QUEUE_MIN);
-            self.min_rtt.confirm(now, rtt, slack);
-        }
+        self.ack_rtt = Some(self.ack_rtt.map_or(rtt, |m| m.min(rtt)));
         self.round_min_rtt = Some(self.round_min_rtt.map_or(rtt, |m| m.min(rtt)));
         if self.state == State::ProbeBw
             && self.cycle_gain(self.cycle) < 1.0
@@ -488,9 +492,6 @@ impl Controller for Bbr {
             && !self.standing(rtt)
         {
             self.queue_gone = true;
-        }
-        if self.probe_rtt_until.is_some() {
-            self.probe_rtt_min = Some(self.probe_rtt_min.map_or(rtt, |m| m.min(rtt)));
         }
         let Some(sample) = self.delivery.on_ack(now, sent, bytes, self.min_rtt.get()) else {
             return;
@@ -514,6 +515,18 @@ impl Controller for Bbr {
 
     fn on_end_acks(&mut self, now: Instant, in_flight: u64) {
         self.in_flight = in_flight;
+        if let Some(sample) = self.ack_rtt.take() {
+            let rtt = self.ack_rtts.add(sample);
+            self.min_rtt.update(now, rtt);
+            // A sample with no standing queue in it confirms the minimum (`STANDING_QUEUE`).
+            if let Some(m) = self.min_rtt.get() {
+                let slack = m.mul_f64(STANDING_QUEUE).max(STANDING_QUEUE_MIN);
+                self.min_rtt.confirm(now, rtt, slack);
+            }
+            if self.probe_rtt_until.is_some() {
+                self.probe_rtt_min = Some(self.probe_rtt_min.map_or(rtt, |m| m.min(rtt)));
+            }
+        }
         self.update_state(now);
         self.update_window();
         if self.round_start {
