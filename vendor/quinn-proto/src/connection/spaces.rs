@@ -1,5 +1,4 @@
 use std::{
-    cmp,
     collections::{BTreeMap, VecDeque},
     mem,
     ops::{Bound, Index, IndexMut, Range},
@@ -458,34 +457,32 @@ impl ThinRetransmits {
 
 /// RFC4303-style sliding window packet number deduplicator.
 ///
-/// A contiguous bitfield, where each bit corresponds to a packet number and the rightmost bit is
-/// always set. A set bit represents a packet that has been successfully authenticated. Bits left of
-/// the window are assumed to be set.
+/// A bit per packet number for the `WINDOW_SIZE` numbers below `next`, in a ring of words (bit
+/// `pn % WINDOW_SIZE`); a set bit is a packet that has been successfully authenticated. Packets
+/// left of the window are assumed to have been received (discarded as possible duplicates).
 ///
-/// ```text
-/// ...xxxxxxxxx 1 0
-///     ^        ^ ^
-/// window highest next
-/// ```
+/// mpquic: the window was 129 packets (one `u128`), and a packet that arrived more than 129
+/// numbers behind the highest was discarded as a possible duplicate though it was new: on a link
+/// that reorders by 30 ms at 50 Mbit/s (~125-260 packets) that was 5% of all packets, lost on a
+/// lossless link and counted nowhere. The ring covers `WINDOW_SIZE` (4096) packets: 40 ms at
+/// 1 Gbit/s of full-size packets, 1.2 s at 50 Mbit/s.
 pub(super) struct Dedup {
-    window: Window,
+    ring: Box<[u64; WORDS]>,
     /// Lowest packet number higher than all yet authenticated.
     next: u64,
 }
 
-/// Inner bitfield type.
-///
-/// Because QUIC never reuses packet numbers, this only needs to be large enough to deal with
-/// packets that are reordered but still delivered in a timely manner.
-type Window = u128;
-
 /// Number of packets tracked by `Dedup`.
-const WINDOW_SIZE: u64 = 1 + mem::size_of::<Window>() as u64 * 8;
+const WINDOW_SIZE: u64 = 4096;
+const WORDS: usize = (WINDOW_SIZE / 64) as usize;
 
 impl Dedup {
     /// Construct an empty window positioned at the start.
     pub(super) fn new() -> Self {
-        Self { window: 0, next: 0 }
+        Self {
+            ring: Box::new([0; WORDS]),
+            next: 0,
+        }
     }
 
     /// Highest packet number authenticated.
@@ -493,32 +490,42 @@ impl Dedup {
         self.next - 1
     }
 
+    fn slot(packet: u64) -> (usize, u64) {
+        let bit = packet % WINDOW_SIZE;
+        ((bit / 64) as usize, 1 << (bit % 64))
+    }
+
+    /// Whether `packet` is left of the window (assumed received).
+    fn left_of_window(&self, packet: u64) -> bool {
+        self.next - packet > WINDOW_SIZE
+    }
+
     /// Record a newly authenticated packet number.
     ///
     /// Returns whether the packet might be a duplicate.
     pub(super) fn insert(&mut self, packet: u64) -> bool {
-        if let Some(diff) = packet.checked_sub(self.next) {
-            // Right of window
-            self.window = ((self.window << 1) | 1)
-                .checked_shl(cmp::min(diff, u64::from(u32::MAX)) as u32)
-                .unwrap_or(0);
+        if packet >= self.next {
+            // Right of window: the numbers it moves past leave the window, and their slots
+            // are those of the numbers entering it, all unseen.
+            if packet - self.next >= WINDOW_SIZE {
+                self.ring.fill(0);
+            } else {
+                for pn in self.next..packet {
+                    let (word, mask) = Self::slot(pn);
+                    self.ring[word] &= !mask;
+                }
+            }
+            let (word, mask) = Self::slot(packet);
+            self.ring[word] |= mask;
             self.next = packet + 1;
             false
-        } else if self.highest() - packet < WINDOW_SIZE {
-            // Within window
-            if let Some(bit) = (self.highest() - packet).checked_sub(1) {
-                // < highest
-                let mask = 1 << bit;
-                let duplicate = self.window & mask != 0;
-                self.window |= mask;
-                duplicate
-            } else {
-                // == highest
-                true
-            }
-        } else {
-            // Left of window
+        } else if self.left_of_window(packet) {
             true
+        } else {
+            let (word, mask) = Self::slot(packet);
+            let duplicate = self.ring[word] & mask != 0;
+            self.ring[word] |= mask;
+            duplicate
         }
     }
 
@@ -528,51 +535,24 @@ impl Dedup {
     fn smallest_missing_in_interval(&self, lower_bound: u64, upper_bound: u64) -> Option<u64> {
         debug_assert!(lower_bound <= upper_bound);
         debug_assert!(upper_bound <= self.highest());
-        const BITFIELD_SIZE: u64 = (mem::size_of::<Window>() * 8) as u64;
-
-        // Since we already know the packets at the boundaries have been received, we only need to
-        // check those in between them (this removes the necessity of extra logic to deal with the
-        // highest packet, which is stored outside the bitfield)
-        let lower_bound = lower_bound + 1;
-        let upper_bound = upper_bound.saturating_sub(1);
-
-        // Note: the offsets are counted from the right
-        // The highest packet is not included in the bitfield, so we subtract 1 to account for that
-        let start_offset = (self.highest() - upper_bound).max(1) - 1;
-        if start_offset >= BITFIELD_SIZE {
-            // The start offset is outside of the window. All packets outside of the window are
-            // considered to be received.
-            return None;
+        // The packets at the boundaries are known to have been received; those left of the
+        // window are considered received.
+        let mut pn = (lower_bound + 1).max(self.next.saturating_sub(WINDOW_SIZE));
+        // A word at a time: 1 bits of `missing` are packets not received.
+        while pn < upper_bound {
+            let (word, _) = Self::slot(pn);
+            let bit = pn % 64;
+            let span = (64 - bit).min(upper_bound - pn);
+            let mut missing = !self.ring[word] >> bit;
+            if span < 64 {
+                missing &= (1 << span) - 1;
+            }
+            if missing != 0 {
+                return Some(pn + u64::from(missing.trailing_zeros()));
+            }
+            pn += span;
         }
-
-        let end_offset_exclusive = self.highest().saturating_sub(lower_bound);
-
-        // The range is clamped at the edge of the window, because any earlier packets are
-        // considered to be received
-        let range_len = end_offset_exclusive
-            .saturating_sub(start_offset)
-            .min(BITFIELD_SIZE);
-        if range_len == 0 {
-            return None;
-        }
-
-        // Ensure the shift is within bounds (we already know start_offset < BITFIELD_SIZE,
-        // because of the early return)
-        let mask = if range_len == BITFIELD_SIZE {
-            u128::MAX
-        } else {
-            ((1u128 << range_len) - 1) << start_offset
-        };
-        let gaps = !self.window & mask;
-
-        let smallest_missing_offset = 128 - gaps.leading_zeros() as u64;
-        let smallest_missing_packet = self.highest() - smallest_missing_offset;
-
-        if smallest_missing_packet <= upper_bound {
-            Some(smallest_missing_packet)
-        } else {
-            None
-        }
+        None
     }
 
     /// Returns true if there are any missing packets between the provided interval
@@ -932,32 +912,24 @@ mod test {
         let mut dedup = Dedup::new();
         assert!(!dedup.insert(0));
         assert_eq!(dedup.next, 1);
-        assert_eq!(dedup.window, 0b1);
         assert!(dedup.insert(0));
         assert_eq!(dedup.next, 1);
-        assert_eq!(dedup.window, 0b1);
         assert!(!dedup.insert(1));
-        assert_eq!(dedup.next, 2);
-        assert_eq!(dedup.window, 0b11);
         assert!(!dedup.insert(2));
         assert_eq!(dedup.next, 3);
-        assert_eq!(dedup.window, 0b111);
         assert!(!dedup.insert(4));
         assert_eq!(dedup.next, 5);
-        assert_eq!(dedup.window, 0b11110);
         assert!(!dedup.insert(7));
         assert_eq!(dedup.next, 8);
-        assert_eq!(dedup.window, 0b1111_0100);
         assert!(dedup.insert(4));
         assert!(!dedup.insert(3));
         assert_eq!(dedup.next, 8);
-        assert_eq!(dedup.window, 0b1111_1100);
         assert!(!dedup.insert(6));
-        assert_eq!(dedup.next, 8);
-        assert_eq!(dedup.window, 0b1111_1101);
         assert!(!dedup.insert(5));
         assert_eq!(dedup.next, 8);
-        assert_eq!(dedup.window, 0b1111_1111);
+        for pn in 0..8 {
+            assert!(dedup.insert(pn), "{pn} seen");
+        }
     }
 
     #[test]
@@ -965,7 +937,7 @@ mod test {
         let mut dedup = Dedup::new();
         for i in 0..(2 * WINDOW_SIZE) {
             assert!(!dedup.insert(i));
-            for j in 0..=i {
+            for j in i.saturating_sub(200)..=i {
                 assert!(dedup.insert(j));
             }
         }
@@ -975,12 +947,28 @@ mod test {
     fn jump() {
         let mut dedup = Dedup::new();
         dedup.insert(2 * WINDOW_SIZE);
-        assert!(dedup.insert(WINDOW_SIZE));
+        assert!(dedup.insert(WINDOW_SIZE), "left of the window");
         assert_eq!(dedup.next, 2 * WINDOW_SIZE + 1);
-        assert_eq!(dedup.window, 0);
-        assert!(!dedup.insert(WINDOW_SIZE + 1));
+        assert!(!dedup.insert(WINDOW_SIZE + 1), "the oldest in the window, new");
+        assert!(dedup.insert(WINDOW_SIZE + 1));
         assert_eq!(dedup.next, 2 * WINDOW_SIZE + 1);
-        assert_eq!(dedup.window, 1 << (WINDOW_SIZE - 2));
+    }
+
+    /// mpquic: a packet overtaken by more than the old window's 129 is new, not a duplicate.
+    #[test]
+    fn deep_reordering_is_not_duplication() {
+        let mut dedup = Dedup::new();
+        for pn in (0..3000).filter(|pn| pn % 500 != 7) {
+            assert!(!dedup.insert(pn));
+        }
+        for pn in (0..3000).filter(|pn| pn % 500 == 7) {
+            assert!(!dedup.insert(pn), "{pn} arrived late, once");
+            assert!(dedup.insert(pn), "{pn} again");
+        }
+        // Slots reused by the ring are cleared as the window moves.
+        dedup.insert(WINDOW_SIZE + 2999);
+        assert!(!dedup.insert(WINDOW_SIZE + 2000));
+        assert!(dedup.insert(2998), "left of the window");
     }
 
     #[test]
@@ -1008,16 +996,16 @@ mod test {
     fn dedup_outside_of_window_has_missing() {
         let mut dedup = Dedup::new();
 
-        for i in 0..140 {
+        for i in 0..(WINDOW_SIZE + 11) {
             dedup.insert(i);
         }
 
         // 0 and 4 are outside of the window
         assert!(!dedup.missing_in_interval(0, 4));
-        dedup.insert(160);
+        dedup.insert(WINDOW_SIZE + 31);
         assert!(!dedup.missing_in_interval(0, 4));
-        assert!(!dedup.missing_in_interval(0, 140));
-        assert!(dedup.missing_in_interval(0, 160));
+        assert!(!dedup.missing_in_interval(0, WINDOW_SIZE + 11));
+        assert!(dedup.missing_in_interval(0, WINDOW_SIZE + 31));
     }
 
     #[test]
@@ -1041,12 +1029,18 @@ mod test {
         dedup.insert(170);
         dedup.insert(172);
         dedup.insert(300);
-        assert_eq!(dedup.smallest_missing_in_interval(170, 172), None);
+        // mpquic: within the wider window 171 is known missing (the 129-packet one had let
+        // it go as received).
+        assert_eq!(dedup.smallest_missing_in_interval(170, 172), Some(171));
 
-        dedup.insert(500);
-        assert_eq!(dedup.smallest_missing_in_interval(0, 500), Some(372));
-        assert_eq!(dedup.smallest_missing_in_interval(0, 373), Some(372));
-        assert_eq!(dedup.smallest_missing_in_interval(0, 372), None);
+        dedup.insert(WINDOW_SIZE + 400);
+        let edge = 401; // the oldest number in the window
+        assert_eq!(
+            dedup.smallest_missing_in_interval(0, WINDOW_SIZE + 400),
+            Some(edge)
+        );
+        assert_eq!(dedup.smallest_missing_in_interval(0, edge + 1), Some(edge));
+        assert_eq!(dedup.smallest_missing_in_interval(0, edge), None);
     }
 
     #[test]
