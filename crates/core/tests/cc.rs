@@ -524,3 +524,26 @@ fn paced_bbr_drains_the_queue_its_inflated_estimate_builds() {
         }
     }
 }
+
+/// Jitter (5 or 15 ms on the data and on the ACKs, order kept) delays some ACKs and returns
+/// them in bursts, and keeps the minimum RTT well below the typical one: the window (two
+/// minimum-RTT BDPs) must still keep the link filled.
+#[test]
+fn paced_bbr_fills_a_jittery_path() {
+    for (path, jitter) in [
+        ("rate=50mbit,delay=30ms,jitter=15ms,queue=100ms", 15),
+        ("rate=50mbit,delay=30ms,jitter=5ms,queue=100ms", 5),
+        ("rate=200mbit,delay=10ms,jitter=5ms,queue=100ms", 5),
+    ] {
+        let rate: f64 = LinkSpec::parse(path).unwrap().rate_bps.unwrap() as f64 / 1e6;
+        let acks = Acks {
+            jitter: Some(Duration::from_millis(jitter)),
+        };
+        let r = run_shared(vec![&mut bbr()], path, 30, 5, None, true, acks).remove(0);
+        println!(
+            "{path}, ACK jitter {jitter} ms: paced bbr {:.1} Mbit/s, RTT min/median {:.1}/{:.1} ms",
+            r.goodput_mbit, r.rtt_min_ms, r.rtt_median_ms
+        );
+        assert!(r.goodput_mbit >= 0.9 * rate, "{path}: {r:?}");
+    }
+}

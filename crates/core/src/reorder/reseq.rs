@@ -11,10 +11,12 @@
 //! slot are simply ordered together) carried in the packet header with a 32-bit sequence number
 //! per slot (docs/PROTOCOL.md, `BOND_DATA`).
 //!
-//! How the receiver decides a missing packet is lost rather than late: each path delivers in
-//! the order it was given packets (one QUIC connection, a FIFO route), so once every path that
-//! is up has delivered a later packet of the flow, the missing one is not coming:
-//! the gap is skipped at once. Otherwise it is skipped after `max_wait` (the shell sets it from
+//! How the receiver decides a missing packet is lost rather than late: a path usually delivers
+//! in the order it was given packets (one QUIC connection, a FIFO route), so once every path
+//! that is up has delivered a later packet of the flow, the missing one is not coming:
+//! the gap is skipped at once. Not on a path that has just shown otherwise (a packet of a flow
+//! below one it delivered before: its link reorders, `REORDERED_FOR`): while one does, gaps
+//! wait. Otherwise a gap is skipped after `max_wait` (the shell sets it from
 //! the paths' delay difference and jitter, stretched while packets keep arriving after their
 //! gap was given up: `Stretch`). A packet that arrives after its gap was skipped is
 //! delivered anyway (counted `late`); one already delivered is dropped (`duplicates`: the
@@ -48,6 +50,11 @@ const MAX_FLOWS: usize = 4096;
 const FLOW_IDLE: Duration = Duration::from_secs(30);
 /// Paths a flow's per-path progress is tracked for (more are treated as one).
 const TRACKED_PATHS: usize = 8;
+/// After a path delivers a flow's packets out of their order, this long that "every path has
+/// passed it" does not mean a gap is lost (its missing packet may still be on that path).
+/// Without it, per-packet bonding over links that reorder (1 ms of jitter that reorders, in the
+/// simulator) gave up gaps whose packets then came late, reordered for the inner flow.
+const REORDERED_FOR: Duration = Duration::from_secs(10);
 /// Bounds of the wait for a missing packet.
 pub const MIN_WAIT: Duration = Duration::from_millis(5);
 pub const MAX_WAIT: Duration = Duration::from_millis(250);
@@ -279,6 +286,8 @@ pub struct Resequencer {
     ready: VecDeque<(usize, Vec<u8>)>,
     /// The paths the peer may be sending on (up), by index (`set_active`).
     active: [bool; TRACKED_PATHS],
+    /// When each path last delivered a flow's packet below one it had delivered before.
+    reordered_at: [Option<Instant>; TRACKED_PATHS],
     pub counters: ReseqCounters,
 }
 
@@ -291,6 +300,7 @@ impl Default for Resequencer {
             stretch: Stretch::default(),
             ready: VecDeque::new(),
             active: [true; TRACKED_PATHS],
+            reordered_at: [None; TRACKED_PATHS],
             counters: ReseqCounters::default(),
         }
     }
@@ -360,8 +370,10 @@ impl Resequencer {
             flow.next = ext;
         }
         let p = path.min(TRACKED_PATHS - 1);
-        if flow.high[p].is_none_or(|h| ext > h) {
-            flow.high[p] = Some(ext);
+        match flow.high[p] {
+            Some(h) if ext < h => self.reordered_at[p] = Some(now),
+            Some(h) if ext == h => {}
+            _ => flow.high[p] = Some(ext),
         }
         let verdict = if ext < flow.next {
             if ext + WINDOW >= flow.next && flow.bit(ext) {
@@ -400,15 +412,28 @@ impl Resequencer {
             self.counters.held += 1;
             Verdict::Held
         };
-        self.release(slot);
+        self.release(now, slot);
         self.enforce_bounds(slot);
         verdict
     }
 
+    /// The paths whose progress says which gaps are lost: the active ones, unless one of them
+    /// reorders (then none: gaps wait for their deadline).
+    fn trusted(&self, now: Instant) -> [bool; TRACKED_PATHS] {
+        let reorders = (self.active.iter().zip(&self.reordered_at)).any(|(a, at)| {
+            *a && at.is_some_and(|t| now.saturating_duration_since(t) < REORDERED_FOR)
+        });
+        if reorders {
+            [false; TRACKED_PATHS]
+        } else {
+            self.active
+        }
+    }
+
     /// Release what `slot` can hand on now: in-order packets behind `next`, and gaps every path
     /// has passed.
-    fn release(&mut self, slot: u16) {
-        let active = self.active;
+    fn release(&mut self, now: Instant, slot: u16) {
+        let active = self.trusted(now);
         let Some(flow) = self.flows.get_mut(&slot) else {
             return;
         };
