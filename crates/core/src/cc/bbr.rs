@@ -156,8 +156,8 @@ pub struct Bbr {
     // smallest RTT seen since the window drained.
     probe_rtt_until: Option<Instant>,
     probe_rtt_min: Option<Duration>,
-    /// The smallest RTT sample of the ACK being processed, and the recent ACKs' (what the
-    /// minimum RTT is taken from: `AckRtts`).
+    /// The smallest RTT sample of the ACK being processed, and the recent ACKs' (which say
+    /// whether a sample far below the minimum is the path's or an outlier: `AckRtts`).
     ack_rtt: Option<Duration>,
     ack_rtts: AckRtts,
     /// Acknowledged bytes since the last `on_end_acks` (window growth).
@@ -383,9 +383,6 @@ impl Bbr {
             State::ProbeRtt => {
                 if self.probe_rtt_until.is_none() && self.in_flight <= self.probe_rtt_window() {
                     self.probe_rtt_until = Some(now + PROBE_RTT_TIME);
-                    // What the probe measures is what the drained pipe's ACKs say, not the
-                    // queue's before it.
-                    self.ack_rtts = AckRtts::default();
                 }
                 if self.probe_rtt_until.is_some_and(|t| now >= t) {
                     self.probe_rtt_until = None;
@@ -485,6 +482,15 @@ impl Controller for Bbr {
         self.loss_acked += bytes;
         let rtt = now.saturating_duration_since(sent);
         self.ack_rtt = Some(self.ack_rtt.map_or(rtt, |m| m.min(rtt)));
+        let outlier = self.ack_rtts.outlier(rtt, self.min_rtt.get());
+        if !outlier {
+            self.min_rtt.update(now, rtt);
+        }
+        // A sample with no standing queue in it confirms the minimum (`STANDING_QUEUE`).
+        if let Some(m) = self.min_rtt.get() {
+            let slack = m.mul_f64(STANDING_QUEUE).max(STANDING_QUEUE_MIN);
+            self.min_rtt.confirm(now, rtt, slack);
+        }
         self.round_min_rtt = Some(self.round_min_rtt.map_or(rtt, |m| m.min(rtt)));
         if self.state == State::ProbeBw
             && self.cycle_gain(self.cycle) < 1.0
@@ -492,6 +498,9 @@ impl Controller for Bbr {
             && !self.standing(rtt)
         {
             self.queue_gone = true;
+        }
+        if self.probe_rtt_until.is_some() && !outlier {
+            self.probe_rtt_min = Some(self.probe_rtt_min.map_or(rtt, |m| m.min(rtt)));
         }
         let Some(sample) = self.delivery.on_ack(now, sent, bytes, self.min_rtt.get()) else {
             return;
@@ -516,16 +525,7 @@ impl Controller for Bbr {
     fn on_end_acks(&mut self, now: Instant, in_flight: u64) {
         self.in_flight = in_flight;
         if let Some(sample) = self.ack_rtt.take() {
-            let rtt = self.ack_rtts.add(sample);
-            self.min_rtt.update(now, rtt);
-            // A sample with no standing queue in it confirms the minimum (`STANDING_QUEUE`).
-            if let Some(m) = self.min_rtt.get() {
-                let slack = m.mul_f64(STANDING_QUEUE).max(STANDING_QUEUE_MIN);
-                self.min_rtt.confirm(now, rtt, slack);
-            }
-            if self.probe_rtt_until.is_some() {
-                self.probe_rtt_min = Some(self.probe_rtt_min.map_or(rtt, |m| m.min(rtt)));
-            }
+            self.ack_rtts.add(sample);
         }
         self.update_state(now);
         self.update_window();

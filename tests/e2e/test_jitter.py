@@ -1,0 +1,52 @@
+"""Jitter, reordering and burst loss on a path (50 Mbit/s, 30 ms one way), defaults: one TCP
+flow each way is carried near the link's rate, and the path's loss detection learns the link's
+reordering where there is some and nothing where there is none. Direct TCP gets 45 Mbit/s on
+these links except the reordering one, where it gets 5-7 (docs/BENCHMARKS.md, scenarios 26a-e)."""
+
+import pytest
+
+from conftest import measured, report
+
+# (what the link adds, the least Mbit/s each way, whether it reorders)
+LINKS = [
+    ("jitter=15ms", 30, False),
+    ("jitter=15ms,keep_order=false", 30, True),
+    ("reorder=2%", 20, True),
+    ("ge=1%:25%", 30, False),
+]
+
+
+@pytest.mark.parametrize("adds,least,reorders", LINKS, ids=[l[0] for l in LINKS])
+@measured
+def test_a_flow_is_carried_and_loss_detection_follows_the_links_order(make_lab, adds, least, reorders):
+    lab = make_lab(paths=1, mode=None, congestion=None, specs=[f"rate=50mbit,delay=30ms,{adds}"])
+    lab.start_tunnel(timeout=20)
+    lab.iperf_server()
+    up = lab.iperf(seconds=8)["end"]["sum_received"]["bits_per_second"] / 1e6
+    down = lab.iperf(seconds=8, reverse=True)["end"]["sum_received"]["bits_per_second"] / 1e6
+    # The sender of each direction: the client's path learned the upload's, the server's the
+    # download's.
+    seen = {k: lab.path_status(k, "wan1") for k in ("client0", "server")}
+    for key, p in seen.items():
+        r = p["reordering"]
+        report(f"{adds}: {key} sent {p['quic_sent_packets']}, declared lost "
+               f"{p['quic_lost_packets']} ({r['spurious_losses']} late, not lost), loss "
+               f"{p['quic_loss_pct']:.2f}%; reordered {r['reordered_packets']} up to "
+               f"{r['depth_packets']} deep; threshold {r['loss_threshold_packets']} packets, "
+               f"+{r['loss_extra_delay_ms']:.1f} ms")
+    report(f"{adds}: TCP {up:.1f} up, {down:.1f} down Mbit/s (at least {least})")
+    assert up >= least and down >= least, (up, down)
+    for key, p in seen.items():
+        r = p["reordering"]
+        if reorders:
+            # Learned: the thresholds widened, and what was taken for lost at first is a small
+            # share of what was sent.
+            assert r["reordered_packets"] > 0 and r["loss_threshold_packets"] > 3, (key, r)
+            assert r["spurious_losses"] <= 0.05 * p["quic_sent_packets"], (key, p)
+            if "reorder=" in adds:
+                # A link that only reorders loses nothing: the loss shown excludes the late.
+                assert p["quic_loss_pct"] < 1.0, (key, p)
+        else:
+            # In order: nothing is late, nothing learned.
+            assert r["spurious_losses"] == 0 and r["loss_threshold_packets"] == 3, (key, r)
+            assert r["loss_extra_delay_ms"] == 0, (key, r)
