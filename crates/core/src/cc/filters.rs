@@ -66,6 +66,9 @@ pub struct AckRtts {
     ring: [Duration; ACK_RTTS],
     len: usize,
     next: usize,
+    /// The median of the ring, kept at each `add` (once per ACK) rather than sorted again for
+    /// every packet `outlier` judges.
+    median: Option<Duration>,
 }
 
 impl AckRtts {
@@ -74,17 +77,11 @@ impl AckRtts {
         self.ring[self.next] = sample;
         self.next = (self.next + 1) % ACK_RTTS;
         self.len = (self.len + 1).min(ACK_RTTS);
-    }
-
-    /// The median of the recent samples (the lower middle one of an even count).
-    fn median(&self) -> Option<Duration> {
-        if self.len == 0 {
-            return None;
-        }
+        // The lower middle sample of an even count.
         let mut sorted = self.ring;
         let sorted = &mut sorted[..self.len];
         sorted.sort_unstable();
-        Some(sorted[(self.len - 1) / 2])
+        self.median = Some(sorted[(self.len - 1) / 2]);
     }
 
     /// Whether `sample` is an outlier for a path whose minimum RTT is `min` (none yet: the
@@ -92,7 +89,7 @@ impl AckRtts {
     pub fn outlier(&self, sample: Duration, min: Option<Duration>) -> bool {
         min.is_some()
             && self
-                .median()
+                .median
                 .is_some_and(|m| sample < m.mul_f64(OUTLIER_BELOW))
     }
 }
