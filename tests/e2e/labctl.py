@@ -396,14 +396,33 @@ class Lab:
             cmd += ["-l", str(length)]
         if window:
             cmd += ["-w", window]
-        r = self.sh(src_ns or self.lan_ns(c), cmd, timeout=timeout or seconds + 30, check=False)
-        try:
-            data = json.loads(r.stdout)
-        except json.JSONDecodeError:
-            raise RuntimeError(f"iperf3 failed: {r.stdout}\n{r.stderr}")
+        if dst is None:
+            self.wait_iperf_server_idle(port)
+        for _ in range(10):
+            r = self.sh(src_ns or self.lan_ns(c), cmd, timeout=timeout or seconds + 30, check=False)
+            try:
+                data = json.loads(r.stdout)
+            except json.JSONDecodeError:
+                raise RuntimeError(f"iperf3 failed: {r.stdout}\n{r.stderr}")
+            if "busy" not in data.get("error", ""):
+                break
+            time.sleep(0.5)
         if "error" in data:
             raise RuntimeError(f"iperf3 error: {data['error']}")
         return data
+
+    def wait_iperf_server_idle(self, port=5201, timeout=10):
+        """Until the internet host's iperf3 server has no test connection left (bounded; then
+        the run goes ahead and iperf3 says what is wrong). An iperf3 server serves one test at a
+        time, and the client of the previous test exits once it has sent its last message: if
+        that message is still on its way (a retransmission behind the next test's SYN, as on any
+        lossy path), the server refuses the new test and resets its control connection."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            r = self.sh(self.inet_ns, f"ss -Htn state established '( sport = :{port} )'", check=False)
+            if r.returncode != 0 or not r.stdout.strip():
+                return
+            time.sleep(0.1)
 
     def ping(self, count=5, interval=0.2, c=0, dst=None, src_ns=None, timeout=None):
         ns = src_ns or self.lan_ns(c)
