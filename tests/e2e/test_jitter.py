@@ -44,11 +44,11 @@ def test_a_flow_is_carried_and_loss_detection_follows_the_links_order(make_lab, 
             assert r["reordered_packets"] > 0 and r["loss_threshold_packets"] > 3, (key, r)
             assert r["spurious_losses"] <= 0.05 * p["quic_sent_packets"], (key, p)
             if "reorder=" in adds:
-                # A link that only reorders loses nothing, and the loss shown excludes the late
-                # (with RFC 9002's thresholds it was 45%). Not yet 0: 0.6-1.5% of the packets
-                # are declared lost and never acknowledged though the link delivered them
-                # (measured in CI 1.39 and 1.53%; not understood yet).
-                assert p["quic_loss_pct"] < 3.0, (key, p)
+                # A link that only reorders loses nothing but what overflows its queue, and the
+                # loss shown excludes the late. Two ways of losing delivered packets showed here
+                # as 0.6-1.5% loss: packet numbers too short to decode past the packets that
+                # overtook them, and acknowledgements forgotten (vendor/README.md).
+                assert p["quic_loss_pct"] < 1.0, (key, p)
         else:
             # In order: nothing is late, nothing learned.
             assert r["spurious_losses"] == 0 and r["loss_threshold_packets"] == 3, (key, r)

@@ -1539,7 +1539,9 @@ impl Connection {
                     // our earlier ACKs were lost, but allows for simpler state tracking. See
                     // discussion at
                     // https://www.rfc-editor.org/rfc/rfc9000.html#name-limiting-ranges-by-tracking
-                    self.spaces[space].pending_acks.subtract_below(acked);
+                    self.spaces[space]
+                        .pending_acks
+                        .subtract_below(acked, info.ack_frame);
                 }
                 ack_eliciting_acked |= info.ack_eliciting;
 
@@ -3535,6 +3537,7 @@ impl Connection {
             return;
         }
         sent.largest_acked = space.pending_acks.ranges().max();
+        sent.ack_frame = space.pending_acks.frame_encoded();
         stats.frame_tx.acks += 1;
     }
 
@@ -3808,6 +3811,20 @@ impl Connection {
         self.path.current_mtu()
     }
 
+    /// The packet number a packet's truncated number is encoded against: the largest
+    /// acknowledged (RFC 9000 17.1), in the data space less a margin for the path's reordering
+    /// (mpquic, `Reordering::pn_margin`). The receiver decodes against the largest number it has
+    /// received, which on a reordering link is ahead of the packet by as many packets as overtook
+    /// it; a window too short for that decodes the wrong number, and the packet fails
+    /// authentication and is lost.
+    pub(super) fn pn_encoding_base(&self, space: SpaceId) -> u64 {
+        let largest = self.spaces[space].largest_acked_packet.unwrap_or(0);
+        match space {
+            SpaceId::Data => largest.saturating_sub(self.reordering.pn_margin()),
+            _ => largest,
+        }
+    }
+
     /// Size of non-frame data for a 1-RTT packet
     ///
     /// Quantifies space consumed by the QUIC header and AEAD tag. All other bytes in a packet are
@@ -3816,11 +3833,7 @@ impl Connection {
     /// latency and packet loss.
     fn predict_1rtt_overhead(&self, pn: Option<u64>) -> usize {
         let pn_len = match pn {
-            Some(pn) => PacketNumber::new(
-                pn,
-                self.spaces[SpaceId::Data].largest_acked_packet.unwrap_or(0),
-            )
-            .len(),
+            Some(pn) => PacketNumber::new(pn, self.pn_encoding_base(SpaceId::Data)).len(),
             // Upper bound
             None => 4,
         };
@@ -4132,6 +4145,8 @@ const KEY_UPDATE_MARGIN: u64 = 10_000;
 struct SentFrames {
     retransmits: ThinRetransmits,
     largest_acked: Option<u64>,
+    /// mpquic: the index of the ACK frame (`PendingAcks::frame_encoded`)
+    ack_frame: u64,
     stream_frames: StreamMetaVec,
     /// Whether the packet contains non-retransmittable frames (like datagrams)
     non_retransmits: bool,

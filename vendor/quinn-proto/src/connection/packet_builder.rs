@@ -78,6 +78,7 @@ impl PacketBuilder {
             }
         }
 
+        let pn_base = conn.pn_encoding_base(space_id);
         let space = &mut conn.spaces[space_id];
         let exact_number = match space_id {
             SpaceId::Data => conn.packet_number_filter.allocate(&mut conn.rng, space),
@@ -86,7 +87,7 @@ impl PacketBuilder {
 
         let span = trace_span!("send", space = ?space_id, pn = exact_number).entered();
 
-        let number = PacketNumber::new(exact_number, space.largest_acked_packet.unwrap_or(0));
+        let number = PacketNumber::new(exact_number, pn_base);
         let header = match space_id {
             SpaceId::Data if space.crypto.is_some() => Header::Short {
                 dst_cid,
@@ -226,6 +227,7 @@ impl PacketBuilder {
         let packet = SentPacket {
             path_generation: conn.path.generation(),
             largest_acked: sent.largest_acked,
+            ack_frame: sent.ack_frame,
             time_sent: now,
             size,
             ack_eliciting,

@@ -58,7 +58,19 @@ pub(super) struct Reordering {
     pub(super) spurious: u64,
 }
 
+/// The least margin below the largest acknowledged packet that packet numbers are encoded
+/// against (`Reordering::pn_margin`): two bytes at least, so a link's first reordering, before
+/// any is learned, can overtake a packet by up to 128 packets without its number decoding wrong
+/// (one byte a packet, at rates where one byte would do).
+const MIN_PN_MARGIN: u64 = 128;
+
 impl Reordering {
+    /// How far below the largest acknowledged packet numbers are encoded against: twice the
+    /// deepest reordering seen, so a packet overtaken by that many still decodes.
+    pub(super) fn pn_margin(&self) -> u64 {
+        self.deepest.saturating_mul(2).max(MIN_PN_MARGIN)
+    }
+
     /// The packet threshold in force, with `configured` the transport's.
     pub(super) fn packet_threshold(&self, configured: u64) -> u64 {
         configured.max(self.packets)
@@ -155,6 +167,28 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    /// A packet overtaken by as many packets as the deepest reordering seen (or, before any is
+    /// seen, by up to 128) still decodes at the receiver, which decodes against the largest
+    /// number it has received; encoded against the largest acknowledged alone, as the RFC's
+    /// minimum, a packet 130 behind decodes wrong.
+    #[test]
+    fn packet_numbers_decode_past_the_reordering_seen() {
+        use crate::packet::PacketNumber;
+        let decodes = |r: &Reordering, overtaken: u64| {
+            (1000..3000u64).all(|pn| {
+                // Acknowledged up to 10 packets back: the sender alone would choose one byte.
+                let base = (pn - 10).saturating_sub(r.pn_margin());
+                PacketNumber::new(pn, base).expand(pn + overtaken + 1) == pn
+            })
+        };
+        let mut r = Reordering::default();
+        assert!(decodes(&r, 127));
+        assert!(PacketNumber::new(2000, 1990).expand(2000 + 131) != 2000);
+        r.on_acked(1000, Some(1600));
+        assert_eq!(r.deepest, 600);
+        assert!(decodes(&r, 600));
     }
 
     /// A late packet widens both thresholds to cover it; real losses shrink them back.

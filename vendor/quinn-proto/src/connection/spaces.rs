@@ -292,6 +292,9 @@ pub(super) struct SentPacket {
     pub(super) ack_eliciting: bool,
     /// The largest packet number acknowledged by this packet
     pub(super) largest_acked: Option<u64>,
+    /// mpquic: the index of the ACK frame in this packet, if `largest_acked` is set
+    /// ([`PendingAcks::frame_encoded`])
+    pub(super) ack_frame: u64,
     /// Data which needs to be retransmitted in case the packet is lost.
     /// The data is boxed to minimize `SentPacket` size for the typical case of
     /// packets only containing ACKs and STREAM frames.
@@ -620,7 +623,23 @@ pub(super) struct PendingAcks {
     largest_ack_eliciting_packet: Option<u64>,
     /// The largest acknowledged packet number sent in an ACK frame
     largest_acked: Option<u64>,
+    /// mpquic: ACK frames encoded so far; a frame's index is how many were encoded before it.
+    frames_encoded: u64,
+    /// mpquic: the largest packet number any of our ACK frames has reported.
+    largest_reported: Option<u64>,
+    /// mpquic: packets received below `largest_reported`, each with the index of the first ACK
+    /// frame that can report it, oldest first (at most `MAX_UNREPORTED`). Upstream assumes that an
+    /// acknowledged ACK frame reported everything below its largest number and forgets it all
+    /// (`subtract_below`); a packet that arrived late, after that frame was encoded, but before
+    /// the acknowledgement of that frame was processed and another ACK frame sent (one receive
+    /// batch on a reordering link can hold both), was never acknowledged at all, and its sender
+    /// took it for lost though it was delivered.
+    unreported: VecDeque<(u64, u64)>,
 }
+
+/// mpquic: how many late packets `PendingAcks` remembers until an acknowledged ACK frame has
+/// reported them (one round trip's worth of out-of-order packets on a fast reordering link).
+const MAX_UNREPORTED: usize = 4096;
 
 impl PendingAcks {
     fn new() -> Self {
@@ -635,6 +654,9 @@ impl PendingAcks {
             largest_packet: None,
             largest_ack_eliciting_packet: None,
             largest_acked: None,
+            frames_encoded: 0,
+            largest_reported: None,
+            unreported: VecDeque::new(),
         }
     }
 
@@ -773,6 +795,12 @@ impl PendingAcks {
     /// Insert one packet that needs to be acknowledged
     pub(super) fn insert_one(&mut self, packet: u64, now: Instant) {
         self.ranges.insert_one(packet);
+        if self.largest_reported.is_some_and(|l| packet < l) {
+            if self.unreported.len() == MAX_UNREPORTED {
+                self.unreported.pop_front();
+            }
+            self.unreported.push_back((self.frames_encoded, packet));
+        }
 
         if self.largest_packet.is_none_or(|(pn, _)| packet > pn) {
             self.largest_packet = Some((packet, now));
@@ -783,9 +811,27 @@ impl PendingAcks {
         }
     }
 
-    /// Remove ACKs of packets numbered at or below `max` from the set of pending ACKs
-    pub(super) fn subtract_below(&mut self, max: u64) {
-        self.ranges.remove(0..(max + 1));
+    /// mpquic: an ACK frame of the current ranges has been encoded; its index, for
+    /// [`Self::subtract_below`] once the peer acknowledges the packet that carried it.
+    pub(super) fn frame_encoded(&mut self) -> u64 {
+        self.largest_reported = self.largest_reported.max(self.ranges.max());
+        self.frames_encoded += 1;
+        self.frames_encoded - 1
+    }
+
+    /// Remove ACKs of packets numbered at or below `max` from the set of pending ACKs: the peer
+    /// has received ACK frame number `frame`, whose largest number was `max`. mpquic: except
+    /// from the lowest packet that arrived after that frame was encoded upwards (that frame could
+    /// not report it; ranges kept above it are reported again, which costs a few bytes).
+    pub(super) fn subtract_below(&mut self, max: u64, frame: u64) {
+        while self.unreported.front().is_some_and(|&(f, _)| f <= frame) {
+            self.unreported.pop_front();
+        }
+        let end = match self.unreported.iter().map(|&(_, pn)| pn).min() {
+            Some(lowest) => lowest.min(max + 1),
+            None => max + 1,
+        };
+        self.ranges.remove(0..end);
     }
 
     /// Returns the set of currently pending ACK ranges
@@ -906,6 +952,29 @@ const MAX_ACK_BLOCKS: usize = 64;
 #[cfg(test)]
 mod test {
     use super::*;
+
+    /// mpquic: a packet that arrives after an ACK frame reporting higher numbers was encoded is
+    /// still reported once that frame is acknowledged, and forgotten once a frame that reported
+    /// it is.
+    #[test]
+    fn late_packet_outlives_the_ack_frame_it_missed() {
+        let now = Instant::now();
+        let mut acks = PendingAcks::new();
+        for pn in (0..10).filter(|&pn| pn != 5) {
+            acks.insert_one(pn, now);
+        }
+        let first = acks.frame_encoded(); // reports 0..5 and 6..10
+        acks.insert_one(5, now); // late: after that frame
+        acks.insert_one(10, now);
+        acks.subtract_below(9, first);
+        assert!(acks.ranges().contains(5), "the late packet was forgotten unreported");
+        assert!(acks.ranges().contains(10));
+        assert!(!acks.ranges().contains(4));
+        let second = acks.frame_encoded(); // reports 5..11
+        acks.subtract_below(10, second);
+        assert!(acks.ranges().is_empty());
+        assert!(acks.unreported.is_empty());
+    }
 
     #[test]
     fn sanity() {
