@@ -156,9 +156,8 @@ pub struct Bbr {
     // smallest RTT seen since the window drained.
     probe_rtt_until: Option<Instant>,
     probe_rtt_min: Option<Duration>,
-    /// The smallest RTT sample of the ACK being processed, and the recent ACKs' (which say
-    /// whether a sample far below the minimum is the path's or an outlier: `AckRtts`).
-    ack_rtt: Option<Duration>,
+    /// The RTT samples of the ACK being processed and the recent ACKs' (which say whether a
+    /// sample far below the others is the path's or an outlier: `AckRtts`).
     ack_rtts: AckRtts,
     /// Acknowledged bytes since the last `on_end_acks` (window growth).
     acked: u64,
@@ -202,7 +201,6 @@ impl Bbr {
             queue_gone: false,
             probe_rtt_until: None,
             probe_rtt_min: None,
-            ack_rtt: None,
             ack_rtts: AckRtts::default(),
             acked: 0,
             loss: 0.0,
@@ -481,7 +479,7 @@ impl Controller for Bbr {
         self.acked += bytes;
         self.loss_acked += bytes;
         let rtt = now.saturating_duration_since(sent);
-        self.ack_rtt = Some(self.ack_rtt.map_or(rtt, |m| m.min(rtt)));
+        self.ack_rtts.sample(rtt);
         let outlier = self.ack_rtts.outlier(rtt, self.min_rtt.get());
         if !outlier {
             self.min_rtt.update(now, rtt);
@@ -524,9 +522,7 @@ impl Controller for Bbr {
 
     fn on_end_acks(&mut self, now: Instant, in_flight: u64) {
         self.in_flight = in_flight;
-        if let Some(sample) = self.ack_rtt.take() {
-            self.ack_rtts.add(sample);
-        }
+        self.ack_rtts.end_ack();
         self.update_state(now);
         self.update_window();
         if self.round_start {

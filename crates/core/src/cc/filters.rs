@@ -47,16 +47,25 @@ impl MaxBwFilter {
 /// Acknowledgements whose RTT samples `AckRtts` takes the median of.
 const ACK_RTTS: usize = 16;
 
+/// Samples of one acknowledgement `AckRtts` keeps for its median (the rest of a larger ACK are
+/// left out: packets acknowledged together were sent within a short time of each other).
+const ACK_SAMPLES: usize = 32;
+
 /// A sample this far below the recent ACKs' median is an outlier (`AckRtts`).
 const OUTLIER_BELOW: f64 = 0.75;
 
-/// The last `ACK_RTTS` acknowledgements' RTT samples (each the smallest of its ACK's), which say
-/// whether a sample is the path's delay or an outlier. On a link that reorders, a packet that
-/// overtakes the others, or an ACK that does, comes back in a fraction of the round trip (the
-/// lab's `reorder=2%` on a 60 ms path: samples of 4 ms), and a minimum taken from one of them
-/// cut the window to a few packets: Drain never ended and a 50 Mbit/s path carried 0.1-1.5
-/// Mbit/s. A sample more than a quarter below the recent ACKs' median is not taken for the
-/// minimum (a shorter route moves the median within 8 ACKs). Judged against the minimum
+/// The median RTT sample of each of the last `ACK_RTTS` acknowledgements, which says whether a
+/// sample is the path's delay or an outlier. On a link that reorders, a packet that overtakes
+/// the others, or an ACK that does, comes back in a fraction of the round trip (the lab's
+/// `reorder=2%` on a 60 ms path: samples of 4 ms), and a minimum taken from one of them cut the
+/// window to a few packets: Drain never ended and a 50 Mbit/s path carried 0.1-1.5 Mbit/s. A
+/// sample more than a quarter below the recent ACKs' median is not taken for the minimum (a
+/// shorter route moves the median within 8 ACKs). Each ACK stands for the median of its own
+/// samples, not the smallest: an ACK that covers a few dozen packets on that link nearly
+/// always holds one that overtook the rest, so the ACKs' smallest samples were mostly the
+/// outliers' (a median of 31 ms on the 60 ms path), and the minimum sank to 20-30 ms within
+/// seconds, a window of one true round trip at the estimated rate, and the rate estimate
+/// could only fall (an upload ran down from 45 to 5 Mbit/s in 10 s). Judged against the minimum
 /// instead, samples a little below it lowered it step by step to the outliers' (7.6 / 4.0
 /// Mbit/s on that link); and the minimum must still follow every other sample as before: fed
 /// only once per ACK from the group it lost 10-70% of the rate on lossy paths (the matrix's 10%
@@ -66,22 +75,46 @@ pub struct AckRtts {
     ring: [Duration; ACK_RTTS],
     len: usize,
     next: usize,
-    /// The median of the ring, kept at each `add` (once per ACK) rather than sorted again for
-    /// every packet `outlier` judges.
+    /// The median of the ring, kept at each `end_ack` (once per ACK) rather than sorted again
+    /// for every packet `outlier` judges.
     median: Option<Duration>,
+    /// The samples of the ACK being taken (`sample`), up to `ACK_SAMPLES`.
+    current: [Duration; ACK_SAMPLES],
+    current_len: usize,
+}
+
+/// The lower middle of `xs` (not empty), sorting it.
+fn lower_median(xs: &mut [Duration]) -> Duration {
+    xs.sort_unstable();
+    xs[(xs.len() - 1) / 2]
 }
 
 impl AckRtts {
+    /// One packet's sample, of the acknowledgement being taken.
+    pub fn sample(&mut self, rtt: Duration) {
+        if self.current_len < ACK_SAMPLES {
+            self.current[self.current_len] = rtt;
+            self.current_len += 1;
+        }
+    }
+
+    /// The acknowledgement's samples are all in: its median joins the ring.
+    pub fn end_ack(&mut self) {
+        if self.current_len == 0 {
+            return;
+        }
+        let n = std::mem::take(&mut self.current_len);
+        let median = lower_median(&mut self.current[..n]);
+        self.add(median);
+    }
+
     /// Take one acknowledgement's sample.
-    pub fn add(&mut self, sample: Duration) {
+    fn add(&mut self, sample: Duration) {
         self.ring[self.next] = sample;
         self.next = (self.next + 1) % ACK_RTTS;
         self.len = (self.len + 1).min(ACK_RTTS);
-        // The lower middle sample of an even count.
         let mut sorted = self.ring;
-        let sorted = &mut sorted[..self.len];
-        sorted.sort_unstable();
-        self.median = Some(sorted[(self.len - 1) / 2]);
+        self.median = Some(lower_median(&mut sorted[..self.len]));
     }
 
     /// Whether `sample` is an outlier for a path whose minimum RTT is `min` (none yet: the
@@ -190,18 +223,32 @@ mod tests {
         let mut a = AckRtts::default();
         assert!(!a.outlier(ms(4), None), "no minimum yet");
         assert!(!a.outlier(ms(4), Some(ms(60))), "no ACKs yet");
+        let ack = |a: &mut AckRtts, samples: &[u64]| {
+            for &s in samples {
+                a.sample(ms(s));
+            }
+            a.end_ack();
+        };
         for _ in 0..16 {
-            a.add(ms(60));
+            ack(&mut a, &[60]);
         }
         assert!(a.outlier(ms(4), Some(ms(60))));
         assert!(a.outlier(ms(30), Some(ms(60))));
         assert!(!a.outlier(ms(50), Some(ms(60))), "within a quarter");
+        // ACKs that each hold one packet that overtook the rest stand for the rest.
+        for _ in 0..16 {
+            ack(&mut a, &[61, 62, 4, 60, 63, 31, 60]);
+        }
+        assert!(a.outlier(ms(31), Some(ms(60))));
         for _ in 0..7 {
-            a.add(ms(20));
+            ack(&mut a, &[20]);
         }
         assert!(a.outlier(ms(20), Some(ms(60))), "7 of 16 low");
-        a.add(ms(20));
+        ack(&mut a, &[20, 21, 19]);
         assert!(!a.outlier(ms(20), Some(ms(60))), "8 of 16: a shorter route");
+        // An ACK with no samples adds nothing.
+        a.end_ack();
+        assert!(!a.outlier(ms(20), Some(ms(60))));
     }
 
     #[test]
