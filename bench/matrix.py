@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The adaptive data path matrix: mpquic's default transport against each fixed mode (datagram,
 datagram + fec auto, reliable) on the kinds of link a site sees within an hour: two unlike paths
-bonded, one path with random loss, one path switching between clean and lossy. Each cell is a
+bonded, one path with random loss, one path switching between clean and lossy, one path with
+jitter, reordering and loss bursts. Each cell is a
 scenario in bench/matrix/, run by mpquic-lab with every variant in turn; results go to
 bench/results/matrix/CELL/ and the table to bench/results/matrix/summary.md.
 
@@ -179,28 +180,37 @@ def bonding_table(cell, rows):
     return lines
 
 
-def loss_table(cell, rows):
-    levels = ["0%", "1%", "10%", "30%"]
+def ratio_table(cell, rows, columns, base, note):
+    """One row per variant, one column per (heading, traffic label): Mbit/s and, in brackets,
+    its share of `base(variant, label)` (`note` says of what); then the default against the
+    best fixed mode per column."""
     lines = [f"### {cell}", "",
-             "| variant | " + " | ".join(f"{lv} cubic | {lv} bbr" for lv in levels) + " |",
-             "|---|" + "---|" * (2 * len(levels))]
+             "| variant | " + " | ".join(h for h, _ in columns) + " |",
+             "|---|" + "---|" * len(columns)]
     for v, r in rows.items():
-        cells = []
-        for lv in levels:
-            for cc in ("cubic", "bbr"):
-                m = r[f"loss {lv} {cc}"]["mbit"]
-                base = r[f"loss 0% {cc}"]["mbit"]
-                cells.append(f"{m:.1f} ({ratio(m, base):.2f})")
+        cells = [f"{r[l]['mbit']:.1f} ({ratio(r[l]['mbit'], base(v, l)):.2f})" for _, l in columns]
         lines.append(f"| {v} | " + " | ".join(cells) + " |")
     verdict = []
-    for lv in levels:
-        for cc in ("cubic", "bbr"):
-            label = f"loss {lv} {cc}"
-            best, which = best_fixed(rows, label, lambda t: t["mbit"])
-            verdict.append(f"{lv} {cc} {ratio(rows['default'][label]['mbit'], best):.2f}x ({which})")
-    lines += ["", "(in brackets: share of the same variant's lossless figure with that inner controller)",
-              "", "default / best fixed mode: " + ", ".join(verdict), ""]
-    return lines
+    for h, l in columns:
+        best, which = best_fixed(rows, l, lambda t: t["mbit"])
+        verdict.append(f"{h} {ratio(rows['default'][l]['mbit'], best):.2f}x ({which})")
+    return lines + ["", f"(in brackets: {note})", "",
+                    "default / best fixed mode: " + ", ".join(verdict), ""]
+
+
+def loss_table(cell, rows):
+    columns = [(f"{lv} {cc}", f"loss {lv} {cc}") for lv in ("0%", "1%", "10%", "30%")
+               for cc in ("cubic", "bbr")]
+    return ratio_table(cell, rows, columns,
+                       lambda v, l: rows[v][f"loss 0% {l.split()[-1]}"]["mbit"],
+                       "share of the same variant's lossless figure with that inner controller")
+
+
+def jitter_table(cell, rows):
+    columns = [(f"{l} {d}", f"{l} {d}") for l in ("jitter 5 ms", "jitter 15 ms reorders",
+                                                  "reorder 2%", "bursts 4%") for d in ("up", "down")]
+    return ratio_table(cell, rows, columns, lambda v, l: rows["direct"][l]["mbit"],
+                       "share of direct TCP on the same link")
 
 
 def handover_table(cell, rows, phase=20):
@@ -249,6 +259,8 @@ def table():
             out += handover_table(cell, rows)
         elif cell.startswith("blackhole"):
             out += blackhole_table(cell, rows)
+        elif cell.startswith("jitter"):
+            out += jitter_table(cell, rows)
         out += [steal_line(cell, n) + "; " + spread(rows), ""]
     text = "\n".join(out)
     with open(os.path.join(OUT, "summary.md"), "w") as f:
