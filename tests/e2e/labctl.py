@@ -398,18 +398,8 @@ class Lab:
             cmd += ["-w", window]
         if dst is None:
             self.wait_iperf_server_idle(port)
-        for _ in range(10):
-            r = self.sh(src_ns or self.lan_ns(c), cmd, timeout=timeout or seconds + 30, check=False)
-            try:
-                data = json.loads(r.stdout)
-            except json.JSONDecodeError:
-                raise RuntimeError(f"iperf3 failed: {r.stdout}\n{r.stderr}")
-            if "busy" not in data.get("error", ""):
-                break
-            time.sleep(0.5)
-        if "error" in data:
-            raise RuntimeError(f"iperf3 error: {data['error']}")
-        return data
+        return iperf3_json(lambda: self.sh(src_ns or self.lan_ns(c), cmd,
+                                           timeout=timeout or seconds + 30, check=False))
 
     def wait_iperf_server_idle(self, port=5201, timeout=10):
         """Until the internet host's iperf3 server has no test connection left (bounded; then
@@ -464,6 +454,23 @@ def parse_ping(text):
     if m:
         sent = int(m.group(1))
     return {"received": sorted(set(seqs)), "rtts": rtts, "sent": sent}
+
+
+def iperf3_json(run, tries=20):
+    """The JSON report of an iperf3 client run (`run()`: its finished process), run again while
+    the server says it is busy finishing the previous test; an error otherwise."""
+    for _ in range(tries):
+        r = run()
+        try:
+            data = json.loads(r.stdout)
+        except json.JSONDecodeError:
+            raise RuntimeError(f"iperf3 failed: {r.stdout}\n{r.stderr}")
+        if "busy" not in data.get("error", ""):
+            break
+        time.sleep(0.5)
+    if "error" in data:
+        raise RuntimeError(f"iperf3 error: {data['error']}")
+    return data
 
 
 def wait_until(what, ok, timeout=10):

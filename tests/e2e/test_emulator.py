@@ -48,16 +48,10 @@ class EmuLab:
 
     def iperf(self, args, seconds=5, dst="10.10.1.1"):
         """One iperf3 run; waits while the server is still finishing the previous one."""
-        for _ in range(20):
-            out = self.sh("client", f"iperf3 -c {dst} -p 5201 -J -t {seconds} {args}", timeout=seconds + 30,
-                          check=False)
-            d = json.loads(out)
-            if "busy" not in d.get("error", ""):
-                break
-            time.sleep(0.5)
-        if "error" in d:
-            raise RuntimeError(f"iperf3: {d['error']}")
-        return d
+        cmd = ["ip", "netns", "exec", self.ns["client"], "sh", "-c",
+               f"iperf3 -c {dst} -p 5201 -J -t {seconds} {args}"]
+        return labctl.iperf3_json(lambda: subprocess.run(cmd, capture_output=True, text=True,
+                                                         timeout=seconds + 30))
 
     def rtts(self, count, interval=0.05):
         out = self.sh("client", f"ping -n -c {count} -i {interval} 10.10.1.1")

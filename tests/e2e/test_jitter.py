@@ -45,9 +45,9 @@ def test_a_flow_is_carried_and_loss_detection_follows_the_links_order(make_lab, 
             assert r["spurious_losses"] <= 0.05 * p["quic_sent_packets"], (key, p)
             if "reorder=" in adds:
                 # A link that only reorders loses nothing but what overflows its queue, and the
-                # loss shown excludes the late. Two ways of losing delivered packets showed here
-                # as 0.6-1.5% loss: packet numbers too short to decode past the packets that
-                # overtook them, and acknowledgements forgotten (vendor/README.md).
+                # loss shown excludes the late. Delivered packets lost to packet numbers too
+                # short to decode past the packets that overtook them showed here as 0.6-1.5%
+                # loss (vendor/README.md).
                 assert p["quic_loss_pct"] < 1.0, (key, p)
         else:
             # In order: nothing is late, nothing learned.

@@ -628,7 +628,9 @@ pub(super) struct PendingAcks {
     /// mpquic: the largest packet number any of our ACK frames has reported.
     largest_reported: Option<u64>,
     /// mpquic: packets received below `largest_reported`, each with the index of the first ACK
-    /// frame that can report it, oldest first (at most `MAX_UNREPORTED`). Upstream assumes that an
+    /// frame that can report it, oldest first (at most `MAX_UNREPORTED`); only what can still be
+    /// the lowest number is kept (a packet above a later one goes when that one arrives, since
+    /// it is reported no later), so the front is the lowest unreported. Upstream assumes that an
     /// acknowledged ACK frame reported everything below its largest number and forgets it all
     /// (`subtract_below`); a packet that arrived late, after that frame was encoded, but before
     /// the acknowledgement of that frame was processed and another ACK frame sent (one receive
@@ -796,6 +798,9 @@ impl PendingAcks {
     pub(super) fn insert_one(&mut self, packet: u64, now: Instant) {
         self.ranges.insert_one(packet);
         if self.largest_reported.is_some_and(|l| packet < l) {
+            while self.unreported.back().is_some_and(|&(_, pn)| pn >= packet) {
+                self.unreported.pop_back();
+            }
             if self.unreported.len() == MAX_UNREPORTED {
                 self.unreported.pop_front();
             }
@@ -827,8 +832,8 @@ impl PendingAcks {
         while self.unreported.front().is_some_and(|&(f, _)| f <= frame) {
             self.unreported.pop_front();
         }
-        let end = match self.unreported.iter().map(|&(_, pn)| pn).min() {
-            Some(lowest) => lowest.min(max + 1),
+        let end = match self.unreported.front() {
+            Some(&(_, lowest)) => lowest.min(max + 1),
             None => max + 1,
         };
         self.ranges.remove(0..end);
