@@ -1529,10 +1529,16 @@ impl Connection {
 
         let mut ack_eliciting_acked = false;
         for packet in newly_acked.elts() {
-            if learn {
-                self.reordering.on_acked(packet, largest_before);
-            }
             if let Some(info) = self.spaces[space].take(packet) {
+                if learn {
+                    self.reordering.on_acked(
+                        packet,
+                        largest_before,
+                        info.time_sent,
+                        now,
+                        base_delay,
+                    );
+                }
                 if let Some(acked) = info.largest_acked {
                     // Assume ACKs for all packets below the largest acknowledged in `packet` have
                     // been received. This can cause the peer to spuriously retransmit if some of
@@ -1732,7 +1738,7 @@ impl Connection {
             // A declared loss not acknowledged a loss delay and a PTO later is taken for real.
             let confirm_after = delay + self.pto(SpaceId::Data);
             if let Some(before) = now.checked_sub(confirm_after) {
-                self.reordering.confirm(now, before);
+                self.reordering.confirm(now, before, self.path.rtt.get());
             }
             let threshold = self
                 .reordering
