@@ -3,8 +3,12 @@ flow each way is carried near the link's rate, and the path's loss detection lea
 reordering where there is some and nothing where there is none. Direct TCP gets 45 Mbit/s on
 these links except the reordering one, where it gets 5-7 (docs/BENCHMARKS.md, scenarios 26a-e)."""
 
+import threading
+import time
+
 import pytest
 
+import labctl
 from conftest import measured, report
 
 # (what the link adds, the least Mbit/s each way, whether it reorders)
@@ -53,3 +57,36 @@ def test_a_flow_is_carried_and_loss_detection_follows_the_links_order(make_lab, 
             # In order: nothing is late, nothing learned.
             assert r["spurious_losses"] == 0 and r["loss_threshold_packets"] == 3, (key, r)
             assert r["loss_extra_delay_ms"] == 0, (key, r)
+
+
+@measured
+def test_a_link_that_stops_reordering_is_unlearned_in_seconds(make_lab):
+    """What loss detection learned on a reordering link (thresholds of hundreds of packets) is
+    undone within seconds once the link stops reordering and loses packets in bursts: the
+    losses are detected in time again. It took ~70 s (a halving per 10 s), during which an
+    upload ran at 0.66x direct."""
+    lab = make_lab(paths=1, mode=None, congestion=None,
+                   specs=["rate=50mbit,delay=30ms,reorder=2%"])
+    lab.start_tunnel(timeout=20)
+    lab.iperf_server()
+    lab.iperf(seconds=5)
+    learned = lab.path_status("client0", "wan1")["reordering"]
+    assert learned["loss_threshold_packets"] > 30, learned
+    lab.set_link(0, "reorder=0%,ge=1%:25%")
+    got = {}
+    upload = threading.Thread(target=lambda: got.update(r=lab.iperf(seconds=12)))
+    upload.start()
+    t0 = time.monotonic()
+    try:
+        def unlearned():
+            r = lab.path_status("client0", "wan1")["reordering"]
+            return r if r["loss_threshold_packets"] <= 6 and r["loss_extra_delay_ms"] < 5 else None
+        r = labctl.wait_until("the learned thresholds to fall back", unlearned, timeout=10)
+        took = time.monotonic() - t0
+    finally:
+        upload.join()
+    mbit = got["r"]["end"]["sum_received"]["bits_per_second"] / 1e6
+    report(f"learned {learned['loss_threshold_packets']} packets, "
+           f"+{learned['loss_extra_delay_ms']:.1f} ms on a reordering link; once it lost in "
+           f"bursts instead: {r['loss_threshold_packets']} packets, "
+           f"+{r['loss_extra_delay_ms']:.1f} ms after {took:.1f} s; upload {mbit:.1f} Mbit/s")
