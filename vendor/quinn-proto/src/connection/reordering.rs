@@ -38,8 +38,9 @@ const MAX_SUSPECTS: usize = 4096;
 /// The largest packet threshold learned. A reordering deeper than this (in packets) is covered
 /// by the time threshold alone.
 const MAX_PACKETS: u64 = 4096;
-/// Declared losses confirmed real in an epoch, none found spurious, for the learned thresholds
-/// to shrink at its end (RACK keeps its reordering window for 16 recoveries).
+/// Declared losses confirmed real since the last spurious one (or the last shrinking) for the
+/// learned thresholds to shrink at an epoch's end (RACK keeps its reordering window for 16
+/// recoveries).
 const DECAY_AFTER: u32 = 16;
 /// The shortest epoch; on a long path it lasts `DECAY_RTTS` round trips (a reordering seen once
 /// a round trip must show in every epoch).
