@@ -401,15 +401,17 @@ class Lab:
         return iperf3_json(lambda: self.sh(src_ns or self.lan_ns(c), cmd,
                                            timeout=timeout or seconds + 30, check=False))
 
-    def wait_iperf_server_idle(self, port=5201, timeout=10):
-        """Until the internet host's iperf3 server has no test connection left (bounded; then
+    def wait_iperf_server_idle(self, port=5201, timeout=10, ns=None):
+        """Until the iperf3 server (the internet host's unless `ns` names another namespace)
+        has no test connection left (bounded; then
         the run goes ahead and iperf3 says what is wrong). An iperf3 server serves one test at a
         time, and the client of the previous test exits once it has sent its last message: if
         that message is still on its way (a retransmission behind the next test's SYN, as on any
         lossy path), the server refuses the new test and resets its control connection."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
-            r = self.sh(self.inet_ns, f"ss -Htn state established '( sport = :{port} )'", check=False)
+            r = self.sh(ns or self.inet_ns, f"ss -Htn state established '( sport = :{port} )'",
+                        check=False)
             if r.returncode != 0 or not r.stdout.strip():
                 return
             time.sleep(0.1)

@@ -71,9 +71,14 @@ def assigned(text):
 
 
 def iperf(lab, ns, args, timeout=30):
-    r = lab.sh(ns, ["iperf3", "-J"] + args, timeout=timeout)
-    import json
-    j = json.loads(r.stdout)
+    """One iperf3 run from `ns` to the server's namespace (port after "-p"): Mbit/s and its end
+    report. Each run waits until the previous test's connection is gone and retries while the
+    server says it is busy (`labctl.iperf3_json`): a second run right after the first was
+    refused when the first's last message arrived behind its SYN."""
+    port = args[args.index("-p") + 1]
+    lab.wait_iperf_server_idle(port=port, ns=lab.server_ns)
+    j = labctl.iperf3_json(lambda: lab.sh(ns, ["iperf3", "-J"] + args, timeout=timeout,
+                                          check=False))
     end = j["end"]
     s = end.get("sum_received") or end.get("sum")
     return s["bits_per_second"] / 1e6, end
@@ -355,7 +360,8 @@ def test_the_mpquic_client_takes_turns_between_paths_at_a_standard_server(make_l
         time.sleep(0.1)
     report(f"wan1 carries again {time.monotonic() - t0:.2f} s after its repair")
     time.sleep(0.3)
-    assert states(lab) == {"wan1": "up", "wan2": "standby"}, lab.status("client0")["tunnels"][0]["paths"]
+    assert states(lab) == {"wan1": "up", "wan2": "standby"}, (
+        lab.status("client0")["tunnels"][0]["paths"], lab.log("client0"), lab.log("go-server"))
     ping = lab.ping(count=10, interval=0.05, src_ns=cns, dst=far)
     assert len(ping["received"]) == 10, (ping, lab.log("client0"), lab.log("go-server"))
 
