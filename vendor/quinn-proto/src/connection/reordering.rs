@@ -153,9 +153,7 @@ impl Reordering {
             self.spurious += 1;
             // A new epoch: what it shows is measured against the thresholds widened now.
             self.confirmed_since_spurious = 0;
-            self.learned_at = Some(now);
-            self.epoch_depth = 0;
-            self.epoch_late = Duration::ZERO;
+            self.new_epoch(now);
             let depth = largest_acked.saturating_sub(pn);
             self.reordered += 1;
             self.deepest = self.deepest.max(depth);
@@ -190,6 +188,11 @@ impl Reordering {
             self.extra = extra.max(extra_for(self.epoch_late).min(self.extra));
             self.confirmed_since_spurious = 0;
         }
+        self.new_epoch(now);
+    }
+
+    /// An epoch begins at `now`: what the next one shows is measured afresh.
+    fn new_epoch(&mut self, now: Instant) {
         self.learned_at = Some(now);
         self.epoch_depth = 0;
         self.epoch_late = Duration::ZERO;
