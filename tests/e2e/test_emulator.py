@@ -94,17 +94,19 @@ QUIET_TICKS = 3
 
 
 def on_a_quiet_host(measure, within, attempts=3):
-    """`measure()` repeated (at most `attempts` times) until a run during which the hypervisor
-    stole at most QUIET_TICKS also meets `within(result)`; that run (else the least stolen one),
-    its stolen ticks and every try's ticks. A fault of the emulator misses in every try; a stall
-    of the load generator (iperf3 catching up after a few ms off the CPU sends a burst that
-    queues at the link, as it would on a real one) misses in one."""
+    """`measure()` repeated (at most `attempts` times) until a run meets `within(result)`; that
+    run (else the least stolen one), its stolen ticks and every try's ticks. Stolen time can only
+    make the emulator late or slow, so a run within the bounds counts however much was stolen; a
+    run outside them says something about the emulator only if the host left it alone (at most
+    QUIET_TICKS stolen). A fault of the emulator misses in every try; a stall of the load
+    generator (iperf3 catching up after a few ms off the CPU sends a burst that queues at the
+    link, as it would on a real one) misses in one."""
     runs = []
     for _ in range(attempts):
         before = stolen_ticks()
         result = measure()
         runs.append((stolen_ticks() - before, result))
-        if runs[-1][0] <= QUIET_TICKS and within(result):
+        if within(result):
             return result, runs[-1][0], [r[0] for r in runs]
     stolen, result = min(runs, key=lambda r: r[0])
     return result, stolen, [r[0] for r in runs]
@@ -139,24 +141,35 @@ def test_delay_idle_and_loaded(emulab):
     report(f"emulator delay 20 ms each way: ping RTT idle median {statistics.median(idle):.2f} p99 {p99(idle):.2f} ms; "
            f"at 80% load median {statistics.median(loaded):.2f} p99 {p99(loaded):.2f} ms "
            f"(CPU ticks stolen by the hypervisor per try: idle {idle_tries}, loaded {loaded_tries})")
-    if min(idle_stolen, loaded_stolen) > QUIET_TICKS:
-        pytest.skip(f"the hypervisor took the CPUs away in every try (ticks stolen: idle {idle_tries}, "
-                    f"loaded {loaded_tries}); delay fidelity cannot be measured on this host now")
     if idle_stolen <= QUIET_TICKS:
         assert idle_ok(idle), idle
     if loaded_stolen <= QUIET_TICKS:
         assert loaded_ok(loaded), loaded
+    if not (idle_ok(idle) and loaded_ok(loaded)):
+        pytest.skip(f"the hypervisor took the CPUs away in every try (ticks stolen: idle {idle_tries}, "
+                    f"loaded {loaded_tries}); delay fidelity cannot be measured on this host now")
 
 
 @measured
 def test_rate_udp_goodput_and_tcp(emulab):
     lab = emulab("rate=100mbit", "rate=300mbit,delay=10ms")
     lab.iperf_server()
-    d = lab.iperf("-u -b 150M -l 1472", seconds=5)
-    got = received(d)["bits_per_second"] / 1e6
     expect = 100.0 * 1472 / 1500  # the link counts IP bytes; iperf3 counts UDP payload
-    report(f"emulator rate 100 Mbit/s: UDP goodput {got:.1f} Mbit/s (payload share of 100: {expect:.1f})")
-    assert abs(got - expect) <= 0.02 * expect, got
+
+    def within(got):
+        return abs(got - expect) <= 0.02 * expect
+
+    # The emulator is a user-space thread: a vCPU the hypervisor takes away for a few ms is link
+    # time nobody sends in (measured in CI: 92.3 and 95.5 of 98.1 on a busy host), so the figure
+    # counts from a run the host left alone, as the delay test's do.
+    got, stolen, tries = on_a_quiet_host(
+        lambda: received(lab.iperf("-u -b 150M -l 1472", seconds=5))["bits_per_second"] / 1e6, within)
+    report(f"emulator rate 100 Mbit/s: UDP goodput {got:.1f} Mbit/s (payload share of 100: {expect:.1f}; "
+           f"CPU ticks stolen by the hypervisor per try: {tries})")
+    if not within(got) and stolen > QUIET_TICKS:
+        pytest.skip(f"the hypervisor took the CPUs away in every try (ticks stolen: {tries}); "
+                    "rate fidelity cannot be measured on this host now")
+    assert within(got), got
     tcp = lab.iperf("", seconds=6, dst="10.10.2.1")["end"]["sum_received"]["bits_per_second"] / 1e6
     report(f"emulator 300 Mbit/s + 10 ms: one TCP flow {tcp:.0f} Mbit/s ({100 * tcp / 300:.0f}%)")
     assert tcp >= 0.9 * 300 * 1448 / 1500, tcp
