@@ -269,6 +269,11 @@ impl Flight {
         self.cc.window()
     }
 
+    /// What the backlog in front of the path is sized by (`cc::Controller::backlog_window`).
+    pub fn backlog_window(&self) -> u64 {
+        self.cc.backlog_window()
+    }
+
     pub fn in_flight(&self) -> u64 {
         self.in_flight
     }

@@ -25,12 +25,15 @@ enum Factory {
 }
 
 impl Factory {
-    /// A controller for a connection (or a pipe group) whose yield switch is `yielding`.
+    /// A controller for a connection (or a pipe group) whose yield switch is `yielding`, and
+    /// which tells its backlog window (`cc::Controller::backlog_window`) through `backlog`
+    /// (the engine's controllers do not: 0).
     fn build(
         &self,
         now: std::time::Instant,
         mtu: u16,
         yielding: &Arc<AtomicBool>,
+        backlog: &Arc<AtomicU64>,
     ) -> Box<dyn quinn::congestion::Controller> {
         match self {
             Factory::Engine(f) => f.clone().build(now, mtu),
@@ -39,6 +42,7 @@ impl Factory {
                 heard_at: None,
                 yielding: yielding.clone(),
                 yields: false,
+                backlog: backlog.clone(),
             }),
         }
     }
@@ -71,7 +75,9 @@ impl quinn::congestion::ControllerFactory for Tracked {
         current_mtu: u16,
     ) -> Box<dyn quinn::congestion::Controller> {
         let meter = Arc::new(WindowMeter::default());
-        let inner = self.0.build(now, current_mtu, &meter.yielding);
+        let inner = self
+            .0
+            .build(now, current_mtu, &meter.yielding, &meter.backlog);
         meter.window.store(inner.window(), Ordering::Relaxed);
         Box::new(TrackedController {
             inner,
@@ -95,6 +101,8 @@ pub struct WindowMeter {
     yielding: Arc<AtomicBool>,
     /// Packets the peer has newly acknowledged (`acked`).
     acked: AtomicU64,
+    /// The controller's backlog window (`backlog_window`); 0: it gives none.
+    backlog: Arc<AtomicU64>,
 }
 
 impl WindowMeter {
@@ -105,6 +113,14 @@ impl WindowMeter {
             self.window.load(Ordering::Relaxed),
             self.in_flight.load(Ordering::Relaxed),
         )
+    }
+
+    /// The window the backlog in front of the path is sized by
+    /// (`cc::Controller::backlog_window`): the window, or more while the controller (one of
+    /// ours, not in a pipe group) holds its window down for a moment to measure the path.
+    pub fn backlog_window(&self) -> u64 {
+        let window = self.window.load(Ordering::Relaxed);
+        window.max(self.backlog.load(Ordering::Relaxed))
     }
 
     /// The rate (bits/s) the controller paces at, when it gives one (ours do).
@@ -208,7 +224,10 @@ impl PipeGroup {
     /// A group with a fresh controller of kind `cc` for packets of `mtu` bytes.
     pub fn new(cc: Congestion, mtu: u16) -> Arc<PipeGroup> {
         let yielding = Arc::new(AtomicBool::new(false));
-        let inner = factory(cc).build(std::time::Instant::now(), mtu, &yielding);
+        // A member's window is its part of the group's, which a probe's dip moves with the
+        // others' traffic: members size their backlog by their window alone.
+        let backlog = Arc::new(AtomicU64::new(0));
+        let inner = factory(cc).build(std::time::Instant::now(), mtu, &yielding, &backlog);
         let total = WindowMeter::default();
         total.publish(inner.window(), 0, inner.metrics().pacing_rate);
         Arc::new(PipeGroup {
@@ -232,6 +251,8 @@ impl PipeGroup {
         st.in_flight.push(0);
         let (window, pacing) = (st.window_for(m), st.pacing_for(m));
         drop(st);
+        // Its own controller is no longer driven: what it told last would stand for good.
+        meter.backlog.store(0, Ordering::Relaxed);
         meter.publish(window, 0, pacing);
         true
     }
@@ -412,6 +433,16 @@ struct Adapter {
     /// told.
     yielding: Arc<AtomicBool>,
     yields: bool,
+    /// Where `inner`'s backlog window is told (`WindowMeter::backlog_window`), after every
+    /// event that may change it.
+    backlog: Arc<AtomicU64>,
+}
+
+impl Adapter {
+    fn tell_backlog(&self) {
+        self.backlog
+            .store(self.inner.backlog_window(), Ordering::Relaxed);
+    }
 }
 
 /// When an acknowledgement (or a loss it shows) reaches the controller: the engine's `now`, or
@@ -459,6 +490,7 @@ impl quinn::congestion::Controller for Adapter {
             self.inner.set_yielding(yielding);
         }
         self.inner.on_end_acks(at, in_flight);
+        self.tell_backlog();
     }
 
     fn on_congestion_event(
@@ -470,10 +502,12 @@ impl quinn::congestion::Controller for Adapter {
     ) {
         self.inner
             .on_loss(heard(now), sent, is_persistent_congestion, lost_bytes);
+        self.tell_backlog();
     }
 
     fn on_mtu_update(&mut self, new_mtu: u16) {
         self.inner.on_mtu(new_mtu);
+        self.tell_backlog();
     }
 
     fn window(&self) -> u64 {
@@ -495,6 +529,7 @@ impl quinn::congestion::Controller for Adapter {
             heard_at: None,
             yielding: self.yielding.clone(),
             yields: self.yields,
+            backlog: self.backlog.clone(),
         })
     }
 
@@ -565,7 +600,7 @@ mod tests {
 
     /// The transport's yield switch (`WindowMeter::set_yielding`, a path carrying traffic
     /// classes) reaches one of our controllers at its next ACK frame, once; a pipe group's
-    /// controller too.
+    /// controller too. The controller's backlog window comes back through the meter.
     #[test]
     fn the_yield_switch_reaches_the_controller() {
         let times = Arc::new(Mutex::new(Vec::new()));
@@ -575,9 +610,12 @@ mod tests {
             heard_at: None,
             yielding: meter.yielding.clone(),
             yields: false,
+            backlog: meter.backlog.clone(),
         };
         let now = Instant::now();
         a.on_end_acks(now, 0, false, None);
+        // The controller's backlog window reaches the meter the same way.
+        assert_eq!(meter.backlog_window(), 12_000);
         meter.set_yielding(true);
         a.on_end_acks(now, 0, false, None);
         a.on_end_acks(now, 0, false, None);
@@ -603,6 +641,7 @@ mod tests {
             heard_at: None,
             yielding: Arc::default(),
             yields: false,
+            backlog: Arc::default(),
         };
         let sent = Instant::now();
         a.on_sent(sent, 1200, 1);

@@ -217,6 +217,15 @@ impl QuicTransport {
         }
     }
 
+    /// The window the backlog in front of the path is sized by
+    /// (`WindowMeter::backlog_window`): the window but for a probe's momentary dip.
+    fn backlog_window(&self) -> u64 {
+        match &self.meter {
+            Some(m) => m.backlog_window(),
+            None => self.window().0,
+        }
+    }
+
     /// Whether inner packets go on the stream now (reliable mode; `auto` on a losing path).
     fn stream_now(&self) -> bool {
         self.has_stream && self.on_stream.load(Ordering::Relaxed)
@@ -230,12 +239,12 @@ impl QuicTransport {
     }
 
     /// How many bytes may wait: for datagrams, bounded in time at the path's rate from its
-    /// window and RTT (`settings::datagram_queue_limit`); on the stream, whose own backlog its send
-    /// window bounds (`reliable::stream_window`), a hand-over's worth.
-    fn queue_limit(&self, window: u64, rtt: Duration) -> u64 {
+    /// backlog window and RTT (`settings::datagram_queue_limit`); on the stream, whose own
+    /// backlog its send window bounds (`reliable::stream_window`), a hand-over's worth.
+    fn queue_limit(&self, rtt: Duration) -> u64 {
         match self.stream_now() {
             true => STREAM_QUEUE_BYTES,
-            false => settings::datagram_queue_limit(window, rtt),
+            false => settings::datagram_queue_limit(self.backlog_window(), rtt),
         }
     }
 
@@ -296,8 +305,7 @@ impl PathTransport for QuicTransport {
         let now = Instant::now();
         // The bound for the whole batch (`auto` may change the carriage meanwhile); taken once,
         // and the writer only drains meanwhile, so this errs on the short side.
-        let mut room =
-            self.queue_limit(self.window().0, self.conn.rtt()) as i64 - self.queued() as i64;
+        let mut room = self.queue_limit(self.conn.rtt()) as i64 - self.queued() as i64;
         let max_datagram = self.conn.max_datagram_size();
         for &i in which {
             let facts = batch.facts(i);
@@ -414,7 +422,7 @@ impl PathTransport for QuicTransport {
             backlog: self.queued(),
             window: Some(window),
             in_flight,
-            backlog_limit: Some(self.queue_limit(window, rtt)),
+            backlog_limit: Some(self.queue_limit(rtt)),
         }
     }
 

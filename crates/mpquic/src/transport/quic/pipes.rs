@@ -265,7 +265,7 @@ impl PathTransport for QuicPipes {
             // Each pipe's RTT read once (a lock on its connection).
             let r = p.conn.rtt();
             backlog += p.queued();
-            limit += p.queue_limit(p.window().0, r);
+            limit += p.queue_limit(r);
             rtt = Some(rtt.map_or(r, |m| m.min(r)));
         }
         let (window, in_flight) = self.group.read();

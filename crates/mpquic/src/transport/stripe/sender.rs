@@ -164,7 +164,7 @@ pub(super) async fn run(
             queue.set_max_wait(mpquic_core::reliable::queue_wait(
                 tx.flight.rtt().unwrap_or(Duration::from_millis(100)),
             ));
-            let limit = queue_limit(tx.flight.window(), tx.flight.rtt());
+            let limit = queue_limit(tx.flight.backlog_window(), tx.flight.rtt());
             queue.set_limit(limit);
             link.meter.limit.store(limit as u64, Ordering::Relaxed);
             let wait = if tx.flight.room() < PACED_PACKET as u64 {
