@@ -4,8 +4,9 @@
 //!
 //! - **The backlog is bounded in time**: a stream may hold its congestion window (the
 //!   controller's backlog window: the window but for its momentary dips,
-//!   `cc::Controller::backlog_window`) plus `BACKLOG_TIME` of sending at the window's rate, plus a round trip or two of it on a lossy
-//!   path (where retransmissions hold the window), and a packet waits at most `queue_wait`
+//!   `cc::Controller::backlog_window`) plus `BACKLOG_TIME` of sending at the window's rate,
+//!   plus a round trip or two of it on a lossy path (where retransmissions hold the window),
+//!   and a packet waits at most `queue_wait`
 //!   (three round trips) in the send queue in front of it, where the pacer holds it and sparse
 //!   flows pass bulk. Beyond that the tunnel refuses packets
 //!   (counted `queue_full`), which is the loss signal inner TCP needs; without the bound a

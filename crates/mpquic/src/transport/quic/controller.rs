@@ -117,7 +117,7 @@ impl WindowMeter {
 
     /// The window the backlog in front of the path is sized by
     /// (`cc::Controller::backlog_window`): the window, or more while the controller (one of
-    /// ours, not in a pipe group) holds its window down for a moment to measure the path.
+    /// ours, not in a pipe group) holds its window down for a moment (bbr's Drain, ProbeRtt).
     pub fn backlog_window(&self) -> u64 {
         let window = self.window.load(Ordering::Relaxed);
         window.max(self.backlog.load(Ordering::Relaxed))

@@ -218,7 +218,7 @@ impl QuicTransport {
     }
 
     /// The window the backlog in front of the path is sized by
-    /// (`WindowMeter::backlog_window`): the window but for a probe's momentary dip.
+    /// (`WindowMeter::backlog_window`): the window but for the controller's momentary dips.
     fn backlog_window(&self) -> u64 {
         match &self.meter {
             Some(m) => m.backlog_window(),

@@ -309,9 +309,9 @@ pub(super) async fn path_writer(w: Writer) {
             continue;
         }
         loss.on_counters(now, path.sent_packets, path.lost_packets);
-        // Sized by the backlog window (`WindowMeter::backlog_window`): through bbr's ProbeRtt
-        // the stream holds what its window held before, and the inner flows' packets wait the
-        // probe out in it instead of being refused in front of it.
+        // Sized by the backlog window (`WindowMeter::backlog_window`): through bbr's dips (Drain,
+        // ProbeRtt, the regrowth after them) the stream holds the window bbr cruises at, and the
+        // inner flows' packets wait the dip out in it instead of going stale in front of it.
         let window = meter
             .as_deref()
             .map_or(path.cwnd, |m| m.backlog_window().max(path.cwnd));
