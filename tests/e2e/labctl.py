@@ -422,12 +422,14 @@ class Lab:
                     check=False, timeout=timeout or count * interval + 10)
         return parse_ping(r.stdout)
 
-    def start_ping(self, key, interval=0.01, c=0, dst=None, count=None):
+    def start_ping(self, key, interval=0.01, c=0, dst=None, count=None, stamped=False):
         """Ping from client `c`'s LAN until stopped, or `count` times (then ping waits up to 1 s
-        for the last reply and exits)."""
+        for the last reply and exits). `stamped`: each reply with its wall-clock time
+        (`ping -D`, read by `ping_sends`)."""
         counted = ["-c", str(count)] if count else []
-        return self.spawn(key, self.lan_ns(c), ["ping", "-n", "-i", str(interval), "-W", "1", *counted,
-                                                dst or self.inet_addr])
+        stamp = ["-D"] if stamped else []
+        return self.spawn(key, self.lan_ns(c), ["ping", "-n", *stamp, "-i", str(interval), "-W", "1",
+                                                *counted, dst or self.inet_addr])
 
     # -- teardown ---------------------------------------------------------------------------
     def down(self):
@@ -456,6 +458,22 @@ def parse_ping(text):
     if m:
         sent = int(m.group(1))
     return {"received": sorted(set(seqs)), "rtts": rtts, "sent": sent}
+
+
+def ping_sends(text):
+    """(wall-clock time it was sent, sequence number, round trip in ms) of each answered ping in
+    `ping -D` output (`start_ping(stamped=True)`): its reply's time less its round trip. A ping's
+    sequence number says little of when it was sent: `-i 0.01` is a floor, and on this host ping
+    sends every ~14 ms under load, so a sequence window drifts by seconds over a run."""
+    pattern = r"\[([\d.]+)\] \d+ bytes from \S+ icmp_seq=(\d+) ttl=\d+ time=([\d.]+) ms"
+    return [(float(m.group(1)) - float(m.group(3)) / 1000, int(m.group(2)), float(m.group(3)))
+            for m in re.finditer(pattern, text)]
+
+
+def send_interval(sends):
+    """The interval ping really sent at, from `ping_sends`."""
+    (t0, s0, _), (t1, s1, _) = sends[0], sends[-1]
+    return (t1 - t0) / max(1, s1 - s0)
 
 
 def iperf3_json(run, tries=20):
