@@ -92,7 +92,7 @@ def blackhole(binary, hole_s=2.0):
         lab.unblock(0)
         lab.procs["ping"].wait(timeout=30)
         ping = labctl.parse_ping(lab.log("ping"))
-        lost, longest = labctl.gaps(ping["received"], ping["sent"], 0.01)
+        lost, longest = labctl.ping_gaps(ping, 0.01)
         after = lab.status("server")["tunnels"]
         alive = lab.procs["cip"].poll() is None
         same = [t["address"] for t in before] == [t["address"] for t in after] and len(after) == 1
@@ -182,7 +182,7 @@ def failover_row(kind, binary):
         time.sleep(1)
         lab.stop("ping", sig=signal.SIGINT)
         ping = labctl.parse_ping(lab.log("ping"))
-        lost, longest = labctl.gaps(ping["received"], ping["sent"], 0.01)
+        lost, longest = labctl.ping_gaps(ping, 0.01)
         r = {"wan2_carries_after_s": switched, "longest_gap_s": round(longest, 2),
              "pings_lost": len(lost), "pings_sent": ping["sent"],
              "same_address": lab.status("client0")["tunnels"][0]["address"] == address,

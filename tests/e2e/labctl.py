@@ -450,14 +450,19 @@ class Lab:
 
 
 def parse_ping(text):
-    """Received sequence numbers, and summary figures, from ping output."""
+    """Received sequence numbers, and summary figures, from ping output. `interval`: the seconds
+    between two pings as ping really sent them (its summary's elapsed time over the pings sent),
+    or None without a summary: `-i` is a floor, and on this host `-i 0.01` sends every 15-16 ms
+    (idle loopback) or ~14.5 ms (under load), so a run of lost pings counted at the asked
+    interval understates the gap by a third."""
     seqs = [int(m.group(1)) for m in re.finditer(r"icmp_seq=(\d+)", text)]
     rtts = [float(m.group(1)) for m in re.finditer(r"time=([\d.]+) ms", text)]
-    sent = None
-    m = re.search(r"(\d+) packets transmitted", text)
+    sent = interval = None
+    m = re.search(r"(\d+) packets transmitted, .* time (\d+)ms", text)
     if m:
         sent = int(m.group(1))
-    return {"received": sorted(set(seqs)), "rtts": rtts, "sent": sent}
+        interval = int(m.group(2)) / 1000 / max(1, sent - 1) if sent > 1 else None
+    return {"received": sorted(set(seqs)), "rtts": rtts, "sent": sent, "interval": interval}
 
 
 def ping_sends(text):
@@ -468,12 +473,6 @@ def ping_sends(text):
     pattern = r"\[([\d.]+)\] \d+ bytes from \S+ icmp_seq=(\d+) ttl=\d+ time=([\d.]+) ms"
     return [(float(m.group(1)) - float(m.group(3)) / 1000, int(m.group(2)), float(m.group(3)))
             for m in re.finditer(pattern, text)]
-
-
-def send_interval(sends):
-    """The interval ping really sent at, from `ping_sends`."""
-    (t0, s0, _), (t1, s1, _) = sends[0], sends[-1]
-    return (t1 - t0) / max(1, s1 - s0)
 
 
 def iperf3_json(run, tries=20):
@@ -506,7 +505,8 @@ def wait_until(what, ok, timeout=10):
 
 
 def gaps(received, sent, interval):
-    """Lost sequence numbers and the longest run of consecutive losses in seconds."""
+    """Lost sequence numbers and the longest run of consecutive losses in seconds, each lost ping
+    counted at `interval` (pass `parse_ping`'s measured one where there is one: `ping_gaps`)."""
     got = set(received)
     lost = [s for s in range(1, (sent or (max(received) if received else 0)) + 1) if s not in got]
     longest = run_len = 0
@@ -516,3 +516,12 @@ def gaps(received, sent, interval):
         longest = max(longest, run_len)
         prev = s
     return lost, longest * interval
+
+
+def ping_gaps(ping, asked, unanswered_tail=0.0):
+    """`gaps` of a parsed ping run at the interval ping really sent at (`asked` when it printed
+    no summary); the pings of its last `unanswered_tail` seconds (still in flight when ping was
+    stopped) are not counted as lost."""
+    interval = ping["interval"] or asked
+    sent = ping["sent"] - int(unanswered_tail / interval) if ping["sent"] else None
+    return gaps(ping["received"], sent, interval)

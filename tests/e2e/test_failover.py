@@ -32,7 +32,7 @@ def stop_ping(lab):
     lab.stop("ping", sig=signal.SIGINT)
     out = lab.log("ping")
     ping = labctl.parse_ping(out)
-    lost, longest = labctl.gaps(ping["received"], ping["sent"], INTERVAL)
+    lost, longest = labctl.ping_gaps(ping, INTERVAL)
     return out, ping, lost, longest
 
 
@@ -84,8 +84,9 @@ def test_failover_and_return(make_lab, fault):
     _, ping, lost, longest = stop_ping(lab)
     # Sequence numbers sent after the failover settled (1 s after the fault) until the end,
     # except the last 0.2 s: pings still in flight when ping was stopped are not losses.
-    settled = int((t_fail - t_start + 1.0) / INTERVAL)
-    in_flight_at_stop = ping["sent"] - int(0.2 / INTERVAL)
+    interval = ping["interval"] or INTERVAL
+    settled = int((t_fail - t_start + 1.0) / interval)
+    in_flight_at_stop = ping["sent"] - int(0.2 / interval)
     lost_after = [s for s in lost if settled < s <= in_flight_at_stop]
     report(f"failover {fault}: longest ping gap {longest * 1000:.0f} ms, {len(lost)} of {ping['sent']} pings lost; "
            f"on wan2 after {fmt(to_backup_cli)} (client) / {fmt(to_backup_srv)} (server); "
@@ -144,7 +145,7 @@ def test_default_black_hole_loses_no_ping(make_lab, direction):
     time.sleep(1.5)
     _, ping, lost, longest = stop_ping(lab)
     # Pings still in flight when ping was stopped are not losses.
-    lost = [s for s in lost if s <= ping["sent"] - int(0.2 / INTERVAL)]
+    lost = [s for s in lost if s <= ping["sent"] - int(0.2 / (ping["interval"] or INTERVAL))]
     report(f"default, black hole {direction}: {len(lost)} of {ping['sent']} pings lost, longest gap "
            f"{longest * 1000:.0f} ms, on wan2 after {fmt(to_backup)}")
     assert to_backup is not None and to_backup < 1.0, to_backup

@@ -76,7 +76,7 @@ def test_a_long_path_bonded_with_a_short_one_fails_over_both_ways(make_lab):
     outage(lab, 1, back_within=15)
     lab.stop("ping", sig=signal.SIGINT)
     ping = labctl.parse_ping(lab.log("ping"))
-    lost, longest = labctl.gaps(ping["received"], ping["sent"], INTERVAL)
+    lost, longest = labctl.ping_gaps(ping, INTERVAL)
     changes = {p: state_changes(lab.log("client0"), p) for p in ("wan1", "wan2")}
     report(f"600 ms path bonded with a 40 ms one (wlb): one TCP flow up {bonded:.1f} Mbit/s; "
            f"ping every 20 ms through both outages: {len(lost)} of {ping['sent']} lost, longest "

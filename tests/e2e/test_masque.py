@@ -275,7 +275,7 @@ def ping_through_a_black_hole(lab, path, until, ns=None, dst=None):
     time.sleep(1.5)
     lab.stop("ping", sig=signal.SIGINT)
     ping = labctl.parse_ping(lab.log("ping"))
-    lost, longest = labctl.gaps(ping["received"], ping["sent"], 0.01)
+    lost, longest = labctl.ping_gaps(ping, 0.01)
     return switched, longest, f"{len(lost)}/{ping['sent']} pings lost"
 
 

@@ -72,7 +72,7 @@ def test_a_backup_path_is_idle_until_the_primary_fails(make_lab):
     idle = tx(lab, "client0", "wan2") - idle_from
     lab.stop("ping", sig=signal.SIGINT)
     ping = labctl.parse_ping(lab.log("ping"))
-    lost, longest = labctl.gaps(ping["received"], ping["sent"], INTERVAL)
+    lost, longest = labctl.ping_gaps(ping, INTERVAL)
     report(f"backup path: share while the primary is up {share} %, {carried} bytes on it while the "
            f"primary was down, {idle} bytes in the second from 3 s after the repair; longest ping gap "
            f"{longest:.2f} s")

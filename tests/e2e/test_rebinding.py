@@ -113,9 +113,8 @@ def test_rebinding_under_load_keeps_the_connection(make_lab, transport, directio
     result = transfer_result(lab, timeout=seconds + 20)
     ping = labctl.parse_ping(lab.log("ping"))
     sends = labctl.ping_sends(lab.log("ping"))
-    interval = labctl.send_interval(sends)
     # Pings still in flight when ping was stopped are not losses.
-    lost, longest = labctl.gaps(ping["received"], ping["sent"] - int(0.2 / interval), interval)
+    lost, longest = labctl.ping_gaps(ping, INTERVAL, unanswered_tail=0.2)
     rates = [i["sum"]["bits_per_second"] / 1e6 for i in result["intervals"]]
     spikes = delay_spikes(sends, marks)
     nat = lab.nat_stats(0)
@@ -126,7 +125,7 @@ def test_rebinding_under_load_keeps_the_connection(make_lab, transport, directio
            f"gap {gap * 1000:.0f} ms (target {target * 1000:.0f}: srtt {srtt:.0f} + 50, "
            f"{'met' if gap <= target else 'MISSED'}; bound {bound * 1000:.0f}): longest run of lost pings "
            f"{longest * 1000:.0f} ms, {len(lost)} of "
-           f"{ping['sent']} pings lost (one every {interval * 1000:.1f} ms), ping delay after each rebinding +{max(spikes):.0f} ms at most "
+           f"{ping['sent']} pings lost (one every {ping['interval'] * 1000:.1f} ms), ping delay after each rebinding +{max(spikes):.0f} ms at most "
            f"({', '.join(f'{x:.0f}' for x in spikes)}); transfer every 0.5 s: min {min(rates[1:]):.1f}, mean "
            f"{sum(rates) / len(rates):.1f} Mbit/s; connects {before} -> {after}; server saw "
            f"{moves} peer moves; NAT {nat}")
@@ -218,7 +217,7 @@ EOF""")
     result = transfer_result(lab, timeout=40)
     rates = [i["sum"]["bits_per_second"] / 1e6 for i in result["intervals"]]
     ping = labctl.parse_ping(lab.log("ping"))
-    lost, longest = labctl.gaps(ping["received"], ping["sent"] - int(0.2 / INTERVAL), INTERVAL)
+    lost, longest = labctl.ping_gaps(ping, INTERVAL, unanswered_tail=0.2)
     bad = lab.sh(lab.server_ns, "nstat -a | awk '$1==\"UdpInCsumErrors\"{print $2}'").stdout.strip()
     st = lab.path_status("client0", "wan1")
     report(f"host NAT with GSO: server's kernel refused {bad or 0} datagrams for their checksum; "
