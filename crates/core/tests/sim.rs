@@ -865,11 +865,16 @@ proptest! {
             // A link that reorders is known as such from its first reordered packet on: only
             // the gaps given up before that may come late, in one burst (a packet that
             // overtakes the rest by the link's whole delay gets every packet in flight on that
-            // path given up at once: 150 of 12,500 here, with packets of 40 bytes).
-            if let (Some(first), Some(last)) = (out_of_order.first(), out_of_order.last()) {
+            // path given up at once: 150 of 12,500 here, with packets of 40 bytes). After it,
+            // only a gap whose wait ran out may still come late, a few packets: such a give-up
+            // that turns out early is how the wait learns to stretch (`Stretch`; seen: one
+            // packet 580 ms after the burst, 1 timeout).
+            if let Some(first) = out_of_order.first() {
                 let burst = Duration::from_millis(delays.0.max(delays.1)) + MAX_WAIT;
-                prop_assert!(*last - *first <= burst,
-                    "late packets from {first:?} to {last:?} ({} of {n})", c.late);
+                let after = out_of_order.iter().filter(|t| **t - *first > burst).count() as u64;
+                prop_assert!(after == 0 || (c.timeouts > 0 && after <= u64::from(n) / 200),
+                    "late packets from {first:?} to {:?} ({} of {n}; {after} after the first burst, {} give-ups by timeout)",
+                    out_of_order.last(), c.late, c.timeouts);
             }
         }
         prop_assert_eq!(sim.server.router().lanes()[0].reseq().holding(), 0);
