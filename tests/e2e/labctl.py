@@ -458,10 +458,12 @@ def parse_ping(text):
     seqs = [int(m.group(1)) for m in re.finditer(r"icmp_seq=(\d+)", text)]
     rtts = [float(m.group(1)) for m in re.finditer(r"time=([\d.]+) ms", text)]
     sent = interval = None
-    m = re.search(r"(\d+) packets transmitted, .* time (\d+)ms", text)
+    m = re.search(r"(\d+) packets transmitted", text)
     if m:
         sent = int(m.group(1))
-        interval = int(m.group(2)) / 1000 / max(1, sent - 1) if sent > 1 else None
+    m = re.search(r"packets transmitted, .* time (\d+)ms", text)
+    if m and sent and sent > 1:
+        interval = int(m.group(1)) / 1000 / (sent - 1)
     return {"received": sorted(set(seqs)), "rtts": rtts, "sent": sent, "interval": interval}
 
 
@@ -518,10 +520,15 @@ def gaps(received, sent, interval):
     return lost, longest * interval
 
 
+def sent_interval(ping, asked):
+    """The interval a parsed ping run really sent at, or `asked` when it printed no summary."""
+    return ping["interval"] or asked
+
+
 def ping_gaps(ping, asked, unanswered_tail=0.0):
-    """`gaps` of a parsed ping run at the interval ping really sent at (`asked` when it printed
-    no summary); the pings of its last `unanswered_tail` seconds (still in flight when ping was
-    stopped) are not counted as lost."""
-    interval = ping["interval"] or asked
+    """`gaps` of a parsed ping run at the interval ping really sent at (`sent_interval`); the
+    pings of its last `unanswered_tail` seconds (still in flight when ping was stopped) are not
+    counted as lost."""
+    interval = sent_interval(ping, asked)
     sent = ping["sent"] - int(unanswered_tail / interval) if ping["sent"] else None
     return gaps(ping["received"], sent, interval)

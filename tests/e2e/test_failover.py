@@ -84,7 +84,7 @@ def test_failover_and_return(make_lab, fault):
     _, ping, lost, longest = stop_ping(lab)
     # Sequence numbers sent after the failover settled (1 s after the fault) until the end,
     # except the last 0.2 s: pings still in flight when ping was stopped are not losses.
-    interval = ping["interval"] or INTERVAL
+    interval = labctl.sent_interval(ping, INTERVAL)
     settled = int((t_fail - t_start + 1.0) / interval)
     in_flight_at_stop = ping["sent"] - int(0.2 / interval)
     lost_after = [s for s in lost if settled < s <= in_flight_at_stop]
@@ -145,7 +145,7 @@ def test_default_black_hole_loses_no_ping(make_lab, direction):
     time.sleep(1.5)
     _, ping, lost, longest = stop_ping(lab)
     # Pings still in flight when ping was stopped are not losses.
-    lost = [s for s in lost if s <= ping["sent"] - int(0.2 / (ping["interval"] or INTERVAL))]
+    lost = [s for s in lost if s <= ping["sent"] - int(0.2 / labctl.sent_interval(ping, INTERVAL))]
     report(f"default, black hole {direction}: {len(lost)} of {ping['sent']} pings lost, longest gap "
            f"{longest * 1000:.0f} ms, on wan2 after {fmt(to_backup)}")
     assert to_backup is not None and to_backup < 1.0, to_backup

@@ -9,7 +9,6 @@ on the client host that rewrites ports before the kernel segments UDP GSO batche
 down and reconnected instead of showing `up` over a silent tunnel."""
 
 import json
-import re
 import signal
 import time
 
@@ -125,7 +124,7 @@ def test_rebinding_under_load_keeps_the_connection(make_lab, transport, directio
            f"gap {gap * 1000:.0f} ms (target {target * 1000:.0f}: srtt {srtt:.0f} + 50, "
            f"{'met' if gap <= target else 'MISSED'}; bound {bound * 1000:.0f}): longest run of lost pings "
            f"{longest * 1000:.0f} ms, {len(lost)} of "
-           f"{ping['sent']} pings lost (one every {ping['interval'] * 1000:.1f} ms), ping delay after each rebinding +{max(spikes):.0f} ms at most "
+           f"{ping['sent']} pings lost (one every {labctl.sent_interval(ping, INTERVAL) * 1000:.1f} ms), ping delay after each rebinding +{max(spikes):.0f} ms at most "
            f"({', '.join(f'{x:.0f}' for x in spikes)}); transfer every 0.5 s: min {min(rates[1:]):.1f}, mean "
            f"{sum(rates) / len(rates):.1f} Mbit/s; connects {before} -> {after}; server saw "
            f"{moves} peer moves; NAT {nat}")
