@@ -10,8 +10,11 @@
 //! peer says it sent against its own arrivals. A direction *stalls* when the receiver's count
 //! has not moved for `stall_after` while the sender handed the path at least
 //! `MIN_UNDELIVERED` packets that had `grace` to arrive (its queue, the way across, the
-//! receiver's reordering and playout). Any arrival at all resets it: loss, however heavy, is
-//! not a stall; this catches only a path that delivers nothing while it answers probes.
+//! receiver's reordering and playout). Arrivals reset it once they are at least a
+//! `TRICKLE`th of what the sender handed the path meanwhile: loss, however heavy (up to 97%),
+//! is not a stall, while a path that delivers next to nothing is one even if a few of its
+//! packets pass (a sparse flow's single datagrams, or its packets on a reliable path's sparse
+//! stream, while the data in GSO batches vanishes).
 //!
 //! The bounds follow the path's RTT, so a long path (a geostationary satellite, a bloated LTE
 //! queue) is not judged before its data could have arrived, and never below 2 s: a reliable
@@ -59,6 +62,18 @@ pub const STALL_MIN: Duration = Duration::from_secs(2);
 const GRACE_MIN: Duration = Duration::from_millis(500);
 /// Sender counts remembered (a probe's each: 6.4 s at the fast interval).
 const SAMPLES: usize = 64;
+/// Arrivals count as delivery once they are at least this fraction (1/n) of what the sender
+/// handed the path since the receiver last moved.
+pub const TRICKLE: u32 = 32;
+
+/// Arrivals that count as the receiver moving when the sender handed the path `handed` packets.
+fn enough(handed: u32) -> u32 {
+    match handed < 1 << 31 {
+        true => (handed / TRICKLE).max(1),
+        // The counts wrapped or came out of order: any arrival counts.
+        false => 1,
+    }
+}
 
 /// How long a packet is given to arrive, and how long a receiver may stand still, on a path of
 /// this RTT.
@@ -106,7 +121,11 @@ impl Flow {
         }
         self.samples.push_back((sender_at, sender));
         let since = match self.rx {
-            Some((r, since)) if r == receiver => since,
+            Some((r, since))
+                if receiver.wrapping_sub(r) < enough(sender.wrapping_sub(self.base)) =>
+            {
+                since
+            }
             _ => {
                 self.rx = Some((receiver, now));
                 self.base = sender;
@@ -241,6 +260,32 @@ mod tests {
             at >= Duration::from_millis(4900) && at <= Duration::from_millis(5500),
             "{at:?}"
         );
+    }
+
+    /// A path whose bulk vanishes while a trickle of its packets passes (under 1/32 of them)
+    /// stalls as one that delivers nothing.
+    #[test]
+    fn a_trickle_is_no_delivery() {
+        let (at, d) = run(10.0, 400, 0, |t| t < Duration::from_secs(3)).expect("stalls");
+        assert_eq!(d, Direction::Out);
+        // Now 1 of every 400 arrives in every interval after 3 s.
+        let t0 = Instant::now();
+        let mut w = DeliveryWatch::default();
+        let (mut sent, mut arrived) = (0u32, 0u32);
+        let mut stalled = None;
+        for k in 0..100u32 {
+            let at = Duration::from_millis(100 * u64::from(k));
+            w.on_probe_sent(k, sent);
+            sent += 400;
+            arrived += if at < Duration::from_secs(3) { 400 } else { 1 };
+            let peer = Counts { sent: 0, arrived };
+            if let Some(d) = w.on_reply(k, t0 + at, t0 + at + RTT, peer, 0, Some(RTT), RTT / 4, 0.0)
+            {
+                stalled = Some((at, d));
+                break;
+            }
+        }
+        assert_eq!(stalled, Some((at, Direction::Out)));
     }
 
     #[test]
