@@ -73,6 +73,71 @@ impl WaitingFlows {
     }
 }
 
+/// How long a flow must have been seen, sparse throughout, before its packets take the sparse
+/// stream (`SparseLane`).
+pub const SPARSE_AGE: Duration = Duration::from_secs(1);
+/// How long a flow may be silent before another in its slot counts as new.
+pub const FLOW_FORGET: Duration = Duration::from_secs(10);
+
+/// What `SparseLane` knows of the flows that share a slot.
+#[derive(Clone, Copy, Default)]
+struct FlowTimes {
+    first: Option<Instant>,
+    last: Option<Instant>,
+    /// A packet of it left through the bulk queue.
+    bulk: bool,
+}
+
+/// Which of its lane's two ordered streams a packet goes on: the bulk stream, or the sparse
+/// one the peer reads beside it, so that a ping or a voice packet never waits behind the bulk
+/// stream's backlog or its retransmissions (head of line: after a NAT rebinding a server's
+/// download retransmits a round trip of data lost to the old mapping, and a ping's reply on
+/// the same stream waited behind it, two round trips in all).
+///
+/// A packet goes on the sparse stream when it left the send queue through its sparse queue and
+/// its flow has been seen for `SPARSE_AGE` without ever leaving through the bulk queue. A flow
+/// is on one stream for its life, so its packets never overtake each other across the two:
+/// a TCP flow that paused and took the sparse stream overtook its own packets still waiting
+/// for retransmissions in the bulk one, and packets that pass a path whose bulk does not
+/// (a NAT that corrupts GSO batches) held off the delivery watch's verdict. And a flow's
+/// first packets stay with its later ones: a TCP flow whose handshake and first packets took
+/// the sparse stream on a lossy path measured its RTT without the bulk stream's waits, and
+/// inner cubic ran at 0.79x (10% loss, 60 Mbit/s, 30 ms: 24.9 against 31.6 Mbit/s, 8 runs
+/// each). Flows share a slot by hash (forgotten after `FLOW_FORGET` of silence): a collision
+/// keeps a sparse flow on the bulk stream, never a bulk flow off it.
+pub struct SparseLane {
+    flows: [FlowTimes; FLOW_BUCKETS],
+}
+
+impl Default for SparseLane {
+    fn default() -> SparseLane {
+        SparseLane {
+            flows: [FlowTimes::default(); FLOW_BUCKETS],
+        }
+    }
+}
+
+impl SparseLane {
+    /// Whether the packet of `flow` that left the send queue now (through its sparse queue or
+    /// not: `left_sparse`) goes on the sparse stream.
+    pub fn on_stream_sparse(&mut self, now: Instant, flow: Option<u64>, left_sparse: bool) -> bool {
+        let Some(f) = flow else {
+            return false;
+        };
+        let t = &mut self.flows[(f % FLOW_BUCKETS as u64) as usize];
+        let since = |at: Option<Instant>| at.map(|at| now.saturating_duration_since(at));
+        if since(t.last).is_none_or(|d| d >= FLOW_FORGET) {
+            *t = FlowTimes {
+                first: Some(now),
+                ..FlowTimes::default()
+            };
+        }
+        t.last = Some(now);
+        t.bulk |= !left_sparse;
+        !t.bulk && since(t.first).is_some_and(|d| d >= SPARSE_AGE)
+    }
+}
+
 struct Entry<T> {
     flow: Option<u64>,
     at: Instant,
@@ -178,6 +243,11 @@ impl<T> SendQueue<T> {
     /// The next packet to send: sparse first. Packets that waited longer than `max_wait` go to
     /// `stale` instead.
     pub fn pop(&mut self, now: Instant, stale: &mut impl FnMut(T)) -> Option<T> {
+        self.pop_from(now, stale).map(|(item, _)| item)
+    }
+
+    /// `pop`, saying whether the packet left through the sparse queue.
+    pub fn pop_from(&mut self, now: Instant, stale: &mut impl FnMut(T)) -> Option<(T, bool)> {
         loop {
             let from_sparse = !self.sparse.is_empty();
             let queue = match from_sparse {
@@ -193,7 +263,7 @@ impl<T> SendQueue<T> {
             if from_sparse {
                 self.sparse_sent += 1;
             }
-            return Some(e.item);
+            return Some((e.item, from_sparse));
         }
     }
 
@@ -240,6 +310,11 @@ impl<T> RankedQueues<T> {
     /// The next packet: from the highest rank (lowest number) that has one.
     pub fn pop(&mut self, now: Instant, stale: &mut impl FnMut(T)) -> Option<T> {
         self.queues.iter_mut().find_map(|q| q.pop(now, stale))
+    }
+
+    /// `pop`, saying whether the packet left through its rank's sparse queue.
+    pub fn pop_from(&mut self, now: Instant, stale: &mut impl FnMut(T)) -> Option<(T, bool)> {
+        self.queues.iter_mut().find_map(|q| q.pop_from(now, stale))
     }
 
     pub fn set_max_wait(&mut self, max_wait: Duration) {
@@ -347,6 +422,35 @@ mod tests {
             seen[f as usize] += 1;
         }
         assert_eq!(seen, next);
+    }
+
+    /// A flow takes the sparse stream once it has been seen for `SPARSE_AGE`, sparse
+    /// throughout; one that was ever bulk stays on the bulk stream until its slot is forgotten
+    /// (`FLOW_FORGET` of silence); a packet without a flow key is bulk.
+    #[test]
+    fn only_a_flow_that_was_always_sparse_takes_the_sparse_stream() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut lane = SparseLane::default();
+        // A ping every 100 ms: on the bulk stream for its first second, then sparse.
+        for i in 0..10 {
+            assert!(
+                !lane.on_stream_sparse(t0 + ms(100 * i), Some(7), true),
+                "{i}"
+            );
+        }
+        assert!(lane.on_stream_sparse(t0 + ms(1000), Some(7), true));
+        assert!(lane.on_stream_sparse(t0 + ms(5000), Some(7), true));
+        assert!(!lane.on_stream_sparse(t0 + ms(1000), None, true));
+        // Forgotten after 10 s of silence: a new flow again.
+        assert!(!lane.on_stream_sparse(t0 + ms(15_000), Some(7), true));
+        // A flow that was bulk once, then slows down or pauses: bulk for good.
+        assert!(!lane.on_stream_sparse(t0, Some(1), false));
+        assert!(!lane.on_stream_sparse(t0 + ms(2000), Some(1), true));
+        assert!(!lane.on_stream_sparse(t0 + ms(9000), Some(1), true));
+        // ... until it was silent for `FLOW_FORGET`.
+        assert!(!lane.on_stream_sparse(t0 + ms(19_000), Some(1), true));
+        assert!(lane.on_stream_sparse(t0 + ms(20_000), Some(1), true));
     }
 
     /// The limit follows the path: raised, more may wait; lowered below what waits, nothing

@@ -106,6 +106,10 @@ pub struct PathStatus {
     /// (some may reach the peer twice).
     #[serde(default)]
     pub handed_over_packets: u64,
+    /// Stripe (server): packets a pipe had sent into its client's NAT mapping that died, sent
+    /// again to the new address after a rebinding (some may reach the peer twice).
+    #[serde(default)]
+    pub rebind_resent_packets: u64,
     pub drops: BTreeMap<String, u64>,
     /// UDP payload the path's packets have now (bytes), and the most its link carries: less
     /// once the path MTU watch found a smaller MTU on the route.

@@ -360,6 +360,11 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Counter(|p| p.connects),
     ),
     (
+        "mpquic_path_rebind_resent_packets",
+        "Stripe: packets a pipe had sent into a NAT mapping that died, sent again to the client's new address after the rebinding",
+        PathValue::Counter(|p| p.rebind_resent_packets),
+    ),
+    (
         "mpquic_path_handed_over_packets",
         "Reliable mode: packets sent again on a live path when this one went down",
         PathValue::Counter(|p| p.handed_over_packets),

@@ -219,6 +219,15 @@ impl Flight {
         self.last_progress = Some(now);
     }
 
+    /// The packets sent with tag `tag` (a pipe) from `since` on went to an address that no
+    /// longer reaches the peer (a NAT rebinding moved the pipe, and the sender sends them again
+    /// to the new one): lost now, not a time threshold after a later acknowledgement, so the
+    /// window they hold is free for what is sent again.
+    pub fn on_moved(&mut self, now: Instant, tag: u8, since: Instant) {
+        let lost = self.declare_lost_all(|s| s.tag == tag && s.at >= since);
+        self.report_loss(now, lost, false);
+    }
+
     /// When `on_timeout` has something to do.
     pub fn next_timeout(&self) -> Option<Instant> {
         if self.in_flight == 0 {
@@ -231,13 +240,33 @@ impl Flight {
     /// the first it keeps (they are in send order) or after `max`; the bytes lost and the send
     /// time of the latest. Resolved packets at the front are let go.
     fn declare_lost(&mut self, lost: impl Fn(&Sent) -> bool, max: usize) -> Option<(u64, Instant)> {
+        self.mark_lost(lost, max, true)
+    }
+
+    /// `declare_lost` of every unresolved packet `lost` says is lost, not only the oldest run.
+    fn declare_lost_all(&mut self, lost: impl Fn(&Sent) -> bool) -> Option<(u64, Instant)> {
+        self.mark_lost(lost, usize::MAX, false)
+    }
+
+    fn mark_lost(
+        &mut self,
+        lost: impl Fn(&Sent) -> bool,
+        max: usize,
+        stop_at_kept: bool,
+    ) -> Option<(u64, Instant)> {
         let (mut bytes, mut latest, mut n) = (0u64, None, 0);
         for s in self.sent.iter_mut() {
             if s.done {
                 continue;
             }
-            if n == max || !lost(s) {
+            if n == max {
                 break;
+            }
+            if !lost(s) {
+                match stop_at_kept {
+                    true => break,
+                    false => continue,
+                }
             }
             s.done = true;
             n += 1;
@@ -375,6 +404,27 @@ mod tests {
         // A repeated feedback changes nothing.
         f.on_feedback(t0 + ms(51), &feedback(&seen, ms(0)));
         assert_eq!((f.counts().acked, f.counts().lost), (9, 1));
+    }
+
+    /// A pipe that moved loses what it sent from the given moment on, at once; the other
+    /// pipes' packets, and its own from before, stay in flight.
+    #[test]
+    fn a_moved_pipe_loses_what_it_sent_since() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut f = Flight::new(Box::new(Bbr::new(1400)));
+        for c in 0..10 {
+            f.on_sent(t0 + ms(c), c, 1000, false, (c % 2) as u8);
+        }
+        f.on_moved(t0 + ms(20), 0, t0 + ms(4));
+        // Pipe 0 sent 0, 2, 4, 6, 8: 4, 6 and 8 are lost.
+        assert_eq!((f.lost_by_tag(0), f.lost_by_tag(1)), (3, 0));
+        assert_eq!((f.in_flight_by_tag(0), f.in_flight_by_tag(1)), (2000, 5000));
+        assert_eq!((f.in_flight(), f.counts().lost), (7000, 3));
+        // Acknowledging the rest resolves everything.
+        f.on_feedback(t0 + ms(30), &feedback(&[0, 1, 2, 3, 5, 7, 9], ms(0)));
+        assert_eq!((f.in_flight(), f.counts().acked), (0, 7));
+        assert!(f.sent.is_empty());
     }
 
     #[test]

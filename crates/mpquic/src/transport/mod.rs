@@ -107,6 +107,8 @@ pub struct TransportStats {
     /// NAT rebinding: QUIC's connection migration, a stripe pipe's new port); seen by the side
     /// that receives from a moving peer, the server.
     pub peer_moves: u64,
+    /// Stripe (server): packets sent again to the peer's new address after it moved.
+    pub rebind_resent: u64,
     /// What the QUIC engine's loss detection learned of the link's reordering; `None` where
     /// the transport detects loss its own way (stripe).
     pub reordering: Option<Reordering>,
@@ -287,20 +289,6 @@ impl Dropped {
             sink.on_send_dropped(reason, self.packets, self.bytes);
         }
         *self = Dropped::default();
-    }
-}
-
-/// Queue `frame` by its inner packet's flow (`Facts::flow`), for a sender that paces
-/// (`SendQueue`: sparse flows first); a full queue refuses it, counted in `refused`.
-pub(crate) fn enqueue_by_flow(
-    queue: &mut mpquic_core::sendq::SendQueue<bytes::Bytes>,
-    refused: &mut Dropped,
-    at: std::time::Instant,
-    flow: Option<u64>,
-    frame: bytes::Bytes,
-) {
-    if let Err(frame) = queue.push(at, flow, frame) {
-        refused.add(frame.len());
     }
 }
 

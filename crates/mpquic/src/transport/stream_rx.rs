@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -39,17 +39,29 @@ pub fn clock_us() -> u32 {
     EPOCH.get_or_init(Instant::now).elapsed().as_micros() as u32
 }
 
-/// Read `recv` until it ends, handing packets to `sink`; `delay_us` shows the playout delay
-/// (status); `conn` is closed if the peer breaks the stream's rules.
+/// A connection's playout, shared by all its streams (each class's bulk and sparse stream):
+/// one delay for every packet of the path. A flow whose packets take two streams (a TCP flow's
+/// handshake or the packets after a pause on the sparse stream, its data on the bulk one) then
+/// sees one steady RTT: with a playout per stream, a lossy path's sparse packets skipped the
+/// hold its bulk stream's packets waited, inner BBR took their RTT for the path's minimum and
+/// kept too little in flight (10% loss, 60 Mbit/s 30 ms: 6 Mbit/s against 19-28).
+#[derive(Default)]
+pub struct SharedPlayout {
+    playout: Mutex<Playout>,
+    /// The delay it holds packets to, for status (`delay`).
+    delay_us: AtomicU64,
+}
+
+/// Read `recv` until it ends, handing packets to `sink` through the connection's `playout`;
+/// `conn` is closed if the peer breaks the stream's rules.
 pub async fn run(
     sink: Arc<dyn Sink>,
     recv: quinn::RecvStream,
     conn: quinn::Connection,
-    delay_us: Arc<AtomicU64>,
+    shared: Arc<SharedPlayout>,
 ) {
     let (tx, mut rx) = mpsc::channel(READ_AHEAD);
     tokio::spawn(read_frames(recv, conn, tx));
-    let mut playout = Playout::default();
     let mut held: VecDeque<(Instant, Bytes)> = VecDeque::new();
     loop {
         let release = held.front().map(|(t, _)| *t);
@@ -84,8 +96,14 @@ pub async fn run(
             return;
         };
         let now = Instant::now();
-        let at = playout.on_packet(now, sent_us, waited);
-        delay_us.store(playout.delay().as_micros() as u64, Ordering::Relaxed);
+        let at = {
+            let mut playout = shared.playout.lock().unwrap_or_else(|e| e.into_inner());
+            let at = playout.on_packet(now, sent_us, waited);
+            shared
+                .delay_us
+                .store(playout.delay().as_micros() as u64, Ordering::Relaxed);
+            at
+        };
         if at <= now && held.is_empty() {
             deliver(&*sink, &packet);
         } else {
@@ -144,6 +162,6 @@ async fn read_frames(
 }
 
 /// The playout delay a path's receiver holds packets to, for status.
-pub fn delay(delay_us: &AtomicU64) -> Duration {
-    Duration::from_micros(delay_us.load(Ordering::Relaxed))
+pub fn delay(shared: &SharedPlayout) -> Duration {
+    Duration::from_micros(shared.delay_us.load(Ordering::Relaxed))
 }

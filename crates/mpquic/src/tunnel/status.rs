@@ -92,6 +92,7 @@ impl Tunnel {
                     ps.udp_payload = st.udp_payload.map(u64::from);
                     ps.quic_lost_packets = st.lost_packets;
                     ps.peer_moves = st.peer_moves;
+                    ps.rebind_resent_packets = st.rebind_resent;
                     ps.pipes = l.transport.pipes();
                     ps.transport = l.transport.kind().into();
                     let spurious = st.reordering.map_or(0, |r| r.spurious);

@@ -80,8 +80,8 @@ pub struct QuicTransport {
     /// only while `hand_over` says another path could take it.
     recent: Arc<Mutex<Recent>>,
     hand_over: Arc<AtomicBool>,
-    /// Reliable mode: the delay the stream's receiver holds packets to (µs, `stream_rx`).
-    playout_us: Arc<std::sync::atomic::AtomicU64>,
+    /// Reliable mode: the playout its streams' packets are held to (`stream_rx`), one for all.
+    playout: Arc<stream_rx::SharedPlayout>,
     /// `auto`: the tunnel core's choice for the path (`set_carry`); inner packets go on the
     /// stream only while it says so. Reliable mode: always the stream.
     adaptive: bool,
@@ -180,7 +180,7 @@ impl QuicTransport {
             has_stream: mode.has_stream(),
             recent: Arc::default(),
             hand_over: Arc::default(),
-            playout_us: Arc::default(),
+            playout: Arc::default(),
             adaptive: mode == TransportMode::Auto,
             on_stream: Arc::new(AtomicBool::new(mode == TransportMode::Reliable)),
             start: std::sync::Mutex::new(Some(StartParts {
@@ -395,10 +395,12 @@ impl PathTransport for QuicTransport {
             udp_payload: Some(st.path.current_mtu),
             max_datagram: self.conn.max_datagram_size(),
             link_payload: self.link_payload,
-            playout: self.has_stream.then(|| stream_rx::delay(&self.playout_us)),
+            playout: self.has_stream.then(|| stream_rx::delay(&self.playout)),
             acks: self.meter.as_ref().map(|m| m.acked()),
             wire_bytes: Some(on_the_link(&st, self.conn.remote_address())),
             peer_moves: self.peer_moves(),
+            // QUIC retransmits what went into a dead mapping itself.
+            rebind_resent: 0,
             reordering: Some(super::Reordering {
                 reordered: st.path.reordered_packets,
                 depth: st.path.reordering_depth,
@@ -497,11 +499,11 @@ impl PathTransport for QuicTransport {
         } = parts;
         match (self.has_stream, recv) {
             (true, Some(recv)) => {
-                let (s, c, d) = (sink.clone(), self.conn.clone(), self.playout_us.clone());
+                let (s, c, d) = (sink.clone(), self.conn.clone(), self.playout.clone());
                 tokio::spawn(stream_rx::run(s, recv, c, d));
                 // The peer's streams of its other traffic classes (`LaneStreams`): each read as the
                 // first one is (its frames carry their lane's header).
-                let (s, c, d) = (sink.clone(), self.conn.clone(), self.playout_us.clone());
+                let (s, c, d) = (sink.clone(), self.conn.clone(), self.playout.clone());
                 tokio::spawn(async move {
                     while let Ok(recv) = c.accept_uni().await {
                         tokio::spawn(stream_rx::run(s.clone(), recv, c.clone(), d.clone()));

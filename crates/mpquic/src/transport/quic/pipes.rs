@@ -245,6 +245,7 @@ impl PathTransport for QuicPipes {
             acks: all.iter().map(|s| s.acks).sum(),
             wire_bytes: all.iter().map(|s| s.wire_bytes).sum(),
             peer_moves: all.iter().map(|s| s.peer_moves).sum(),
+            rebind_resent: 0,
             reordering: all
                 .iter()
                 .filter_map(|s| s.reordering)

@@ -106,13 +106,13 @@ pub fn transport_config(cc: Congestion, link_mtu: u32, rtt: Option<Duration>) ->
     t.datagram_receive_buffer_size(Some(4 << 20));
     t.datagram_send_buffer_size(DATAGRAM_SEND_BUFFER);
     // Reliable mode: one stream carries a whole path (and each traffic class after the first
-    // one of its own, unidirectional: `path_writer`); windows sized for ~100 ms at 1 Gbit/s,
-    // the connection's shared by its streams.
+    // one of its own, unidirectional, and each class a sparse stream beside it: `LaneStreams`);
+    // windows sized for ~100 ms at 1 Gbit/s, the connection's shared by its streams.
     t.stream_receive_window((16u32 << 20).into());
     t.receive_window((32u32 << 20).into());
     t.send_window(32 << 20);
     t.max_concurrent_bidi_streams(4u32.into());
-    t.max_concurrent_uni_streams(((mpquic_core::wire::MAX_LANES - 1) as u32).into());
+    t.max_concurrent_uni_streams(((2 * mpquic_core::wire::MAX_LANES - 1) as u32).into());
     t.congestion_controller_factory(controller::tracked(cc));
     t
 }

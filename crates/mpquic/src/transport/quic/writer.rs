@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use bytes::{Bytes, BytesMut};
 use mpquic_core::pacing::Pacer;
-use mpquic_core::sendq::{RankedQueues, WaitingFlows};
+use mpquic_core::sendq::{RankedQueues, SparseLane, WaitingFlows};
 use mpquic_core::DropReason;
 use tokio::sync::mpsc;
 
@@ -31,6 +31,10 @@ const RECENT_BYTES: usize = 4 << 20;
 const RECENT_AGE: Duration = Duration::from_secs(1);
 /// Bytes written to a stream in one call (batching amortises the per-write cost).
 const STREAM_BATCH: usize = 64 * 1024;
+/// What the sparse streams may hold beyond the send window the bulk streams fill: a sparse
+/// packet is written at once even when a dead mapping's or a lossy round trip's unacknowledged
+/// data fills the window (it would otherwise wait for acknowledgements, as on the bulk stream).
+const SPARSE_ROOM: u64 = 2 * STREAM_BATCH as u64;
 
 /// The chunks a stream writer wrote lately, with when: bounded by `RECENT_BYTES` and
 /// `RECENT_AGE`. A chunk is a run of frames (length, packet) exactly as written.
@@ -140,8 +144,13 @@ pub(super) async fn path_writer(w: Writer) {
         rate_cap,
     } = w;
     let mut streams = LaneStreams::new(send);
-    // What goes on the streams this turn, by lane rank (each lane its own stream).
-    let mut batches: Vec<BytesMut> = vec![BytesMut::with_capacity(STREAM_BATCH + 65_538)];
+    // What goes on the streams this turn, by stream (`LaneStreams::slot`: each lane's sparse
+    // and bulk stream).
+    let mut batches: Vec<BytesMut> = vec![
+        BytesMut::new(),
+        BytesMut::with_capacity(STREAM_BATCH + 65_538),
+    ];
+    let mut sparse_lane = SparseLane::default();
     let mut queue = RankedQueues::new(WRITER_QUEUE, mpquic_core::reliable::HANDOFF_TIME);
     let mut pacer = Pacer::default();
     let mut stale = Dropped::default();
@@ -236,12 +245,15 @@ pub(super) async fn path_writer(w: Writer) {
         // serves the batch.
         let sent_us = stream_rx::clock_us();
         while sent + batched < budget {
-            let Some(Frame {
-                bytes: frame,
-                rank,
-                carry,
-                flow,
-            }) = queue.pop(now, &mut |f: Frame| {
+            let Some((
+                Frame {
+                    bytes: frame,
+                    rank,
+                    carry,
+                    flow,
+                },
+                left_sparse,
+            )) = queue.pop_from(now, &mut |f: Frame| {
                 flows.sub(f.flow);
                 stale.add(f.bytes.len() - STREAM_HEADER)
             })
@@ -280,11 +292,12 @@ pub(super) async fn path_writer(w: Writer) {
                 }
             }
             written.add(len);
-            let r = usize::from(rank);
-            if batches.len() <= r {
-                batches.resize_with(r + 1, BytesMut::new);
+            let sparse = sparse_lane.on_stream_sparse(now, flow, left_sparse);
+            let slot = LaneStreams::slot(rank, sparse);
+            if batches.len() <= slot {
+                batches.resize_with(slot + 1, BytesMut::new);
             }
-            let batch = &mut batches[r];
+            let batch = &mut batches[slot];
             let at = batch.len();
             batch.extend_from_slice(&frame);
             batched += frame.len();
@@ -315,18 +328,20 @@ pub(super) async fn path_writer(w: Writer) {
         let window = meter
             .as_deref()
             .map_or(path.cwnd, |m| m.backlog_window().max(path.cwnd));
-        conn.set_send_window(mpquic_core::reliable::stream_window(
-            window,
-            path.rtt,
-            loss.loss(),
-        ));
-        // Highest class first, each on its own stream.
-        for (rank, batch) in batches.iter_mut().enumerate() {
-            if batch.is_empty() {
+        let window = mpquic_core::reliable::stream_window(window, path.rtt, loss.loss());
+        // The sparse streams first (with `SPARSE_ROOM` beyond the window), then the bulk
+        // streams, highest class first.
+        let order = (0..batches.len())
+            .step_by(2)
+            .chain((1..batches.len()).step_by(2));
+        for slot in order {
+            if batches[slot].is_empty() {
                 continue;
             }
-            let chunk = batch.split().freeze();
-            let written_ok = match streams.get(&conn, rank as u8).await {
+            let sparse = slot % 2 == 0;
+            conn.set_send_window(window + if sparse { SPARSE_ROOM } else { 0 });
+            let chunk = batches[slot].split().freeze();
+            let written_ok = match streams.get(&conn, slot) {
                 Some(send) => send.write_chunk(chunk.clone()).await.is_ok(),
                 None => false,
             };
@@ -350,41 +365,81 @@ pub(super) async fn path_writer(w: Writer) {
     }
 }
 
-/// The streams a path's writer sends on: the hello stream for the first traffic class (and for
-/// a tunnel without classes), a unidirectional stream for each other class that goes on a
-/// stream, opened when it first does and prioritised by rank (quinn sends a higher-priority
-/// stream's data first). Head-of-line blocking is per stream, so a class never waits behind a
-/// lower class's retransmissions (scenario 01: critical pings on a 30%-loss link waited
-/// behind bulk's on one shared stream, median 45.6 ms against 16.8 on a stream of their own).
+/// The streams a path's writer sends on, two per traffic class (lane):
+///
+/// - its **bulk** stream: the hello stream for the first class (and for a tunnel without
+///   classes), a unidirectional stream for each other class that goes on a stream, opened when
+///   it first does and prioritised by rank (quinn sends a higher-priority stream's data first,
+///   its retransmissions included). Head-of-line blocking is per stream, so a class never
+///   waits behind a lower class's retransmissions (scenario 01: critical pings on a 30%-loss
+///   link waited behind bulk's on one shared stream, median 45.6 ms against 16.8 on a stream
+///   of their own);
+/// - its **sparse** stream, unidirectional, above every bulk stream, for the packets
+///   `SparseLane` sends there (pings, DNS, a flow's first packets): they pass the bulk
+///   streams' backlog and retransmissions, as they pass bulk in the send queue.
+///
+/// The receiver reads every stream the peer opens alike (each frame carries its lane). A peer
+/// that takes fewer streams (one that predates the sparse streams allows `MAX_LANES - 1`)
+/// leaves a stream it has no room for unopened: its packets go on the lane's bulk stream, or
+/// on the first one, instead of waiting for a stream that never comes.
 struct LaneStreams {
-    first: Option<quinn::SendStream>,
-    /// By rank - 1.
-    others: Vec<Option<quinn::SendStream>>,
+    /// By `slot`; the hello stream at 1 (none on a CONNECT-IP connection).
+    streams: Vec<Option<quinn::SendStream>>,
 }
+
+/// The hello stream's slot: the first lane's bulk stream.
+const FIRST: usize = 1;
 
 impl LaneStreams {
     fn new(first: Option<quinn::SendStream>) -> LaneStreams {
         LaneStreams {
-            first,
-            others: Vec::new(),
+            streams: vec![None, first],
         }
     }
 
-    /// The stream of lane `rank`; `None` when the connection takes no more streams (closed).
-    async fn get(&mut self, conn: &quinn::Connection, rank: u8) -> Option<&mut quinn::SendStream> {
-        let Some(i) = usize::from(rank).checked_sub(1) else {
-            return self.first.as_mut();
+    /// The index of lane `rank`'s sparse or bulk stream: sparse ones even, bulk ones odd.
+    fn slot(rank: u8, sparse: bool) -> usize {
+        2 * usize::from(rank) + usize::from(!sparse)
+    }
+
+    /// The stream of `slot`, opened when first needed, or the one that stands in for it
+    /// (above); `None` when the connection has none (closed, or datagrams only).
+    fn get(&mut self, conn: &quinn::Connection, slot: usize) -> Option<&mut quinn::SendStream> {
+        if slot != FIRST && !self.open(conn, slot) {
+            // A lane's sparse stream is stood in for by its bulk one, a bulk one by the first.
+            return match slot % 2 {
+                0 => self.get(conn, slot + 1),
+                _ => self.streams[FIRST].as_mut(),
+            };
+        }
+        self.streams[slot].as_mut()
+    }
+
+    /// Whether `slot`'s stream is open, opening it if the peer has room for one more now
+    /// (asked once, not waited for).
+    fn open(&mut self, conn: &quinn::Connection, slot: usize) -> bool {
+        use std::future::Future;
+        use std::task::{Context, Poll, Waker};
+        if self.streams.len() <= slot {
+            self.streams.resize_with(slot + 1, || None);
+        }
+        if self.streams[slot].is_some() {
+            return true;
+        }
+        let fut = std::pin::pin!(conn.open_uni());
+        let Poll::Ready(Ok(s)) = fut.poll(&mut Context::from_waker(Waker::noop())) else {
+            return false;
         };
-        if self.others.len() <= i {
-            self.others.resize_with(i + 1, || None);
-        }
-        if self.others[i].is_none() {
-            let s = conn.open_uni().await.ok()?;
-            // The first class's stream has quinn's default priority, 0.
-            let _ = s.set_priority(-i32::from(rank));
-            self.others[i] = Some(s);
-        }
-        self.others[i].as_mut()
+        // Every sparse stream above every bulk one; the bulk ones by rank, the hello stream's
+        // quinn's default, 0.
+        let rank = (slot / 2) as i32;
+        let priority = match slot % 2 {
+            0 => mpquic_core::wire::MAX_LANES as i32 - rank,
+            _ => -rank,
+        };
+        let _ = s.set_priority(priority);
+        self.streams[slot] = Some(s);
+        true
     }
 }
 

@@ -16,7 +16,9 @@
 //!   window, and packets wait in a bounded queue in front of it (sparse flows first,
 //!   `SendQueue`). A data packet goes to the registered pipe with the fewest bytes in flight.
 //! - **Loss** is not retransmitted here: the tunnel's FEC (`stripe_data_shards` /
-//!   `stripe_parity_shards`) repairs it, as on a datagram-mode QUIC path.
+//!   `stripe_parity_shards`) repairs it, as on a datagram-mode QUIC path. The one exception is
+//!   a NAT rebinding: what a pipe sent into the dead mapping is sent again to its new address
+//!   (`Link::follow`, `sender::Resend`).
 //! - **Refused packets** are counted: a packet that names this path's session but fails its tag
 //!   or the replay window is a drop of the path (`unauthenticated`, `replayed`); on the server,
 //!   packets that name no session are counted by the stripe socket (`server.rs`).
@@ -174,6 +176,13 @@ pub(crate) struct Link {
     last_from: Mutex<Option<(SocketAddr, usize)>>,
     /// Server: pipes moved to a new client address by an authentic packet (`follow`).
     moves: AtomicU64,
+    /// Server: what the sender is to send again after a move (`follow`): the pipe, and from
+    /// when on (µs since the link started) its packets may have gone to the dead address.
+    resend: Mutex<Vec<(usize, u64)>>,
+    /// Tells the sender there is something in `resend`.
+    resend_due: Notify,
+    /// Server: packets sent again after a move (`sender::Resend`).
+    resent: AtomicU64,
 }
 
 impl Link {
@@ -206,6 +215,9 @@ impl Link {
             next_control: AtomicUsize::new(0),
             last_from: Mutex::new(None),
             moves: AtomicU64::new(0),
+            resend: Mutex::new(Vec::new()),
+            resend_due: Notify::new(),
+            resent: AtomicU64::new(0),
         })
     }
 
@@ -460,6 +472,13 @@ impl Link {
     /// within the packet's one-way delay instead of waiting for the pipe's next KEEPALIVE (up
     /// to 5 s), which still names the pipe and corrects the guess. A forged packet fails its
     /// tag and a replayed one the window before this: neither moves a pipe.
+    ///
+    /// What the pipe sent since the old mapping may have died is sent again to the new address
+    /// (`sender::Resend`): stripe does not retransmit, and about a round trip of the server's
+    /// packets went into the dead mapping (under a download, 3-4 pings' replies lost in a run
+    /// at every rebinding). The mapping died after the client sent the last packet heard from
+    /// it, so a packet the server sent up to a round trip before that arrived may have met it
+    /// dead.
     fn follow(&self, from: SocketAddr) -> Option<usize> {
         let i = self
             .pipes
@@ -471,6 +490,13 @@ impl Link {
         *self.pipes[i].dest.lock().unwrap_or_else(|e| e.into_inner()) = Some(from);
         *self.last_from.lock().unwrap_or_else(|e| e.into_inner()) = Some((from, i));
         self.moves.fetch_add(1, Ordering::Relaxed);
+        let heard = self.pipes[i].heard_us.load(Ordering::Relaxed);
+        let rtt = self.meter.rtt_us.load(Ordering::Relaxed);
+        self.resend
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((i, heard.saturating_sub(rtt)));
+        self.resend_due.notify_one();
         Some(i)
     }
 
@@ -750,6 +776,7 @@ impl PathTransport for StripeTransport {
             acks: None,
             // The pipes' and the QUIC connection's (it rides the same NAT).
             peer_moves: self.link.moves.load(Ordering::Relaxed) + q.peer_moves,
+            rebind_resent: self.link.resent.load(Ordering::Relaxed),
             // Stripe packets' losses are the stripe's own to detect (`stripe/flight.rs`).
             reordering: None,
         }

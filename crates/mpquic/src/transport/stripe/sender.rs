@@ -5,7 +5,11 @@
 //! fewest bytes in flight. One system call per packet cost too much: in scenario 06 (two paths,
 //! 540 Mbit/s) the sender fell behind on the shared runtime thread and its queue dropped 24k
 //! packets per path.
+//!
+//! The server's sender also keeps what each pipe sent lately, to send again when a NAT
+//! rebinding moved the pipe (`Resend`, `Link::follow`).
 
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +22,7 @@ use quinn::udp::Transmit;
 use tokio::sync::mpsc;
 
 use super::{queue_limit, Handed, Link, OVERHEAD, PACED_PACKET, QUEUE};
-use crate::transport::{enqueue_by_flow, Dropped, Sink};
+use crate::transport::{Dropped, Sink};
 
 /// Packets sent to one pipe in one go, at most: their counters are consecutive, so a run
 /// reaches the peer behind the other pipes' packets by at most its own length (8 full packets
@@ -26,6 +30,75 @@ use crate::transport::{enqueue_by_flow, Dropped, Sink};
 const RUN: usize = 8;
 /// Outer IPv4 and UDP headers, for the pacer (it counts what the link carries).
 const IP_UDP: usize = 28;
+/// What `Resend` keeps: at most this many bytes of datagrams, none sent longer ago than this
+/// (a rebinding is followed within a round trip of the mapping's death).
+const RESEND_BYTES: usize = 2 << 20;
+const RESEND_AGE_US: u64 = 1_000_000;
+
+/// A data packet in the sender's queue: its inner flow (`Facts::flow`) and the datagram.
+type Flowed = (Option<u64>, Bytes);
+
+/// Queue a packet by its flow (sparse flows first); a full queue refuses it, counted in
+/// `refused`.
+fn enqueue(
+    queue: &mut SendQueue<Flowed>,
+    refused: &mut Dropped,
+    at: Instant,
+    flow: Option<u64>,
+    d: Bytes,
+) {
+    if let Err((_, d)) = queue.push(at, flow, (flow, d)) {
+        refused.add(d.len());
+    }
+}
+
+/// Server: the data packets sent lately, with when (µs since the link started) and on which
+/// pipe, so that what a pipe sent into a NAT mapping that died can be sent again to its new
+/// address (`Link::follow`). Bounded by `RESEND_BYTES` and `RESEND_AGE_US`.
+#[derive(Default)]
+struct Resend {
+    sent: VecDeque<(u64, usize, Flowed)>,
+    bytes: usize,
+}
+
+impl Resend {
+    fn keep(&mut self, at_us: u64, pipe: usize, packet: Flowed) {
+        self.bytes += packet.1.len();
+        self.sent.push_back((at_us, pipe, packet));
+        while let Some((t, _, (_, d))) = self.sent.front() {
+            if self.bytes <= RESEND_BYTES && at_us.saturating_sub(*t) <= RESEND_AGE_US {
+                break;
+            }
+            self.bytes -= d.len();
+            self.sent.pop_front();
+        }
+    }
+
+    /// Queue again, in the order they were sent, the packets `pipe` sent from `since_us` on,
+    /// and forget them (they are kept again as they leave); returns how many.
+    fn queue_again(
+        &mut self,
+        pipe: usize,
+        since_us: u64,
+        queue: &mut SendQueue<Flowed>,
+        refused: &mut Dropped,
+        now: Instant,
+    ) -> usize {
+        let mut again = 0;
+        let mut kept = VecDeque::with_capacity(self.sent.len());
+        for (at, p, (flow, d)) in self.sent.drain(..) {
+            if p == pipe && at >= since_us {
+                self.bytes -= d.len();
+                enqueue(queue, refused, now, flow, d);
+                again += 1;
+            } else {
+                kept.push_back((at, p, (flow, d)));
+            }
+        }
+        self.sent = kept;
+        again
+    }
+}
 
 /// Sealed packets for one pipe, back to back in one buffer: all `seg` bytes long but the last.
 #[derive(Default)]
@@ -108,7 +181,8 @@ pub(super) async fn run(
     sink: Arc<dyn Sink>,
     conn: quinn::Connection,
 ) {
-    let mut queue: SendQueue<Bytes> = SendQueue::new(QUEUE, mpquic_core::reliable::HANDOFF_TIME);
+    let mut queue: SendQueue<Flowed> = SendQueue::new(QUEUE, mpquic_core::reliable::HANDOFF_TIME);
+    let mut resend = Resend::default();
     let (mut stale, mut full, mut failed) =
         (Dropped::default(), Dropped::default(), Dropped::default());
     let mut pollers: Vec<_> = link
@@ -123,14 +197,14 @@ pub(super) async fn run(
         .collect();
     let mut run = Run::default();
     // A packet taken from the queue while the socket was blocked: it goes first.
-    let mut carry: Option<Bytes> = None;
+    let mut carry: Option<Flowed> = None;
     // Set when the connection was found closed while the window was full.
     let mut ended = false;
     loop {
         if ended {
             // The path has ended while the window was full: the feedback that would open it
             // never comes, and a sender waiting for it would keep the path's sockets for good.
-            for d in queue.drain().chain(carry.take()) {
+            for (_, d) in queue.drain().chain(carry.take()) {
                 failed.add(d.len());
             }
             while let Ok((_, _, d)) = rx.try_recv() {
@@ -145,17 +219,27 @@ pub(super) async fn run(
         if queue.is_empty() && carry.is_none() {
             tokio::select! {
                 got = rx.recv() => match got {
-                    Some((at, flow, d)) => enqueue_by_flow(&mut queue, &mut full, at, flow, d),
+                    Some((at, flow, d)) => enqueue(&mut queue, &mut full, at, flow, d),
                     None => return,
                 },
+                _ = link.resend_due.notified() => {}
                 _ = conn.closed() => return,
             }
         }
         while let Ok((at, flow, d)) = rx.try_recv() {
-            enqueue_by_flow(&mut queue, &mut full, at, flow, d);
+            enqueue(&mut queue, &mut full, at, flow, d);
+        }
+        let now = Instant::now();
+        // Pipes a NAT rebinding moved: what they sent into the dead mapping is lost (its window
+        // freed now) and sent again, ahead of bulk where its flow is sparse.
+        let moved = std::mem::take(&mut *link.resend.lock().unwrap_or_else(|e| e.into_inner()));
+        for (pipe, since_us) in moved {
+            let since = link.started + Duration::from_micros(since_us);
+            link.tx().flight.on_moved(now, pipe as u8, since);
+            let again = resend.queue_again(pipe, since_us, &mut queue, &mut full, now);
+            link.resent.fetch_add(again as u64, Ordering::Relaxed);
         }
         full.report(&*sink, DropReason::QueueFull);
-        let now = Instant::now();
         let mut blocked = false;
         let wait = {
             let mut tx = link.tx();
@@ -175,11 +259,12 @@ pub(super) async fn run(
                     Wait::Until(at)
                 } else {
                     let mut budget = tx.pacer.budget(now);
+                    let now_us = now.saturating_duration_since(link.started).as_micros() as u64;
                     while budget > 0 && tx.flight.room() >= PACED_PACKET as u64 {
                         let next = carry
                             .take()
-                            .or_else(|| queue.pop(now, &mut |d: Bytes| stale.add(d.len())));
-                        let Some(d) = next else {
+                            .or_else(|| queue.pop(now, &mut |(_, d): Flowed| stale.add(d.len())));
+                        let Some((flow, d)) = next else {
                             break;
                         };
                         let tx = &mut *tx;
@@ -189,7 +274,7 @@ pub(super) async fn run(
                                 // The socket would block: this packet goes first once the run
                                 // that waits for it has left.
                                 blocked = true;
-                                carry = Some(d);
+                                carry = Some((flow, d));
                                 break;
                             }
                             let Some(pipe) = link.pick_data(&tx.flight, tx.next) else {
@@ -204,6 +289,9 @@ pub(super) async fn run(
                         let counter = tx.seal.sealed();
                         tx.seal.seal(Kind::Data, &d, &mut tx.buf);
                         run.push(counter, &tx.buf);
+                        if !link.client {
+                            resend.keep(now_us, run.pipe, (flow, d));
+                        }
                         let app_limited = queue.is_empty() && rx.is_empty();
                         tx.flight
                             .on_sent(now, counter, len, app_limited, run.pipe as u8);
