@@ -375,8 +375,9 @@ pub(super) async fn path_writer(w: Writer) {
 ///   link waited behind bulk's on one shared stream, median 45.6 ms against 16.8 on a stream
 ///   of their own);
 /// - its **sparse** stream, unidirectional, above every bulk stream, for the packets
-///   `SparseLane` sends there (pings, DNS, a flow's first packets): they pass the bulk
-///   streams' backlog and retransmissions, as they pass bulk in the send queue.
+///   `SparseLane` sends there (flows sparse for a second and never bulk: pings, voice,
+///   interactive sessions): they pass the bulk streams' backlog and retransmissions, as they
+///   pass bulk in the send queue.
 ///
 /// The receiver reads every stream the peer opens alike (each frame carries its lane). A peer
 /// that takes fewer streams (one that predates the sparse streams allows `MAX_LANES - 1`)
