@@ -179,7 +179,9 @@ pub(crate) struct Link {
     /// Server: what the sender is to send again after a move (`follow`): the pipe, and from
     /// when on (µs since the link started) its packets may have gone to the dead address.
     resend: Mutex<Vec<(usize, u64)>>,
-    /// Tells the sender there is something in `resend`.
+    /// There is something in `resend` (read by the sender every turn, without the lock), and
+    /// the wake-up of an idle sender for it.
+    resend_pending: AtomicBool,
     resend_due: Notify,
     /// Server: packets sent again after a move (`sender::Resend`).
     resent: AtomicU64,
@@ -216,6 +218,7 @@ impl Link {
             last_from: Mutex::new(None),
             moves: AtomicU64::new(0),
             resend: Mutex::new(Vec::new()),
+            resend_pending: AtomicBool::new(false),
             resend_due: Notify::new(),
             resent: AtomicU64::new(0),
         })
@@ -496,6 +499,7 @@ impl Link {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((i, heard.saturating_sub(rtt)));
+        self.resend_pending.store(true, Ordering::Release);
         self.resend_due.notify_one();
         Some(i)
     }

@@ -232,7 +232,10 @@ pub(super) async fn run(
         let now = Instant::now();
         // Pipes a NAT rebinding moved: what they sent into the dead mapping is lost (its window
         // freed now) and sent again, ahead of bulk where its flow is sparse.
-        let moved = std::mem::take(&mut *link.resend.lock().unwrap_or_else(|e| e.into_inner()));
+        let moved = match link.resend_pending.swap(false, Ordering::Acquire) {
+            true => std::mem::take(&mut *link.resend.lock().unwrap_or_else(|e| e.into_inner())),
+            false => Vec::new(),
+        };
         for (pipe, since_us) in moved {
             let since = link.started + Duration::from_micros(since_us);
             link.tx().flight.on_moved(now, pipe as u8, since);
