@@ -441,7 +441,11 @@ struct Forwarder {
 
 impl Forwarder {
     fn new(io: DirectionIo) -> Forwarder {
-        let link = Link::new(lock(&io.dir.spec).clone(), io.seed);
+        let mut link = Link::new(lock(&io.dir.spec).clone(), io.seed);
+        link.set_epoch(timing::minute_start(
+            Instant::now(),
+            std::time::SystemTime::now(),
+        ));
         Forwarder {
             input: io.input,
             output: io.output,

@@ -155,9 +155,28 @@ impl WakeTuner {
     }
 }
 
+/// The monotonic time at which the wall clock's current minute began (given `now` and the wall
+/// clock read at the same moment): the epoch of recorded links and rate slots, so a replayed
+/// Starlink slot changes when the real ones do (12, 27, 42 and 57 s past each minute) and the
+/// tunnel's own reckoning of them, from the wall clock, agrees with the lab's.
+pub fn minute_start(now: Instant, wall: std::time::SystemTime) -> Instant {
+    let since_unix = wall
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let into_minute = Duration::from_nanos((since_unix.as_nanos() % 60_000_000_000) as u64);
+    now.checked_sub(into_minute).unwrap_or(now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_minute_starts_on_the_wall_clocks_minute() {
+        let now = Instant::now();
+        let wall = std::time::UNIX_EPOCH + Duration::from_millis(1_000 * 3600 + 27_250);
+        assert_eq!(now - minute_start(now, wall), Duration::from_millis(27_250));
+    }
 
     /// Clocks as they read on a machine up for 7 hours in 2026.
     const REAL: u64 = 56 * 365 * 24 * 3600 * 1_000_000_000;

@@ -1,5 +1,6 @@
 //! The link model of mpquic's lab: one direction of an imperfect link (rate, delay, jitter,
-//! loss and loss bursts, duplication, reordering, queues, per-flow caps, MTU, black holes),
+//! loss and loss bursts, duplication, reordering, queues, per-flow caps, MTU, black holes, and recorded
+//! delay, loss and capacity replayed: `trace`),
 //! sans-IO, driven by `now`, deterministic per seed. The emulator (`mpquic-lab`) runs it on real
 //! frames; the core's simulator (`crates/core/tests/sim.rs`) runs the tunnel over it in virtual
 //! time, so both test against the same links.
@@ -7,6 +8,7 @@
 mod link;
 mod rng;
 pub mod spec;
+pub mod trace;
 
 pub use link::{Link, LinkStats};
 pub use rng::Rng;

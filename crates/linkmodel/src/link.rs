@@ -1,10 +1,11 @@
 //! One direction of an emulated link, sans-IO: packets go in with `push(now, ..)`, come out of
 //! `poll(now, ..)` when their time has come, and `next_deadline()` says when to call again.
 //!
-//! Stages, in order: state (down/blackhole) -> MTU -> loss (Bernoulli or Gilbert-Elliott) ->
-//! duplication -> per-flow cap (a shaper per 5-tuple, bounded in time) -> the link's rate (one
-//! FIFO, drop-tail bounded in time or bytes, optional CoDel) -> propagation delay with jitter
-//! (order kept unless asked) and optional reordering.
+//! Stages, in order: state (down/blackhole) -> MTU -> loss (Bernoulli, Gilbert-Elliott, a
+//! recorded loss trace) -> duplication -> per-flow cap (a shaper per 5-tuple, bounded in time)
+//! -> the link's capacity (a rate, a rate per wall-clock slot, or recorded delivery
+//! opportunities; one FIFO, drop-tail bounded in time or bytes, optional CoDel) -> propagation
+//! delay (fixed or recorded) with jitter (order kept unless asked) and optional reordering.
 //!
 //! Departure and arrival times are computed exactly when a packet enters a stage, so a late
 //! `poll` delays delivery only by its own lateness, never the link's model. The inner stages move
@@ -20,6 +21,7 @@ use serde::Serialize;
 
 use super::rng::Rng;
 use super::spec::{JitterDist, LinkSpec, LinkState, QueueLimit};
+use super::trace::{CapacityTrace, StepTrace, OPPORTUNITY_BYTES};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct LinkStats {
@@ -124,9 +126,43 @@ impl Codel {
     }
 }
 
+/// Where a capacity trace's FIFO stands: the opportunity the last packet left in (index within
+/// the period that starts at `cycle_at`) and the bytes it has left.
+#[derive(Debug, Clone, Copy)]
+struct Opportunity {
+    cycle_at: Instant,
+    i: usize,
+    left: u64,
+}
+
+impl Opportunity {
+    fn at(&self, trace: &CapacityTrace) -> Instant {
+        self.cycle_at + trace.time_of(self.i)
+    }
+
+    fn next(self, trace: &CapacityTrace) -> Opportunity {
+        let (cycle_at, i) = if self.i + 1 >= trace.len() {
+            (self.cycle_at + trace.period, 0)
+        } else {
+            (self.cycle_at, self.i + 1)
+        };
+        Opportunity {
+            cycle_at,
+            i,
+            left: OPPORTUNITY_BYTES,
+        }
+    }
+}
+
 pub struct Link<P> {
     spec: LinkSpec,
+    seed: u64,
     rng: Rng,
+    /// Time zero of the recordings and slots (`set_epoch`): the start of a wall-clock minute
+    /// in the lab; the first packet's time when nobody set it.
+    epoch: Option<Instant>,
+    /// A capacity trace's position.
+    opportunity: Option<Opportunity>,
     ge_bad: bool,
     seq: u64,
     /// Per-flow cap: when each flow's shaper is next free.
@@ -143,6 +179,17 @@ pub struct Link<P> {
     pub stats: LinkStats,
 }
 
+/// `t` on a recording's clock: since `epoch`, less `trace_at`, within its `period` (a
+/// recording repeats).
+fn trace_time(epoch: Instant, trace_at: Duration, t: Instant, period: Duration) -> Duration {
+    let since = match t.checked_duration_since(epoch) {
+        Some(d) => d.as_nanos() as i128,
+        None => -(epoch.duration_since(t).as_nanos() as i128),
+    } - trace_at.as_nanos() as i128;
+    let period = period.as_nanos().max(1) as i128;
+    Duration::from_nanos(since.rem_euclid(period) as u64)
+}
+
 fn tx_time(len: usize, bps: u64) -> Duration {
     Duration::from_nanos((len as u64 * 8).saturating_mul(1_000_000_000) / bps.max(1))
 }
@@ -151,7 +198,10 @@ impl<P: Clone> Link<P> {
     pub fn new(spec: LinkSpec, seed: u64) -> Link<P> {
         Link {
             spec,
+            seed,
             rng: Rng::new(seed),
+            epoch: None,
+            opportunity: None,
             ge_bad: false,
             seq: 0,
             flow_free: HashMap::new(),
@@ -175,7 +225,33 @@ impl<P: Clone> Link<P> {
         if spec.flow_rate_bps != self.spec.flow_rate_bps {
             self.flow_free.clear();
         }
+        if spec.capacity_trace != self.spec.capacity_trace || spec.trace_at != self.spec.trace_at {
+            self.opportunity = None;
+        }
         self.spec = spec;
+    }
+
+    /// Time zero of the recordings (`trace_at` counts from it) and of the rate slots. The lab
+    /// sets the start of the wall clock's minute, so a link replays Starlink's slots when the
+    /// real ones change; the simulator leaves it at the first packet.
+    pub fn set_epoch(&mut self, epoch: Instant) {
+        self.epoch = Some(epoch);
+        self.opportunity = None;
+    }
+
+    fn epoch(&mut self, now: Instant) -> Instant {
+        *self.epoch.get_or_insert(now)
+    }
+
+    /// A step trace's value at `t` (`which` picks the trace out of the spec).
+    fn step_value(
+        &mut self,
+        t: Instant,
+        which: fn(&LinkSpec) -> Option<&StepTrace>,
+    ) -> Option<u64> {
+        let epoch = self.epoch(t);
+        let trace = which(&self.spec)?;
+        Some(trace.at(trace_time(epoch, self.spec.trace_at, t, trace.period())))
     }
 
     /// A packet of `len` bytes (IP length) enters the link; `flow` is its 5-tuple hash.
@@ -192,7 +268,7 @@ impl<P: Clone> Link<P> {
             self.stats.dropped_mtu += 1;
             return;
         }
-        if self.lost() {
+        if self.lost(now) {
             self.stats.dropped_loss += 1;
             return;
         }
@@ -203,7 +279,10 @@ impl<P: Clone> Link<P> {
         self.admit(now, payload, len, flow);
     }
 
-    fn lost(&mut self) -> bool {
+    fn lost(&mut self, now: Instant) -> bool {
+        if self.step_value(now, |s| s.loss_trace.as_ref()) == Some(1) {
+            return true;
+        }
         if let Some(ge) = self.spec.ge {
             // Transition first, then lose with the state's probability.
             self.ge_bad = if self.ge_bad {
@@ -253,9 +332,12 @@ impl<P: Clone> Link<P> {
 
     /// The link's FIFO at time `t` (drop-tail).
     fn enqueue(&mut self, t: Instant, payload: P, len: usize) {
-        let Some(rate) = self.spec.rate_bps else {
+        let shaped = self.spec.rate_bps.is_some()
+            || self.spec.rate_slots.is_some()
+            || self.spec.capacity_trace.is_some();
+        if !shaped {
             return self.propagate(t, payload, len);
-        };
+        }
         let start = self.link_free.map_or(t, |f| f.max(t));
         let full = match self.spec.queue {
             QueueLimit::Time(limit) => start.saturating_duration_since(t) > limit,
@@ -265,7 +347,16 @@ impl<P: Clone> Link<P> {
             self.stats.dropped_queue += 1;
             return;
         }
-        let depart = start + tx_time(len, rate);
+        let epoch = self.epoch(t);
+        let depart = if let Some(rate) = self.spec.rate_bps {
+            start + tx_time(len, rate)
+        } else if let Some(slots) = &self.spec.rate_slots {
+            // The slot the transmission starts in sets its rate.
+            let slot = slots.slot(start.saturating_duration_since(epoch));
+            start + tx_time(len, slots.rate(slot, self.seed))
+        } else {
+            self.take_opportunities(t, len as u64, epoch)
+        };
         self.link_free = Some(depart);
         self.queued_bytes += len as u64;
         self.queue.push_back(Queued {
@@ -276,9 +367,51 @@ impl<P: Clone> Link<P> {
         });
     }
 
+    /// A packet of `bytes` entering at `t` leaves at the delivery opportunity that carries its
+    /// last byte (Mahimahi's queue: each opportunity carries 1500 bytes; what one packet
+    /// leaves of it carries the next if that one is already waiting; an opportunity nobody
+    /// waits for is lost).
+    fn take_opportunities(&mut self, t: Instant, bytes: u64, epoch: Instant) -> Instant {
+        let trace = self.spec.capacity_trace.as_ref().expect("a capacity trace");
+        let busy = self.link_free.is_some_and(|f| t <= f);
+        let mut o = match self.opportunity {
+            Some(o) if busy && o.left > 0 => o,
+            Some(o) if busy => o.next(trace),
+            _ => {
+                let within = trace_time(epoch, self.spec.trace_at, t, trace.period);
+                let first = Opportunity {
+                    cycle_at: t - within,
+                    i: trace.first_at_or_after(within),
+                    left: OPPORTUNITY_BYTES,
+                };
+                if first.i >= trace.len() {
+                    Opportunity {
+                        cycle_at: first.cycle_at + trace.period,
+                        i: 0,
+                        ..first
+                    }
+                } else {
+                    first
+                }
+            }
+        };
+        let mut need = bytes;
+        loop {
+            let take = need.min(o.left);
+            need -= take;
+            o.left -= take;
+            if need == 0 {
+                break;
+            }
+            o = o.next(trace);
+        }
+        self.opportunity = Some(o);
+        o.at(trace)
+    }
+
     /// Propagation delay from time `t` (when the last bit left).
     fn propagate(&mut self, t: Instant, payload: P, len: usize) {
-        let mut arrival = t + self.delay_sample();
+        let mut arrival = t + self.delay_sample(t);
         if self.rng.chance(self.spec.reorder) {
             // Skips the delay: overtakes what is in flight.
             arrival = t;
@@ -298,11 +431,14 @@ impl<P: Clone> Link<P> {
         }));
     }
 
-    fn delay_sample(&mut self) -> Duration {
-        let d = self.spec.delay.as_secs_f64();
+    /// The propagation delay of a packet whose last bit left at `t`.
+    fn delay_sample(&mut self, t: Instant) -> Duration {
+        let recorded = self.step_value(t, |s| s.delay_trace.as_ref()).unwrap_or(0);
+        let base = self.spec.delay + Duration::from_nanos(recorded);
+        let d = base.as_secs_f64();
         let j = self.spec.jitter.as_secs_f64();
         if j == 0.0 {
-            return self.spec.delay;
+            return base;
         }
         let offset = match self.spec.jitter_dist {
             JitterDist::Uniform => (self.rng.unit() * 2.0 - 1.0) * j,
@@ -384,7 +520,9 @@ impl<P: Clone> Link<P> {
     pub fn min_delay(&self) -> Duration {
         // Float rounding in `delay_sample` stays far within this margin.
         const MARGIN: Duration = Duration::from_micros(1);
-        let (d, j) = (self.spec.delay, self.spec.jitter);
+        let recorded = self.spec.delay_trace.as_ref().map_or(0, StepTrace::min);
+        let d = self.spec.delay + Duration::from_nanos(recorded);
+        let j = self.spec.jitter;
         if self.spec.reorder > 0.0 {
             return Duration::ZERO;
         }

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::trace::{self, CapacityTrace, RateSlots, StepTrace};
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum JitterDist {
@@ -73,6 +75,22 @@ pub struct LinkSpec {
     /// the cost of a wake-up each.
     #[serde(serialize_with = "ser_ms", rename = "slack_ms")]
     pub slack: Duration,
+    /// A recorded one-way delay, per step (`trace.rs`): the propagation delay, with `delay`
+    /// and `jitter` added to it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_trace: Option<StepTrace>,
+    /// A recorded loss, per step: a step marked 1 drops everything that enters the link in it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_trace: Option<StepTrace>,
+    /// A recorded capacity (Mahimahi's delivery opportunities), in place of `rate`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_trace: Option<CapacityTrace>,
+    /// Capacities per fixed slot of the wall clock, in place of `rate`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_slots: Option<RateSlots>,
+    /// Where in the wall clock's minute the recordings' start plays (they repeat from there).
+    #[serde(serialize_with = "ser_ms", rename = "trace_at_ms")]
+    pub trace_at: Duration,
 }
 
 /// The default `slack`: at 300 Mbit/s a dozen full-size packets per wake-up.
@@ -103,6 +121,11 @@ impl Default for LinkSpec {
             mtu: None,
             state: LinkState::Up,
             slack: DEFAULT_SLACK,
+            delay_trace: None,
+            loss_trace: None,
+            capacity_trace: None,
+            rate_slots: None,
+            trace_at: Duration::ZERO,
         }
     }
 }
@@ -124,6 +147,11 @@ pub const KEYS: &[&str] = &[
     "mtu",
     "state",
     "slack",
+    "delay_trace",
+    "loss_trace",
+    "capacity_trace",
+    "rate_slots",
+    "trace_at",
 ];
 
 impl LinkSpec {
@@ -141,6 +169,25 @@ impl LinkSpec {
             })?;
             self.set(k.trim(), v.trim())
                 .map_err(|e| format!("`{item}`: {e}"))?;
+        }
+        self.check_capacity()
+    }
+
+    /// One source sets the capacity: `rate`, `capacity_trace` or `rate_slots`.
+    fn check_capacity(&self) -> Result<(), String> {
+        let set: Vec<&str> = [
+            ("rate", self.rate_bps.is_some()),
+            ("capacity_trace", self.capacity_trace.is_some()),
+            ("rate_slots", self.rate_slots.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(k, on)| on.then_some(k))
+        .collect();
+        if set.len() > 1 {
+            return Err(format!(
+                "{} each set the capacity: keep one (set the others to none)",
+                set.join(" and ")
+            ));
         }
         Ok(())
     }
@@ -187,6 +234,11 @@ impl LinkSpec {
                     return Err(format!("at most {} ms", MAX_SLACK.as_millis()));
                 }
             }
+            "delay_trace" => self.delay_trace = none_or(v, trace::load_delay)?,
+            "loss_trace" => self.loss_trace = none_or(v, trace::load_loss)?,
+            "capacity_trace" => self.capacity_trace = none_or(v, trace::load_capacity)?,
+            "rate_slots" => self.rate_slots = none_or(v, trace::parse_rate_slots)?,
+            "trace_at" => self.trace_at = parse_duration(v)?,
             _ => {
                 let hint = KEYS
                     .iter()
@@ -200,6 +252,15 @@ impl LinkSpec {
             }
         }
         Ok(())
+    }
+}
+
+/// `none` clears a setting; anything else is parsed by `f`.
+fn none_or<T>(v: &str, f: impl Fn(&str) -> Result<T, String>) -> Result<Option<T>, String> {
+    if v == "none" {
+        Ok(None)
+    } else {
+        f(v).map(Some)
     }
 }
 

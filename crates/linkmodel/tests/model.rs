@@ -312,3 +312,173 @@ fn lower_bound_of_delivery_holds_for_every_jitter() {
         );
     }
 }
+
+/// A recording written where the spec can read it; removed when dropped.
+struct TraceFile(std::path::PathBuf);
+
+impl TraceFile {
+    fn new(name: &str, lines: impl IntoIterator<Item = u64>) -> TraceFile {
+        let path = std::env::temp_dir().join(format!("mpquic-model-{}-{name}", std::process::id()));
+        let text: String = lines.into_iter().map(|x| format!("{x}\n")).collect();
+        std::fs::write(&path, text).unwrap();
+        TraceFile(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TraceFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A packet's delay is the recording's value for the step its last bit left in (plus `delay`),
+/// and the recording starts `trace_at` after the epoch and repeats.
+#[test]
+fn delay_trace_is_replayed_step_by_step() {
+    // 10 ms steps: 30, 12, 50, 20 ms (ns, as irtt records).
+    let ms = [30u64, 12, 50, 20];
+    let f = TraceFile::new("delay", ms.iter().map(|m| m * 1_000_000));
+    let mut r = Run::new(&format!(
+        "delay_trace={}:10ms:ns,delay=1ms,keep_order=false,trace_at=5ms",
+        f.path()
+    ));
+    r.link.set_epoch(r.t0);
+    r.offer(1, 0.8, 100, 0.2); // one packet a millisecond
+    assert!(r.out.len() >= 190, "{}", r.out.len());
+    for (at, p) in &r.out {
+        let sent = Duration::from_nanos(p.2);
+        // trace_at: the recording's step 0 starts 5 ms after the epoch (before that, its end).
+        let step = ((sent.as_nanos() as i128 - 5_000_000).div_euclid(10_000_000)).rem_euclid(4);
+        let want = (ms[step as usize] + 1) * 1_000_000;
+        assert_eq!(at - p.2, want, "sent at {sent:?}");
+    }
+    // Keeping order, a packet after a drop waits for the one ahead (no overtaking).
+    let mut r = Run::new(&format!("delay_trace={}:10ms", f.path()));
+    r.link.set_epoch(r.t0);
+    r.offer(1, 0.8, 100, 0.2);
+    let arrivals: Vec<u64> = r.out.iter().map(|(at, _)| *at).collect();
+    let seqs: Vec<u64> = r.out.iter().map(|(_, p)| p.1).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "in order");
+    assert!(arrivals.windows(2).all(|w| w[0] <= w[1]));
+    for (at, p) in &r.out {
+        assert!(at - p.2 >= 12_000_000);
+    }
+    assert_eq!(r.link.min_delay(), Duration::from_millis(12));
+}
+
+/// A step marked 1 drops everything that enters in it, and nothing else is lost.
+#[test]
+fn loss_trace_drops_exactly_its_steps() {
+    let f = TraceFile::new("loss", [0, 0, 1, 0, 1, 1, 0, 0, 0, 0]);
+    let mut r = Run::new(&format!("loss_trace={}:10ms,delay=5ms", f.path()));
+    r.link.set_epoch(r.t0);
+    r.offer(1, 0.8, 100, 1.0);
+    let sent = 1000;
+    let lost_steps = |t_ns: u64| matches!((t_ns / 10_000_000) % 10, 2 | 4 | 5);
+    let delivered: std::collections::HashSet<u64> = r.out.iter().map(|(_, p)| p.2).collect();
+    for i in 0..sent {
+        let t = i * 1_000_000;
+        assert_eq!(!delivered.contains(&t), lost_steps(t), "sent at {t} ns");
+    }
+    assert_eq!(r.link.stats.dropped_loss, 300);
+}
+
+/// Saturated, a capacity trace delivers what its opportunities allow, per 100 ms, exactly
+/// (1500-byte packets: one per opportunity), and idle opportunities are not saved up.
+#[test]
+fn capacity_trace_delivers_its_opportunities() {
+    // 1 s, bursty like LTE: 1..=4 opportunities in some milliseconds, none in others.
+    let mut ms = Vec::new();
+    for m in 1..=1000u64 {
+        for _ in 0..(m * 7 % 5) {
+            ms.push(m);
+        }
+    }
+    ms.push(1000); // the period is the last time (Mahimahi's)
+    let total = ms.len();
+    let f = TraceFile::new("capacity", ms.iter().copied());
+    let mut r = Run::new(&format!("capacity_trace={},queue=2s", f.path()));
+    r.link.set_epoch(r.t0);
+    r.offer(1, 100.0, 1500, 2.0);
+    let per_window = |from: u64| ms.iter().filter(|&&m| m > from && m <= from + 100).count();
+    for w in 0..10 {
+        let (a, b) = (w * 100_000_000, (w + 1) * 100_000_000);
+        let got = r
+            .out
+            .iter()
+            .filter(|(at, _)| (a < *at) && (*at <= b))
+            .count();
+        assert_eq!(got, per_window(w * 100), "window {w}");
+    }
+    // Second period: the trace repeats.
+    let second = r
+        .out
+        .iter()
+        .filter(|(at, _)| (1_000_000_000 < *at) && (*at <= 2_000_000_000))
+        .count();
+    assert_eq!(second, total);
+    // Idle: a packet waits for the next opportunity, however many passed unused.
+    let mut r = Run::new(&format!("capacity_trace={},queue=2s", f.path()));
+    r.link.set_epoch(r.t0);
+    r.advance_to(Duration::from_micros(4_500));
+    r.link.push(
+        r.t0 + Duration::from_micros(4_500),
+        (0, 0, 4_500_000),
+        1500,
+        0,
+    );
+    r.advance_to(Duration::from_millis(50));
+    let next = ms.iter().find(|&&m| m * 1_000_000 >= 4_500_000).unwrap();
+    assert_eq!(r.out[0].0, next * 1_000_000);
+    // Small packets share an opportunity: ten of 150 bytes leave in the first one.
+    let mut r = Run::new(&format!("capacity_trace={},queue=2s", f.path()));
+    r.link.set_epoch(r.t0);
+    for i in 0..10 {
+        r.link.push(r.t0, (0, i, 0), 150, 0);
+    }
+    r.advance_to(Duration::from_millis(50));
+    assert!(r.out.iter().all(|(at, _)| *at == ms[0] * 1_000_000));
+}
+
+/// Rate slots change the rate at each slot boundary of the epoch's clock.
+#[test]
+fn rate_slots_change_at_the_boundaries() {
+    let mut r = Run::new("rate_slots=1s@500ms:10mbit/40mbit,queue=50ms");
+    r.link.set_epoch(r.t0);
+    r.offer(1, 60.0, 1500, 2.5);
+    let mbit_in = |a: f64, b: f64| {
+        let n = r
+            .out
+            .iter()
+            .filter(|(at, _)| (*at as f64 / 1e9) > a && (*at as f64 / 1e9) <= b)
+            .count();
+        n as f64 * 1500.0 * 8.0 / (b - a) / 1e6
+    };
+    // Before 0.5 s: the slot before the first (the list's last, 40); then 10, then 40.
+    let (x, y, z) = (mbit_in(0.1, 0.5), mbit_in(0.6, 1.5), mbit_in(1.6, 2.5));
+    assert!((x - 40.0).abs() < 1.0, "{x}");
+    assert!((y - 10.0).abs() < 0.5, "{y}");
+    assert!((z - 40.0).abs() < 1.0, "{z}");
+}
+
+#[test]
+fn trace_errors_name_the_file_and_line() {
+    let f = TraceFile::new("bad", [1, 2]);
+    std::fs::write(&f.0, "10\n20\nabc\n").unwrap();
+    let e = LinkSpec::parse(&format!("delay_trace={}", f.path())).unwrap_err();
+    assert!(e.contains(&format!("{}:3", f.path())), "{e}");
+    let e = LinkSpec::parse("capacity_trace=/nonexistent/trace.up").unwrap_err();
+    assert!(e.contains("cannot read"), "{e}");
+    let g = TraceFile::new("cap", [1, 2, 3]);
+    let e = LinkSpec::parse(&format!("rate=10mbit,capacity_trace={}", g.path())).unwrap_err();
+    assert!(e.contains("each set the capacity"), "{e}");
+    let e = LinkSpec::parse(&format!("loss_trace={}", g.path())).unwrap_err();
+    assert!(e.contains("not 0 or 1"), "{e}");
+    let mut s = LinkSpec::parse(&format!("capacity_trace={}", g.path())).unwrap();
+    s.apply("capacity_trace=none,rate=5mbit").unwrap();
+    assert!(s.capacity_trace.is_none());
+}
