@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
 use mpquic_lab::bridge::{self, Direction, DirectionIo, Input, NatSide, PathNat, RawSocket};
-use mpquic_lab::emu::LinkSpec;
+use mpquic_lab::emu::{Dir, LinkSpec};
 use mpquic_lab::topo;
 
 #[derive(Parser)]
@@ -370,8 +370,8 @@ fn emu(name: &str, seed: u64) -> Result<()> {
             dirs.push(None);
             continue;
         }
-        let spec = LinkSpec::parse(&p.spec_text).map_err(|e| anyhow!(e))?;
-        let (up, down) = (Direction::new(spec.clone()), Direction::new(spec));
+        let (up, down) = LinkSpec::parse_both(&p.spec_text).map_err(|e| anyhow!(e))?;
+        let (up, down) = (Direction::new(up), Direction::new(down));
         let nat = PathNat::new(seed.wrapping_mul(1000).wrapping_add(p.index as u64));
         let c = format!("c{}", p.index);
         let s = format!("s{}", p.index);
@@ -463,27 +463,28 @@ fn handle(dirs: &[Option<EmuPath>], line: &str) -> Result<String, String> {
                 .ok_or("set PATH DIR SPEC: bad path number")?;
             let p = emulated(dirs, path)?;
             let (u, d) = (&p.up, &p.down);
-            let which: Vec<&Arc<Direction>> = match words.next() {
-                Some("up") => vec![u],
-                Some("down") => vec![d],
-                Some("both") => vec![u, d],
+            let which: Vec<(&Arc<Direction>, Dir)> = match words.next() {
+                Some("up") => vec![(u, Dir::Up)],
+                Some("down") => vec![(d, Dir::Down)],
+                Some("both") => vec![(u, Dir::Up), (d, Dir::Down)],
                 other => return Err(format!("direction {other:?}: use up, down or both")),
             };
             let changes = words.next().unwrap_or("");
+            // Both directions' changes are checked before either takes effect.
             let mut specs = Vec::new();
-            for dir in &which {
+            for (dir, name) in &which {
                 let mut spec = lock(&dir.spec);
-                spec.apply(changes)?;
+                spec.apply_dir(changes, Some(*name))?;
                 specs.push(spec);
             }
-            for (dir, spec) in which.iter().zip(specs) {
+            for ((dir, _), spec) in which.iter().zip(specs) {
                 dir.set_pending(spec);
             }
             // Answer only once the direction threads run with the change (they are woken up for it).
             let t0 = Instant::now();
             while which
                 .iter()
-                .any(|d| d.pending.lock().map(|p| p.is_some()).unwrap_or(false))
+                .any(|(d, _)| d.pending.lock().map(|p| p.is_some()).unwrap_or(false))
             {
                 if t0.elapsed() > Duration::from_secs(1) {
                     return Err("the emulator did not apply the change within 1 s".into());

@@ -9,7 +9,7 @@ use anyhow::{anyhow, bail, Result};
 use serde::Deserialize;
 
 use crate::emu::spec;
-use crate::emu::LinkSpec;
+use crate::emu::{Dir, LinkSpec};
 
 /// Features mpquic does not have yet; a scenario that requires one reports "unsupported" for
 /// mpquic and still runs its other systems.
@@ -336,7 +336,7 @@ impl Scenario {
             bail!("`paths` is empty");
         }
         for (i, p) in self.paths.iter().enumerate() {
-            LinkSpec::parse(p).map_err(|e| anyhow!("paths[{i}]: {e}"))?;
+            LinkSpec::parse_both(p).map_err(|e| anyhow!("paths[{i}]: {e}"))?;
         }
         for s in &self.systems {
             if let Some(n) = direct_path(s) {
@@ -394,9 +394,7 @@ impl Scenario {
                     self.paths.len()
                 );
             }
-            LinkSpec::default()
-                .apply(&c.set)
-                .map_err(|e| anyhow!("schedule[{i}].set: {e}"))?;
+            check_change(&c.set, &c.dir).map_err(|e| anyhow!("schedule[{i}].set: {e}"))?;
             let times: Vec<Duration> = match (&c.at, &c.every) {
                 (Some(at), None) => vec![parse_duration(at)?],
                 (None, Some(every)) => {
@@ -434,8 +432,7 @@ impl Scenario {
                     set: c.set.clone(),
                 });
                 if let (Some(after), Some(revert)) = (&c.revert_after, &c.revert) {
-                    LinkSpec::default()
-                        .apply(revert)
+                    check_change(revert, &c.dir)
                         .map_err(|e| anyhow!("schedule[{i}].revert: {e}"))?;
                     out.push(Timed {
                         at: t + parse_duration(after)?,
@@ -491,6 +488,20 @@ impl Scenario {
 }
 
 /// The path (1-based) a `direct` or `direct-N` system runs over; `None` for other systems.
+/// A schedule's change, checked for the direction(s) it is for (`up`, `down` or `both`).
+fn check_change(set: &str, dir: &str) -> std::result::Result<(), String> {
+    let dirs: &[Dir] = match dir {
+        "up" => &[Dir::Up],
+        "down" => &[Dir::Down],
+        "both" => &[Dir::Up, Dir::Down],
+        other => return Err(format!("dir `{other}`: use up, down or both")),
+    };
+    for d in dirs {
+        LinkSpec::default().apply_dir(set, Some(*d))?;
+    }
+    Ok(())
+}
+
 fn direct_path(system: &str) -> Option<usize> {
     match system {
         "direct" => Some(1),

@@ -488,7 +488,7 @@ pub fn up(
             let spec = if p == DIRECT {
                 Ok(None)
             } else {
-                LinkSpec::parse(p).map(Some)
+                LinkSpec::parse_both(p).map(|(up, _)| Some(up))
             };
             spec.map(|s| (p.clone(), s))
                 .map_err(|e| anyhow!("path {} ({p}): {e}", i + 1))

@@ -12,4 +12,4 @@ pub mod trace;
 
 pub use link::{Link, LinkStats};
 pub use rng::Rng;
-pub use spec::{LinkSpec, LinkState};
+pub use spec::{Dir, LinkSpec, LinkState};

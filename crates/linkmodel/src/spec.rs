@@ -16,6 +16,13 @@ pub enum JitterDist {
     Pareto,
 }
 
+/// One direction of a lab path: up is client to server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dir {
+    Up,
+    Down,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LinkState {
@@ -156,21 +163,68 @@ pub const KEYS: &[&str] = &[
 
 impl LinkSpec {
     pub fn parse(s: &str) -> Result<LinkSpec, String> {
+        LinkSpec::parse_dir(s, None)
+    }
+
+    /// The spec of direction `dir` (`None`: a link that has no directions, as the simulator's):
+    /// keys written `up.KEY=...` or `down.KEY=...` apply to that direction only (a recording of
+    /// each direction: `up.delay_trace=...,down.delay_trace=...`).
+    pub fn parse_dir(s: &str, dir: Option<Dir>) -> Result<LinkSpec, String> {
         let mut spec = LinkSpec::default();
-        spec.apply(s)?;
+        spec.apply_dir(s, dir)?;
         Ok(spec)
+    }
+
+    /// A lab path's two directions, up then down.
+    pub fn parse_both(s: &str) -> Result<(LinkSpec, LinkSpec), String> {
+        Ok((
+            LinkSpec::parse_dir(s, Some(Dir::Up))?,
+            LinkSpec::parse_dir(s, Some(Dir::Down))?,
+        ))
     }
 
     /// Apply `key=value[,key=value...]` changes (also accepts whitespace as separator).
     pub fn apply(&mut self, s: &str) -> Result<(), String> {
+        self.apply_dir(s, None)
+    }
+
+    /// Apply changes to direction `dir` (`parse_dir`). All or nothing: on an error the spec is
+    /// as it was.
+    pub fn apply_dir(&mut self, s: &str, dir: Option<Dir>) -> Result<(), String> {
+        let mut next = self.clone();
         for item in s.split([',', ' ']).map(str::trim).filter(|i| !i.is_empty()) {
             let (k, v) = item.split_once('=').ok_or_else(|| {
                 format!("`{item}`: expected key=value (keys: {})", KEYS.join(", "))
             })?;
-            self.set(k.trim(), v.trim())
+            let (only, k) = match k.trim().split_once('.') {
+                Some(("up", k)) => (Some(Dir::Up), k),
+                Some(("down", k)) => (Some(Dir::Down), k),
+                Some((other, _)) => {
+                    return Err(format!(
+                        "`{item}`: `{other}.`: a key's direction is up. or down."
+                    ))
+                }
+                None => (None, k.trim()),
+            };
+            if only.is_some() && dir.is_none() {
+                return Err(format!(
+                    "`{item}`: this link has no directions (up./down. keys are the lab's)"
+                ));
+            }
+            if only.is_some() && only != dir {
+                // The other direction's: checked there; parsed here too, so an error shows
+                // whichever direction is read first.
+                LinkSpec::default()
+                    .set(k, v.trim())
+                    .map_err(|e| format!("`{item}`: {e}"))?;
+                continue;
+            }
+            next.set(k, v.trim())
                 .map_err(|e| format!("`{item}`: {e}"))?;
         }
-        self.check_capacity()
+        next.check_capacity()?;
+        *self = next;
+        Ok(())
     }
 
     /// One source sets the capacity: `rate`, `capacity_trace` or `rate_slots`.
@@ -399,6 +453,27 @@ mod tests {
         assert!(serde_json::to_string(&s)
             .unwrap()
             .contains("\"delay_ms\":0.0"));
+    }
+
+    #[test]
+    fn direction_keys_apply_to_their_direction() {
+        let text = "delay=10ms,up.delay=20ms,down.loss=1%";
+        let up = LinkSpec::parse_dir(text, Some(Dir::Up)).unwrap();
+        let down = LinkSpec::parse_dir(text, Some(Dir::Down)).unwrap();
+        assert_eq!(up.delay, Duration::from_millis(20));
+        assert_eq!(up.loss, 0.0);
+        assert_eq!(down.delay, Duration::from_millis(10));
+        assert!((down.loss - 0.01).abs() < 1e-12);
+        let e = LinkSpec::parse(text).unwrap_err();
+        assert!(e.contains("no directions"), "{e}");
+        let e = LinkSpec::parse_dir("down.dleay=1ms", Some(Dir::Up)).unwrap_err();
+        assert!(e.contains("unknown key"), "{e}");
+        let e = LinkSpec::parse_dir("left.delay=1ms", Some(Dir::Up)).unwrap_err();
+        assert!(e.contains("up. or down."), "{e}");
+        // All or nothing.
+        let mut s = LinkSpec::parse("delay=5ms").unwrap();
+        assert!(s.apply("delay=9ms,loss=200%").is_err());
+        assert_eq!(s.delay, Duration::from_millis(5));
     }
 
     #[test]
