@@ -252,6 +252,8 @@ impl Wakeup {
 /// Shared between a direction's thread and the control plane.
 pub struct Direction {
     pub pending: Mutex<Option<LinkSpec>>,
+    /// A new epoch for the recordings and slots (`Link::set_epoch`), on the wall clock.
+    pub pending_epoch: Mutex<Option<std::time::SystemTime>>,
     pub spec: Mutex<LinkSpec>,
     pub stats: Mutex<LinkStats>,
     /// Frames that were not IP (ARP...), passed through unemulated.
@@ -268,6 +270,7 @@ impl Direction {
     pub fn new(spec: LinkSpec) -> Arc<Direction> {
         Arc::new(Direction {
             pending: Mutex::new(None),
+            pending_epoch: Mutex::new(None),
             spec: Mutex::new(spec),
             stats: Mutex::new(LinkStats::default()),
             passthrough: Mutex::new(0),
@@ -282,6 +285,18 @@ impl Direction {
     pub fn set_pending(&self, spec: LinkSpec) {
         *lock(&self.pending) = Some(spec);
         self.wakeup.notify();
+    }
+
+    /// Hand the thread a new epoch (the scenario runner puts it where its traffic starts, so
+    /// every system it compares meets the same part of a recording); applied at once.
+    pub fn set_epoch(&self, wall: std::time::SystemTime) {
+        *lock(&self.pending_epoch) = Some(wall);
+        self.wakeup.notify();
+    }
+
+    /// A change handed over is not applied yet.
+    pub fn changing(&self) -> bool {
+        lock(&self.pending).is_some() || lock(&self.pending_epoch).is_some()
     }
 }
 
@@ -465,6 +480,11 @@ impl Forwarder {
         if let Some(spec) = lock(&self.dir.pending).take() {
             self.link.set_spec(spec.clone());
             *lock(&self.dir.spec) = spec;
+        }
+        if let Some(wall) = lock(&self.dir.pending_epoch).take() {
+            let now = Instant::now();
+            self.link
+                .set_epoch(timing::instant_of(wall, now, std::time::SystemTime::now()));
         }
     }
 

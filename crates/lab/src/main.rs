@@ -480,18 +480,23 @@ fn handle(dirs: &[Option<EmuPath>], line: &str) -> Result<String, String> {
             for ((dir, _), spec) in which.iter().zip(specs) {
                 dir.set_pending(spec);
             }
-            // Answer only once the direction threads run with the change (they are woken up for it).
-            let t0 = Instant::now();
-            while which
-                .iter()
-                .any(|(d, _)| d.pending.lock().map(|p| p.is_some()).unwrap_or(false))
-            {
-                if t0.elapsed() > Duration::from_secs(1) {
-                    return Err("the emulator did not apply the change within 1 s".into());
-                }
-                std::thread::sleep(Duration::from_millis(1));
+            let directions: Vec<&Arc<Direction>> = which.iter().map(|(d, _)| *d).collect();
+            applied(&directions)
+        }
+        Some("epoch") => {
+            // epoch UNIX_SECONDS: time zero of every path's recordings and slots.
+            let secs: f64 = words
+                .next()
+                .and_then(|t| t.parse().ok())
+                .filter(|t: &f64| t.is_finite() && *t >= 0.0)
+                .ok_or("epoch UNIX_SECONDS: bad time")?;
+            let wall = std::time::UNIX_EPOCH + Duration::from_secs_f64(secs);
+            let all: Vec<&Arc<Direction>> =
+                dirs.iter().flatten().flat_map(|p| [&p.up, &p.down]).collect();
+            for d in &all {
+                d.set_epoch(wall);
             }
-            Ok("ok".into())
+            applied(&all)
         }
         Some("nat") => {
             let path: usize = words
@@ -516,9 +521,21 @@ fn handle(dirs: &[Option<EmuPath>], line: &str) -> Result<String, String> {
             Ok("ok".into())
         }
         _ => Err(
-            "commands: stats | set PATH up|down|both key=value,... | nat PATH on|off|rebind".into(),
+            "commands: stats | set PATH up|down|both key=value,... | nat PATH on|off|rebind | epoch UNIX_SECONDS".into(),
         ),
     }
+}
+
+/// Answer only once the direction threads run with the change (they are woken up for it).
+fn applied(directions: &[&Arc<Direction>]) -> Result<String, String> {
+    let t0 = Instant::now();
+    while directions.iter().any(|d| d.changing()) {
+        if t0.elapsed() > Duration::from_secs(1) {
+            return Err("the emulator did not apply the change within 1 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok("ok".into())
 }
 
 fn emulated(dirs: &[Option<EmuPath>], path: usize) -> Result<&EmuPath, String> {

@@ -209,6 +209,11 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
         Ok(())
     })?;
 
+    if scn.replays_recordings() {
+        step("start at the wall clock's next minute", || {
+            wait_for_minute(&name)
+        })?;
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
     // ping -D stamps replies with the wall clock; this converts them to run time.
@@ -316,6 +321,30 @@ struct Sender<'a> {
 }
 
 /// Traffic item `i`, sent `from`.
+/// Links that replay recordings or wall-clock slots play them from an epoch: every system a
+/// scenario compares starts its traffic at the start of a wall-clock minute, with the epoch set
+/// there, so each meets the same part of the recordings, and the same slots, at the same time
+/// into its run (and Starlink's slot boundaries stay at 12, 27, 42 and 57 s past the minute).
+/// Waits up to a minute (at least 2 s, for the emulator to take the epoch).
+fn wait_for_minute(lab: &str) -> Result<()> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    let mut start = (now / 60.0).ceil() * 60.0;
+    if start - now < 2.0 {
+        start += 60.0;
+    }
+    topo::control(lab, &format!("epoch {start:.3}"))?;
+    let wait = start
+        - std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+    std::thread::sleep(Duration::from_secs_f64(wait.max(0.0)));
+    Ok(())
+}
+
 fn traffic(t: &Traffic, i: usize, from: &Sender, t0: Instant, t0_unix: f64) -> Value {
     let (src_ns, dst) = (from.ns, from.dst);
     let start = parse_duration(&t.start).unwrap_or_default();

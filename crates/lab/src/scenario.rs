@@ -316,11 +316,37 @@ pub fn parse_duration(s: &str) -> Result<Duration> {
     spec::parse_duration(s).map_err(|e| anyhow!(e))
 }
 
+/// Written in a path's spec, the folder of recorded links (`traces_dir`).
+pub const TRACES: &str = "{{traces}}";
+
 impl Scenario {
+    /// Where `{{traces}}` points for the scenario at `path`: `$MPQUIC_TRACES`, else
+    /// `../shared/traces` beside the repository (the recordings are data from published
+    /// measurements, kept outside it).
+    pub fn traces_dir(path: &Path) -> std::path::PathBuf {
+        match std::env::var_os("MPQUIC_TRACES") {
+            Some(d) => d.into(),
+            None => {
+                let repo = path.parent().unwrap_or(Path::new(".")).join("../..");
+                let dir = repo.join("../shared/traces");
+                dir.canonicalize().unwrap_or(dir)
+            }
+        }
+    }
+
     pub fn load(path: &Path) -> Result<Scenario> {
         let text = std::fs::read_to_string(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
         let mut s: Scenario = serde_yaml_ng::from_str(&text).map_err(|e| located(path, &e))?;
         let base = path.parent().unwrap_or(Path::new("."));
+        let traces = Scenario::traces_dir(path);
+        let traces = traces.to_string_lossy();
+        for c in &mut s.schedule {
+            c.set = c.set.replace(TRACES, &traces);
+            c.revert = c.revert.as_ref().map(|r| r.replace(TRACES, &traces));
+        }
+        for text in &mut s.paths {
+            *text = text.replace(TRACES, &traces);
+        }
         for (name, file) in &s.vpns {
             let def = VpnDef::load(&base.join(file))
                 .map_err(|e| anyhow!("{}: vpns.{name}: {e}", path.display()))?;
@@ -329,6 +355,22 @@ impl Scenario {
         s.validate()
             .map_err(|e| anyhow!("{}: {e}", path.display()))?;
         Ok(s)
+    }
+
+    /// A path replays recordings or wall-clock slots (or a schedule puts them on one): the
+    /// runner starts each system on the wall clock's minute (`runner::wait_for_minute`).
+    pub fn replays_recordings(&self) -> bool {
+        let timed = |text: &str| {
+            [
+                "delay_trace=",
+                "loss_trace=",
+                "capacity_trace=",
+                "rate_slots=",
+            ]
+            .iter()
+            .any(|k| text.contains(k))
+        };
+        self.paths.iter().any(|p| timed(p)) || self.schedule.iter().any(|c| timed(&c.set))
     }
 
     fn validate(&self) -> Result<()> {

@@ -167,6 +167,14 @@ pub fn minute_start(now: Instant, wall: std::time::SystemTime) -> Instant {
     now.checked_sub(into_minute).unwrap_or(now)
 }
 
+/// The monotonic time of wall-clock time `at`, given `now` and the wall clock read with it.
+pub fn instant_of(at: std::time::SystemTime, now: Instant, wall: std::time::SystemTime) -> Instant {
+    match at.duration_since(wall) {
+        Ok(ahead) => now + ahead,
+        Err(behind) => now.checked_sub(behind.duration()).unwrap_or(now),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,6 +184,16 @@ mod tests {
         let now = Instant::now();
         let wall = std::time::UNIX_EPOCH + Duration::from_millis(1_000 * 3600 + 27_250);
         assert_eq!(now - minute_start(now, wall), Duration::from_millis(27_250));
+        let later = wall + Duration::from_millis(2_500);
+        assert_eq!(
+            instant_of(later, now, wall) - now,
+            Duration::from_millis(2_500)
+        );
+        let earlier = wall - Duration::from_millis(500);
+        assert_eq!(
+            now - instant_of(earlier, now, wall),
+            Duration::from_millis(500)
+        );
     }
 
     /// Clocks as they read on a machine up for 7 hours in 2026.

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use mpquic_lab::scenario::Scenario;
+use mpquic_lab::scenario::{Scenario, TRACES};
 
 #[test]
 fn catalogue_is_valid() {
@@ -11,6 +11,13 @@ fn catalogue_is_valid() {
     for e in std::fs::read_dir(&dir).unwrap() {
         let p = e.unwrap().path();
         if p.extension().is_some_and(|x| x == "yaml") {
+            // Recordings of real links live outside the repository; where they are absent a
+            // scenario that replays them cannot be read (its error says which file).
+            let text = std::fs::read_to_string(&p).unwrap();
+            if text.contains(TRACES) && !Scenario::traces_dir(&p).exists() {
+                eprintln!("{}: recordings absent, not checked", p.display());
+                continue;
+            }
             let s = Scenario::load(&p).unwrap_or_else(|e| panic!("{e:#}"));
             assert!(!s.systems().is_empty(), "{}", p.display());
             n += 1;

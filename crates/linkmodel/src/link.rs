@@ -251,7 +251,11 @@ impl<P: Clone> Link<P> {
     ) -> Option<u64> {
         let epoch = self.epoch(t);
         let trace = which(&self.spec)?;
-        Some(trace.at(trace_time(epoch, self.spec.trace_at, t, trace.period())))
+        let period = match self.spec.trace_repeat {
+            Some(r) => r.min(trace.period()),
+            None => trace.period(),
+        };
+        Some(trace.at(trace_time(epoch, self.spec.trace_at, t, period)))
     }
 
     /// A packet of `len` bytes (IP length) enters the link; `flow` is its 5-tuple hash.

@@ -98,6 +98,11 @@ pub struct LinkSpec {
     /// Where in the wall clock's minute the recordings' start plays (they repeat from there).
     #[serde(serialize_with = "ser_ms", rename = "trace_at_ms")]
     pub trace_at: Duration,
+    /// Delay and loss recordings repeat after this much of them (their whole length when
+    /// longer or unset): 90 s of a 100 s Starlink recording keep its reconfigurations on the
+    /// wall clock's 15 s slots when it repeats.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_repeat: Option<Duration>,
 }
 
 /// The default `slack`: at 300 Mbit/s a dozen full-size packets per wake-up.
@@ -133,6 +138,7 @@ impl Default for LinkSpec {
             capacity_trace: None,
             rate_slots: None,
             trace_at: Duration::ZERO,
+            trace_repeat: None,
         }
     }
 }
@@ -159,6 +165,7 @@ pub const KEYS: &[&str] = &[
     "capacity_trace",
     "rate_slots",
     "trace_at",
+    "trace_repeat",
 ];
 
 impl LinkSpec {
@@ -293,6 +300,9 @@ impl LinkSpec {
             "capacity_trace" => self.capacity_trace = none_or(v, trace::load_capacity)?,
             "rate_slots" => self.rate_slots = none_or(v, trace::parse_rate_slots)?,
             "trace_at" => self.trace_at = parse_duration(v)?,
+            "trace_repeat" => {
+                self.trace_repeat = none_or(v, parse_duration)?.filter(|d| !d.is_zero())
+            }
             _ => {
                 let hint = KEYS
                     .iter()

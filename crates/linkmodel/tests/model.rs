@@ -368,6 +368,17 @@ fn delay_trace_is_replayed_step_by_step() {
         assert!(at - p.2 >= 12_000_000);
     }
     assert_eq!(r.link.min_delay(), Duration::from_millis(12));
+    // Repeating after 30 ms of it: the fourth step never plays.
+    let mut r = Run::new(&format!(
+        "delay_trace={}:10ms,keep_order=false,trace_repeat=30ms",
+        f.path()
+    ));
+    r.link.set_epoch(r.t0);
+    r.offer(1, 0.8, 100, 0.2);
+    for (at, p) in &r.out {
+        let step = (p.2 / 10_000_000) % 3;
+        assert_eq!(at - p.2, ms[step as usize] * 1_000_000);
+    }
 }
 
 /// A step marked 1 drops everything that enters in it, and nothing else is lost.
