@@ -386,21 +386,30 @@ fn model_controllers_fill_a_clean_bottleneck_without_filling_its_queue() {
     }
 }
 
-/// A route that gets longer (10 -> 25 ms one way) keeps every RTT sample above the old minimum
-/// until ProbeRtt replaces it: that reads as a standing queue, and draining it must not spiral
-/// the rate down (`DRAIN_FLOOR`).
+/// A route that gets longer (10 -> 25 or 40 ms one way: Starlink's slots move the delay like
+/// that every 15 s) keeps every RTT sample above the old minimum until ProbeRtt replaces it:
+/// that reads as a standing queue, and draining it must not spiral the rate down
+/// (`DRAIN_FLOOR`); and a window of two BDPs of the old minimum no longer fills the longer
+/// pipe, so each round delivers less, the estimate follows and the window with it, unless the
+/// minimum is taken again (`BEYOND_WINDOW` in `bbr.rs`): at 40 ms the default got 43.6 of 50
+/// Mbit/s over the run without it (each probing phase's 2.5 BDPs still filled the 4x longer
+/// pipe now and then; an inner TCP sender does not), 49.5 with it.
 #[test]
 fn a_longer_route_is_not_drained_to_nothing() {
     let path = "rate=50mbit,delay=10ms,queue=200ms";
-    let longer = "rate=50mbit,delay=25ms,queue=200ms";
-    for (name, ctl) in [
-        ("bbr", &mut bbr() as &mut dyn Controller),
-        ("bbr yielding", &mut Bbr::yielding(MSS as u16)),
+    for longer in [
+        "rate=50mbit,delay=25ms,queue=200ms",
+        "rate=50mbit,delay=40ms,queue=200ms",
     ] {
-        let change = Some((Duration::from_secs(5), longer));
-        let r = run_shared(vec![ctl], path, 20, 4, change, true, Acks::default()).remove(0);
-        println!("route 10 -> 25 ms at 5 s, paced at the model's rate: {name} {:.1} Mbit/s, RTT median {:.1} ms", r.goodput_mbit, r.rtt_median_ms);
-        assert!(r.goodput_mbit >= 0.85 * 50.0, "{name}: {r:?}");
+        for (name, ctl) in [
+            ("bbr", &mut bbr() as &mut dyn Controller),
+            ("bbr yielding", &mut Bbr::yielding(MSS as u16)),
+        ] {
+            let change = Some((Duration::from_secs(5), longer));
+            let r = run_shared(vec![ctl], path, 20, 4, change, true, Acks::default()).remove(0);
+            println!("route 10 ms -> {longer} at 5 s, paced at the model's rate: {name} {:.1} Mbit/s, RTT median {:.1} ms", r.goodput_mbit, r.rtt_median_ms);
+            assert!(r.goodput_mbit >= 0.9 * 50.0, "{longer}: {name}: {r:?}");
+        }
     }
 }
 

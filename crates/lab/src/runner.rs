@@ -320,7 +320,6 @@ struct Sender<'a> {
     launch: &'a [&'static str],
 }
 
-/// Traffic item `i`, sent `from`.
 /// Links that replay recordings or wall-clock slots play them from an epoch: every system a
 /// scenario compares starts its traffic at the start of a wall-clock minute, with the epoch set
 /// there, so each meets the same part of the recordings, and the same slots, at the same time
@@ -345,6 +344,7 @@ fn wait_for_minute(lab: &str) -> Result<()> {
     Ok(())
 }
 
+/// Traffic item `i`, sent `from`.
 fn traffic(t: &Traffic, i: usize, from: &Sender, t0: Instant, t0_unix: f64) -> Value {
     let (src_ns, dst) = (from.ns, from.dst);
     let start = parse_duration(&t.start).unwrap_or_default();

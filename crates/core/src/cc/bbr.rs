@@ -74,6 +74,14 @@ const DRAIN_FLOOR: f64 = 0.9;
 /// estimate do not count: where nothing paces at our rate (datagram mode: the engine paces
 /// from the window), the window's own queue stands whatever the pacing rate says.
 const STALE_MIN_ROUNDS: u32 = 8;
+/// A round whose smallest RTT is longer than this many times the whole window's worth of time
+/// at the estimated rate shows a delay the window cannot have queued: the path's own delay grew
+/// (a longer route; Starlink's delay moves by 2-3x from one 15 s slot to the next). A window of
+/// two BDPs of the old minimum no longer fills that pipe, each round delivers less than the
+/// last, the estimate follows and the window with it: through a replayed Starlink link one
+/// upload ran down from 34 to 5 Mbit/s in 8 s (RTT 62-70 ms against a minimum of 23.7). After
+/// `STALE_MIN_ROUNDS` such rounds in a row, the smallest RTT they saw becomes the minimum.
+const BEYOND_WINDOW: f64 = 1.1;
 const STANDING_QUEUE: f64 = 0.1;
 const STANDING_QUEUE_MIN: Duration = Duration::from_millis(1);
 /// ProbeRtt holds the window at `PROBE_RTT_GAIN` BDP (BBRv3's; BBRv1's four packets stall a
@@ -135,6 +143,10 @@ pub struct Bbr {
     /// and the smallest RTT of the round it began in.
     queue_rounds: u32,
     drained_rounds: u32,
+    /// Rounds in a row whose smallest RTT was beyond what the window can queue
+    /// (`BEYOND_WINDOW`), and the smallest RTT of them.
+    beyond_rounds: u32,
+    beyond_min_rtt: Option<Duration>,
     queue_onset_rtt: Option<Duration>,
     // Startup: is the pipe full yet? (Judged only on rounds that used the window: the most
     // in flight during the round, and the window when it began.)
@@ -188,6 +200,8 @@ impl Bbr {
             last_round_rate: 0,
             queue_rounds: 0,
             drained_rounds: 0,
+            beyond_rounds: 0,
+            beyond_min_rtt: None,
             queue_onset_rtt: None,
             round_max_in_flight: 0,
             round_packets: 0,
@@ -393,11 +407,42 @@ impl Bbr {
                 }
             }
         }
+        if self.round_start {
+            self.follow_a_longer_path(now);
+        }
         let stale = self.yielding && self.round_start && self.queue_does_not_drain();
         if self.state != State::ProbeRtt && (self.min_rtt.expired(now) || stale) {
             self.state = State::ProbeRtt;
             self.probe_rtt_until = None;
             self.probe_rtt_min = None;
+        }
+    }
+
+    /// At a round's start: when `STALE_MIN_ROUNDS` rounds in a row saw no RTT as short as the
+    /// window can explain (`BEYOND_WINDOW`), the path's delay grew, and the smallest RTT of
+    /// those rounds is its minimum from now on (no ProbeRtt needed: the window cannot have
+    /// queued what they measured).
+    fn follow_a_longer_path(&mut self, now: Instant) {
+        let beyond = matches!(self.state, State::ProbeBw | State::Drain)
+            && match (self.last_round_min_rtt, self.bdp()) {
+                (Some(rtt), Some(bdp)) => {
+                    let window = self.model_window(CWND_GAIN, bdp) as f64;
+                    rtt.as_secs_f64() > BEYOND_WINDOW * window / self.bandwidth() as f64
+                }
+                _ => false,
+            };
+        if !beyond {
+            self.beyond_rounds = 0;
+            self.beyond_min_rtt = None;
+            return;
+        }
+        self.beyond_rounds += 1;
+        if let Some(rtt) = self.last_round_min_rtt {
+            self.beyond_min_rtt = Some(self.beyond_min_rtt.map_or(rtt, |m| m.min(rtt)));
+        }
+        if self.beyond_rounds >= STALE_MIN_ROUNDS {
+            self.min_rtt.restart(now, self.beyond_min_rtt.take());
+            self.beyond_rounds = 0;
         }
     }
 
