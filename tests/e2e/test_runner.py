@@ -30,6 +30,7 @@ mpquic_variants:
 traffic:
   - {kind: ping, interval: 20ms, duration: 8s}
   - {kind: iperf3, label: tcp, duration: 8s, streams: 2, rate: 10M}
+  - {kind: voice, label: call, duration: 8s}
 schedule:
   - {at: 2s, path: 1, set: "state=blackhole"}
   - {at: 5s, path: 1, set: "state=up"}
@@ -67,12 +68,22 @@ def test_run_smoke_scenario():
         assert direct["longest_gap_s"] > 2.5
         assert mpq["longest_gap_s"] < 1.0
         assert systems["mpquic-failover"]["path_mean_mbit"][0]["up_mbit"] > 0
+        # A voice-like call both ways: direct loses the black hole's 3 s of it, the tunnel fails over.
+        dv, mv = systems["direct"]["traffic"][2], systems["mpquic-failover"]["traffic"][2]
+        report(f"runner smoke: voice lost or late, direct up {dv['up']['bad_percent']:.1f}% down "
+               f"{dv['down']['bad_percent']:.1f}%, mpquic failover up {mv['up']['bad_percent']:.1f}% down "
+               f"{mv['down']['bad_percent']:.1f}%")
+        for v in (dv, mv):
+            assert 380 <= v["up"]["sent"] <= 410 and 380 <= v["down"]["sent"] <= 410, v
+        assert dv["up"]["bad_percent"] > 25 and dv["down"]["bad_percent"] > 25
+        assert mv["up"]["bad_percent"] < 15 and mv["down"]["bad_percent"] < 15
+        assert "voice up:" in md
         assert "## mpquic-failover (ok)" in md and "unsupported" in md
         # Another VPN from commands (bench/vpns/wireguard-go.yaml): single path, so the black hole
         # cuts it off like the direct baseline; its daemons' CPU and RSS are sampled.
         wg = systems["wireguard-go"]
         assert wg["status"] == "ok", wg.get("reason")
-        wg_ping, wg_tcp = wg["traffic"]
+        wg_ping, wg_tcp, _ = wg["traffic"]
         report(f"runner smoke: wireguard-go longest gap {wg_ping['longest_gap_s']:.2f} s, "
                f"tcp {wg_tcp['mbit']:.1f} Mbit/s; rss {[p['rss_kib'] for p in wg['samples'][-1]['procs']]} KiB")
         assert wg_ping["longest_gap_s"] > 2.5 and wg_tcp["mbit"] > 5

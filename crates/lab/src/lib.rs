@@ -27,3 +27,4 @@ pub mod scenario;
 pub mod sut;
 pub mod timing;
 pub mod topo;
+pub mod voice;

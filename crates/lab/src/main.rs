@@ -138,6 +138,21 @@ enum Cmd {
     },
     /// Redraw the plots and report.md of a finished run (DIR holds its results.json).
     Plot { dir: std::path::PathBuf },
+    /// One side of a voice-like call (run inside a lab namespace; scenarios' `kind: voice`):
+    /// `call HOST PORT` sends first, `answer PORT` talks back to where the call comes from.
+    /// Prints what it sent and received (JSON).
+    Voice {
+        /// `call` or `answer`.
+        role: String,
+        /// call: the answerer's address and port (HOST:PORT); answer: the port to listen on.
+        at: String,
+        #[arg(long, default_value_t = 50.0)]
+        pps: f64,
+        #[arg(long, default_value_t = 200)]
+        len: usize,
+        #[arg(long)]
+        seconds: f64,
+    },
     /// Unauthenticated traffic at a server's UDP port from spoofed sources (run it inside a lab
     /// namespace with `ip netns exec`); prints what it sent (JSON).
     Flood {
@@ -259,6 +274,13 @@ fn main() -> ExitCode {
         Cmd::Down { name, stale } => down(name, stale),
         Cmd::Run { scenario, out } => mpquic_lab::runner::run(&scenario, &out),
         Cmd::Plot { dir } => mpquic_lab::report::redraw(&dir),
+        Cmd::Voice {
+            role,
+            at,
+            pps,
+            len,
+            seconds,
+        } => mpquic_lab::voice::run(&role, &at, pps, len, seconds).map(|v| println!("{v}")),
         Cmd::Emu { name, seed } => emu(&name, seed),
         Cmd::Flood {
             to,

@@ -358,6 +358,20 @@ fn markdown(r: &Value, plots: &crate::plot::Plots) -> String {
                         ""
                     },
                 )
+            } else if t["kind"] == "voice" {
+                let dir = |d: &Value| {
+                    format!(
+                        "{:.2}% lost or later than 150 ms ({} lost, {} late of {}), one way median {} p99 {} ms, worst second {:.0}%",
+                        d["bad_percent"].as_f64().unwrap_or(0.0),
+                        d["lost"],
+                        d["late"],
+                        d["sent"],
+                        d["one_way_ms"]["median"].as_f64().map_or("-".into(), |x| format!("{x:.1}")),
+                        d["one_way_ms"]["p99"].as_f64().map_or("-".into(), |x| format!("{x:.1}")),
+                        d["worst_second_bad_percent"].as_f64().unwrap_or(0.0)
+                    )
+                };
+                format!("voice up: {}; down: {}", dir(&t["up"]), dir(&t["down"]))
             } else if t["kind"] == "idle" {
                 idle_line(t, s["samples"].as_array().map_or(&[][..], Vec::as_slice))
             } else {

@@ -263,12 +263,18 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            let (t, ns, dst, launch) =
-                (t.clone(), src_ns.clone(), dst_addr.clone(), launch.clone());
+            let (t, ns, dst, dst_ns, launch) = (
+                t.clone(),
+                src_ns.clone(),
+                dst_addr.clone(),
+                dst_ns.clone(),
+                launch.clone(),
+            );
             std::thread::spawn(move || {
                 let from = Sender {
                     ns: &ns,
                     dst: &dst,
+                    dst_ns: &dst_ns,
                     launch: &launch,
                 };
                 traffic(&t, i, &from, t0, t0_unix)
@@ -317,6 +323,8 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
 struct Sender<'a> {
     ns: &'a str,
     dst: &'a str,
+    /// The namespace `dst` is in (a voice call's answerer runs there).
+    dst_ns: &'a str,
     launch: &'a [&'static str],
 }
 
@@ -342,6 +350,76 @@ fn wait_for_minute(lab: &str) -> Result<()> {
             .as_secs_f64();
     std::thread::sleep(Duration::from_secs_f64(wait.max(0.0)));
     Ok(())
+}
+
+/// A voice-like call (`voice.rs`) from the source to the destination's namespace, both ways,
+/// judged per direction.
+fn voice(
+    t: &Traffic,
+    i: usize,
+    from: &Sender,
+    label: &str,
+    start: Duration,
+    dur: Duration,
+) -> Value {
+    let port = (5300 + i).to_string();
+    let pps = t.pps.unwrap_or(50.0).to_string();
+    let len = t.length.unwrap_or(200).to_string();
+    let secs = dur.as_secs_f64().to_string();
+    let exe = std::env::current_exe()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "mpquic-lab".into());
+    let side = |ns: &str, role: &str, at: &str| {
+        ns_cmd(
+            ns,
+            &[
+                &exe,
+                "voice",
+                role,
+                at,
+                "--pps",
+                &pps,
+                "--len",
+                &len,
+                "--seconds",
+                &secs,
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    };
+    let result = (|| -> Result<Value> {
+        let answer = side(from.dst_ns, "answer", &port)?;
+        // The answerer binds its port before the first packet is due.
+        std::thread::sleep(Duration::from_millis(200));
+        let call = side(from.ns, "call", &format!("{}:{port}", from.dst))?;
+        let parse = |c: std::process::Child| -> Result<Value> {
+            let out = c.wait_with_output()?;
+            if !out.status.success() {
+                bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
+            }
+            Ok(serde_json::from_slice(&out.stdout)?)
+        };
+        let (call, answer) = (parse(call)?, parse(answer)?);
+        let rows = |v: &Value| -> Vec<[u64; 3]> {
+            serde_json::from_value(v["received"].clone()).unwrap_or_default()
+        };
+        let pps: f64 = t.pps.unwrap_or(50.0);
+        Ok(json!({
+            "up": crate::voice::judge(call["sent"].as_u64().unwrap_or(0), &rows(&answer), pps),
+            "down": crate::voice::judge(answer["sent"].as_u64().unwrap_or(0), &rows(&call), pps),
+        }))
+    })();
+    let mut v = json!({"label": label, "kind": "voice", "start_s": start.as_secs_f64()});
+    match result {
+        Ok(r) => {
+            v["up"] = r["up"].clone();
+            v["down"] = r["down"].clone();
+        }
+        Err(e) => v["error"] = json!(format!("{e:#}")),
+    }
+    v
 }
 
 /// Traffic item `i`, sent `from`.
@@ -388,6 +466,7 @@ fn traffic(t: &Traffic, i: usize, from: &Sender, t0: Instant, t0_unix: f64) -> V
             }
             None => iperf3(t, i, from, t.rate.as_deref(), &label, start),
         },
+        Kind::Voice => voice(t, i, from, &label, start, dur),
         Kind::Idle => {
             std::thread::sleep(dur);
             json!({"label": label, "kind": "idle", "start_s": start.as_secs_f64(), "duration_s": dur.as_secs_f64()})

@@ -146,6 +146,10 @@ pub enum Kind {
     Ping,
     /// No traffic for `duration`: what the systems cost at rest (CPU per process in the window).
     Idle,
+    /// A voice-like call both ways for `duration`: `pps` packets (default 50) of `length` bytes
+    /// (default 200) a second each way, judged by loss and lateness beyond 150 ms one way
+    /// (`voice.rs`).
+    Voice,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -171,8 +175,10 @@ pub struct Traffic {
     /// less than 1% of what was sent lost.
     #[serde(default)]
     pub rates: Option<Vec<String>>,
-    /// iperf3 -l (payload length).
+    /// iperf3 -l (payload length); voice: each packet's UDP payload (default 200).
     pub length: Option<u32>,
+    /// voice: packets a second each way (default 50).
+    pub pps: Option<f64>,
     /// ping interval.
     #[serde(default = "d_interval")]
     pub interval: String,

@@ -9,6 +9,7 @@ mod link;
 mod rng;
 pub mod spec;
 pub mod trace;
+mod units;
 
 pub use link::{Link, LinkStats};
 pub use rng::Rng;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::spec::{parse_duration, parse_rate};
+use super::units::{parse_duration, parse_rate};
 
 /// Where a recording came from, for status and errors (values are not printed).
 #[derive(Debug, Clone, PartialEq, Serialize)]
