@@ -162,10 +162,14 @@ def test_losses_fall_in_the_trace_steps(emulab, trace_file):
         if edge < 0.05 or edge > 0.95:
             near_edge += 1
             continue
+        # The sender stamps a packet just before handing it to the kernel; if it is taken off
+        # the CPU in between, the packet meets the link up to a few ms later than its stamp
+        # (the first CI run had one such packet): judged by the steps of [stamp, stamp + 2 ms].
+        later = [loss[int(((t / NS) + dt) % 10.0 / 0.01) % 1000] for dt in (0.0, 0.001, 0.002)]
         lossy_sent += loss[step]
-        if seq in arrived and loss[step]:
+        if seq in arrived and all(later):
             wrong_kept += 1
-        if seq not in arrived and not loss[step]:
+        if seq not in arrived and not any(later):
             wrong_lost += 1
     report(f"loss trace: {top} packets at 1 ms, {top - len(arrived)} lost, {lossy_sent} sent in lossy "
            f"steps (away from edges); lost outside them {wrong_lost}, kept inside them {wrong_kept}, "
