@@ -363,7 +363,8 @@ fn voice(
     dur: Duration,
 ) -> Value {
     let port = (5300 + i).to_string();
-    let pps = t.pps.unwrap_or(50.0).to_string();
+    let rate = t.pps.unwrap_or(50.0);
+    let pps = rate.to_string();
     let len = t.length.unwrap_or(200).to_string();
     let secs = dur.as_secs_f64().to_string();
     let exe = std::env::current_exe()
@@ -405,10 +406,9 @@ fn voice(
         let rows = |v: &Value| -> Vec<[u64; 3]> {
             serde_json::from_value(v["received"].clone()).unwrap_or_default()
         };
-        let pps: f64 = t.pps.unwrap_or(50.0);
         Ok(json!({
-            "up": crate::voice::judge(call["sent"].as_u64().unwrap_or(0), &rows(&answer), pps),
-            "down": crate::voice::judge(answer["sent"].as_u64().unwrap_or(0), &rows(&call), pps),
+            "up": crate::voice::judge(call["sent"].as_u64().unwrap_or(0), &rows(&answer), rate),
+            "down": crate::voice::judge(answer["sent"].as_u64().unwrap_or(0), &rows(&call), rate),
         }))
     })();
     let mut v = json!({"label": label, "kind": "voice", "start_s": start.as_secs_f64()});

@@ -39,6 +39,8 @@ fn exchange(
     let gap = Duration::from_secs_f64(1.0 / pps);
     let len = len.max(HEADER);
     let mut buf = vec![0u8; 65_536];
+    // Each packet: its number and send time, then zeros (one buffer, rewritten per packet).
+    let mut pkt = vec![0u8; len];
     let mut received = Vec::new();
     let mut sent = 0u64;
     // The caller starts at once; the answerer at the first packet of the call.
@@ -53,7 +55,6 @@ fn exchange(
         if let (Some(to), Some(s)) = (peer, started) {
             let due = s + gap * sent as u32;
             if now >= due && sending_until.is_some_and(|u| now < u) {
-                let mut pkt = vec![0u8; len];
                 pkt[..8].copy_from_slice(&sent.to_be_bytes());
                 pkt[8..16].copy_from_slice(&wall_ns().to_be_bytes());
                 // A send refused (no route for a moment) is a packet lost, as on a phone.

@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::trace::{self, CapacityTrace, RateSlots, StepTrace};
-use super::units::split_num;
 pub use super::units::{parse_duration, parse_rate};
+use super::units::{ser_ms, split_num};
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -111,10 +111,6 @@ pub struct LinkSpec {
 pub const DEFAULT_SLACK: Duration = Duration::from_micros(500);
 /// A larger slack would hold input longer than the emulator's sockets are sized for.
 const MAX_SLACK: Duration = Duration::from_millis(10);
-
-fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(d.as_secs_f64() * 1000.0)
-}
 
 impl Default for LinkSpec {
     fn default() -> Self {

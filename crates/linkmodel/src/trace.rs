@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::units::{parse_duration, parse_rate};
+use super::units::{parse_duration, parse_rate, ser_ms};
 
 /// Where a recording came from, for status and errors (values are not printed).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -20,10 +20,6 @@ pub struct Source {
     pub file: String,
     #[serde(serialize_with = "ser_ms", rename = "step_ms")]
     pub step: Duration,
-}
-
-fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(d.as_secs_f64() * 1000.0)
 }
 
 /// One value per `step`, repeated when it ends: a one-way delay (ns) or a loss flag (0/1).
@@ -71,14 +67,6 @@ impl StepTrace {
     /// How long it plays before repeating.
     pub fn period(&self) -> Duration {
         self.source.step * self.values.len() as u32
-    }
-
-    pub fn len(&self) -> usize {
-        self.values.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
     }
 }
 

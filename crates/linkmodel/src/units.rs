@@ -41,3 +41,8 @@ pub fn parse_rate(v: &str) -> Result<u64, String> {
     }
     Ok(bps as u64)
 }
+
+/// A duration written as milliseconds (status and results JSON).
+pub(crate) fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64() * 1000.0)
+}
