@@ -53,6 +53,11 @@ class EmuLab:
         return labctl.iperf3_json(lambda: subprocess.run(cmd, capture_output=True, text=True,
                                                          timeout=seconds + 30))
 
+    def stats(self):
+        """The emulator's counters per path and direction (`mpquic-lab stats`)."""
+        r = subprocess.run([LAB, "stats", self.name], capture_output=True, text=True, timeout=30, check=True)
+        return json.loads(r.stdout)
+
     def rtts(self, count, interval=0.05):
         out = self.sh("client", f"ping -n -c {count} -i {interval} 10.10.1.1")
         return [float(x.split("time=")[1].split()[0]) for x in out.splitlines() if "time=" in x]
@@ -180,11 +185,23 @@ def test_rate_udp_goodput_and_tcp(emulab):
 def test_bernoulli_loss_over_100k_packets(emulab):
     lab = emulab("loss=10%")
     lab.iperf_server()
+    lab.sh("server", "nstat -n")
     d = lab.iperf("-u -b 16M -l 100", seconds=6)  # 20k packets/s
+    overflow = lab.sh("server", "nstat -a | awk '$1==\"UdpRcvbufErrors\"{print $2}'").strip() or "0"
     s = received(d)
-    report(f"emulator loss=10%: {s['lost_percent']:.2f}% of {s['packets']} packets lost")
-    assert s["packets"] >= 100_000
-    assert abs(s["lost_percent"] - 10.0) <= 1.0
+    up = lab.stats()["paths"][0]["up"]
+    st = up["stats"]
+    model = 100.0 * st["dropped_loss"] / max(1, st["in_packets"])
+    # What the loss model drew is judged on the emulator's own counts: end to end, a receiver that
+    # falls behind at 20k packets/s (iperf3's socket on a busy host) adds its own losses, which are
+    # not the model's. They are reported beside it.
+    others = {k: v for k, v in st.items() if k.startswith("dropped_") and k != "dropped_loss" and v}
+    report(f"emulator loss=10%: the model dropped {model:.2f}% of {st['in_packets']} packets; end to end "
+           f"{s['lost_percent']:.2f}% of {s['packets']} lost (other emulator drops {others}, socket drops "
+           f"{up['socket_drops']}, the receiver's socket overflowed {overflow} times)")
+    assert st["in_packets"] >= 100_000
+    assert abs(model - 10.0) <= 0.5, model
+    assert s["lost_percent"] >= model - 0.5, (s, model)
 
 
 def test_gilbert_elliott_mean_burst_length(emulab):
