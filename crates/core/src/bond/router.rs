@@ -284,6 +284,18 @@ impl Router {
         self.tell_bond(t)
     }
 
+    /// `id`'s connection's packet counts (`PathSet::on_data_counters`).
+    pub fn on_data_counters(
+        &mut self,
+        id: PathId,
+        now: Instant,
+        sent: u64,
+        lost: u64,
+    ) -> Option<Transition> {
+        let t = self.paths.on_data_counters(id, now, sent, lost);
+        self.tell_bond(t)
+    }
+
     /// `id` stopped acknowledging its data (`ackwatch.rs`): down now.
     pub fn declare_down(
         &mut self,

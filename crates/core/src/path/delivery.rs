@@ -203,6 +203,80 @@ impl DeliveryWatch {
     }
 }
 
+/// The share of its packets a connection must keep losing, while the path's probes pass, for the
+/// path to count as one whose data vanishes (`LossWatch`).
+pub const DATA_LOST: f64 = 0.3;
+/// Packets the connection must have sent in the window for its loss to be judged.
+const DATA_MIN: u64 = 64;
+/// The probes' loss at most: a path that loses its probes too is judged by them.
+const PROBES_CLEAN: f64 = 0.05;
+/// One sample of the counters per this much time.
+const LOSS_STEP: Duration = Duration::from_millis(100);
+
+/// The second half of the watch, on the transport's own counts: a connection that keeps losing
+/// a large share of its packets while the path's probes all pass is a path whose data vanishes,
+/// even where the inner counts say otherwise. On a reliable stream every inner packet arrives in
+/// the end (QUIC sends lost data again, and a retransmission that goes alone passes where a GSO
+/// batch is corrupted), and inner TCP backed off to one segment per timeout hands the path so
+/// little that a trickle of arrivals keeps `Flow::observe` reset: a path that carried 0 Mbit/s
+/// for 27 s on a loaded host, never judged. Random loss is not this: it takes the probes too.
+///
+/// The verdict: over every sliding `stall_after` for half a `stall_after` more, at least
+/// `DATA_MIN` packets sent and `DATA_LOST` of them lost (spurious losses not counted), the
+/// probes' loss at most `PROBES_CLEAN`. A congestion controller's overshoot (a start-up into a
+/// shallow buffer) loses that much for a round or two, not for seconds.
+#[derive(Debug, Clone, Default)]
+pub struct LossWatch {
+    /// (when, sent, lost), oldest first, one per `LOSS_STEP`.
+    samples: VecDeque<(Instant, u64, u64)>,
+    /// Since when every window has lost `DATA_LOST`.
+    losing_since: Option<Instant>,
+}
+
+impl LossWatch {
+    /// The connection's cumulative `sent` and `lost` packets now, the probes' loss lately. True
+    /// when the path's data vanishes.
+    pub fn observe(
+        &mut self,
+        now: Instant,
+        sent: u64,
+        lost: u64,
+        probe_loss: f64,
+        stall_after: Duration,
+    ) -> bool {
+        if let Some(&(at, s, l)) = self.samples.back() {
+            if sent < s || lost < l {
+                // A new connection: its counts start again.
+                *self = LossWatch::default();
+            } else if now.saturating_duration_since(at) < LOSS_STEP {
+                return self.verdict(now, stall_after);
+            }
+        }
+        self.samples.push_back((now, sent, lost));
+        // The newest sample at least `stall_after` old starts the window; older ones go.
+        while self.samples.len() > 1 && self.samples[1].0 + stall_after <= now {
+            self.samples.pop_front();
+        }
+        let &(at, s0, l0) = self.samples.front().expect("just pushed");
+        let losing = at + stall_after <= now && {
+            let (ds, dl) = (sent - s0, lost - l0);
+            ds >= DATA_MIN && dl as f64 >= DATA_LOST * ds as f64 && probe_loss <= PROBES_CLEAN
+        };
+        match losing {
+            true => {
+                self.losing_since.get_or_insert(now);
+            }
+            false => self.losing_since = None,
+        }
+        self.verdict(now, stall_after)
+    }
+
+    fn verdict(&self, now: Instant, stall_after: Duration) -> bool {
+        self.losing_since
+            .is_some_and(|t| now.saturating_duration_since(t) >= stall_after / 2)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,5 +402,72 @@ mod tests {
         assert_eq!(grace, Duration::from_millis(1400));
         assert_eq!(stall, Duration::from_millis(2800));
         assert_eq!(bounds(Some(RTT), RTT / 4), (GRACE_MIN, STALL_MIN));
+    }
+
+    /// Every 100 ms the connection sends `rate(t)` packets and loses `lost(t)` of each 100;
+    /// the probes lose `probe_loss`. When the loss watch fired, if it did.
+    fn losing(
+        secs: f64,
+        rate: u64,
+        lost: impl Fn(Duration) -> u64,
+        probe_loss: f64,
+    ) -> Option<Duration> {
+        let t0 = Instant::now();
+        let mut w = LossWatch::default();
+        let (mut sent, mut gone) = (0u64, 0u64);
+        for k in 0..(secs * 10.0) as u64 {
+            let at = Duration::from_millis(100 * k);
+            sent += rate;
+            gone += rate * lost(at) / 100;
+            if w.observe(t0 + at, sent, gone, probe_loss, STALL_MIN) {
+                return Some(at);
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn data_that_vanishes_while_probes_pass_is_found_in_three_seconds() {
+        // A GSO batch corrupted, a retransmission alone passing: half of ~90 packets/s lost.
+        let at = losing(20.0, 9, |_| 50, 0.0).expect("found");
+        assert!(at <= Duration::from_millis(3100), "{at:?}");
+    }
+
+    #[test]
+    fn loss_the_probes_share_or_a_short_overshoot_is_not_vanishing() {
+        // Random loss takes the probes too.
+        assert_eq!(losing(20.0, 100, |_| 50, 0.5), None);
+        // A start-up's overshoot into a shallow buffer: 65% lost for 1.5 s, then little.
+        let overshoot = |t: Duration| {
+            if t < Duration::from_millis(1500) {
+                65
+            } else {
+                2
+            }
+        };
+        assert_eq!(losing(20.0, 400, overshoot, 0.0), None);
+        // Heavy but partial loss that the probes happen to miss: below `DATA_LOST`.
+        assert_eq!(losing(20.0, 400, |_| 20, 0.0), None);
+        // Too few packets to judge.
+        assert_eq!(losing(20.0, 3, |_| 100, 0.0), None);
+    }
+
+    #[test]
+    fn a_new_connection_starts_the_loss_watch_again() {
+        let t0 = Instant::now();
+        let mut w = LossWatch::default();
+        for k in 0..25u64 {
+            assert!(!w.observe(
+                t0 + Duration::from_millis(100 * k),
+                10 * k,
+                5 * k,
+                0.0,
+                STALL_MIN
+            ));
+        }
+        // The counts restart: no window yet on the new connection.
+        let t = t0 + Duration::from_millis(2600);
+        assert!(!w.observe(t, 10, 5, 0.0, STALL_MIN));
+        assert!(!w.observe(t + Duration::from_millis(1500), 200, 100, 0.0, STALL_MIN));
     }
 }

@@ -17,7 +17,7 @@
 //! path: backups included) detects a dead path as fast as ever. The probe carries the interval, so
 //! the follower scales its own silence bound the same way.
 
-use crate::path::delivery::{Counts, DeliveryWatch, Direction};
+use crate::path::delivery::{self, Counts, DeliveryWatch, Direction, LossWatch};
 use crate::role::Role;
 use std::time::{Duration, Instant};
 
@@ -168,6 +168,8 @@ pub struct PathHealth {
     silent_for: Option<Duration>,
     /// What the path delivers each way, from the counts in probe replies (`delivery.rs`).
     delivery: DeliveryWatch,
+    /// What the connection itself loses against what the probes do (`delivery::LossWatch`).
+    data_loss: LossWatch,
     /// The path answered its probes but delivered nothing this way: down until a new
     /// connection replaces this one (its answers alone do not bring it back).
     stalled: Option<Direction>,
@@ -206,6 +208,7 @@ impl PathHealth {
             transitions: 0,
             silent_for: None,
             delivery: DeliveryWatch::default(),
+            data_loss: LossWatch::default(),
             stalled: None,
             rtt_hint: None,
         }
@@ -455,6 +458,20 @@ impl PathHealth {
             (self.delivery).on_reply(seq, sent, now, peer, arrived, self.srtt, self.rttvar, loss);
         if let (Some(d), PathState::Up) = (stalled, self.state) {
             self.stalled = Some(d);
+            self.consecutive = 0;
+            self.set_state(PathState::Down, now);
+        }
+    }
+
+    /// The connection's cumulative packets sent and lost (spurious losses not counted): a path
+    /// that is up and keeps losing its data while its probes pass goes down as one that
+    /// delivers nothing out (`delivery::LossWatch`). Only the prober acts: it replaces the
+    /// connection.
+    pub fn on_data_counters(&mut self, now: Instant, sent: u64, lost: u64) {
+        let stall_after = delivery::bounds(self.srtt, self.rttvar).1;
+        let vanishing = (self.data_loss).observe(now, sent, lost, self.loss(), stall_after);
+        if vanishing && self.cfg.mode == HealthMode::Probe && self.state == PathState::Up {
+            self.stalled = Some(Direction::Out);
             self.consecutive = 0;
             self.set_state(PathState::Down, now);
         }

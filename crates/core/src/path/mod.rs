@@ -541,6 +541,23 @@ impl PathSet {
         })
     }
 
+    /// `id`'s connection has sent and lost this many packets (`PathHealth::on_data_counters`);
+    /// a path found losing its data while its probes pass counts as a delivery stall.
+    pub fn on_data_counters(
+        &mut self,
+        id: PathId,
+        now: Instant,
+        sent: u64,
+        lost: u64,
+    ) -> Option<Transition> {
+        let t = self.health_event(id, |h| h.on_data_counters(now, sent, lost));
+        let p = &mut self.paths[id.index()];
+        if t.is_some() && p.health.as_ref().is_some_and(|h| h.stalled().is_some()) {
+            p.delivery_stalls += 1;
+        }
+        t
+    }
+
     /// `id` stopped acknowledging its data: down now (`PathHealth::declare_down`).
     pub fn declare_down(
         &mut self,

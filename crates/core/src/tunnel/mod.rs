@@ -50,6 +50,8 @@ pub struct LinkStats {
     /// Cumulative packets the connection sent and lost (FEC `auto` follows them).
     pub sent_packets: u64,
     pub lost_packets: u64,
+    /// Of those lost, the ones that arrived after all (reordering taken for loss).
+    pub spurious_lost: u64,
     /// The UDP payload its packets fill, and the largest the link could carry.
     pub udp_payload: Option<u16>,
     pub link_payload: Option<u16>,

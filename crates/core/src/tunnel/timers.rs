@@ -172,6 +172,18 @@ impl TunnelCore {
             out.transitions
                 .extend(self.router.declare_down(id, now, quiet_for));
         }
+        // A connection that keeps losing its data while its probes pass (`LossWatch`).
+        for id in self.router.paths().ids() {
+            if let Some(st) = links.get(id.index()).copied().flatten() {
+                let lost = st.lost_packets.saturating_sub(st.spurious_lost);
+                out.transitions.extend(self.router.on_data_counters(
+                    id,
+                    now,
+                    st.sent_packets,
+                    lost,
+                ));
+            }
+        }
         next
     }
 

@@ -70,6 +70,7 @@ pub(super) fn link_stats(t: &dyn PathTransport) -> LinkStats {
     LinkStats {
         sent_packets: st.sent_packets,
         lost_packets: st.lost_packets,
+        spurious_lost: st.reordering.map_or(0, |r| r.spurious),
         udp_payload: st.udp_payload,
         link_payload: st.link_payload,
         max_datagram: st.max_datagram,
