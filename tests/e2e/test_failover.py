@@ -128,8 +128,9 @@ def test_reliable_failover_delivers_nothing_late(make_lab):
 @pytest.mark.parametrize("direction", ["both", "up", "down"])
 @measured
 def test_default_black_hole_loses_no_ping(make_lab, direction):
-    """The default transport (`auto`): pings are little traffic, so they ride the path's stream,
-    and a path taken out of use hands what it sent lately to the live path. A black hole of
+    """The default transport (`auto`): the path is on its stream (quiet), pings are not TCP, so
+    they go as datagrams kept for a hand-over as the stream's chunks are, and a path taken out
+    of use hands what it sent lately to the live path. A black hole of
     the primary, either way or both, then loses no ping (one at most, at the fault's edge). The client-to-server one ("up") is
     the hard case: the server's packets still arrive, each repeating its last ACK frame, and
     the ACK watch must not take them for acknowledgements (it did: 6-7 pings of 10 ms lost)."""

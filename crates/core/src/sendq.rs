@@ -55,6 +55,11 @@ impl WaitingFlows {
         flow.is_some_and(|f| self.bucket(f).load(Ordering::Relaxed) < SPARSE_PACKETS)
     }
 
+    /// Whether nothing of `flow` is on its way (`None`: no flow key, never).
+    pub fn is_idle(&self, flow: Option<u64>) -> bool {
+        flow.is_some_and(|f| self.bucket(f).load(Ordering::Relaxed) == 0)
+    }
+
     pub fn add(&self, flow: Option<u64>) {
         if let Some(f) = flow {
             self.bucket(f).fetch_add(1, Ordering::Relaxed);

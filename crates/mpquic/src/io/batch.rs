@@ -44,6 +44,8 @@ pub struct PacketBatch {
 pub struct Facts {
     pub flow: Option<u64>,
     pub pure_ack: bool,
+    /// A TCP segment: its flow needs every packet, in order (the stream's recovery serves it).
+    pub tcp: bool,
 }
 
 impl Facts {
@@ -53,6 +55,7 @@ impl Facts {
             Some(i) => Facts {
                 flow: Some(i.flow_hash()),
                 pure_ack: i.is_pure_tcp_ack(pkt),
+                tcp: i.proto == mpquic_core::packet::PROTO_TCP,
             },
             None => Facts::default(),
         }
@@ -302,14 +305,16 @@ mod tests {
             b.facts(0),
             Facts {
                 flow,
-                pure_ack: true
+                pure_ack: true,
+                tcp: true
             }
         );
         assert_eq!(
             b.facts(1),
             Facts {
                 flow,
-                pure_ack: false
+                pure_ack: false,
+                tcp: true
             }
         );
         assert_eq!(b.facts(2), Facts::default());

@@ -76,6 +76,8 @@ impl Tunnel {
             for id in core.router().paths().ids() {
                 if let Some(l) = link(id) {
                     l.transport.set_hand_over(core.router().can_hand_over(id));
+                    let health = core.router().paths().get(id).health.as_ref();
+                    l.transport.set_path_loss(health.map_or(0.0, |h| h.loss()));
                 }
             }
             next

@@ -10,7 +10,7 @@
 //! path's datagrams or stream frames), `pipes` (UDP pipes that share one controller).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -86,6 +86,8 @@ pub struct QuicTransport {
     /// stream only while it says so. Reliable mode: always the stream.
     adaptive: bool,
     on_stream: Arc<AtomicBool>,
+    /// The path's loss as its probes see it, in millionths (`set_path_loss`).
+    path_loss: Arc<AtomicU32>,
     /// Taken by `start`: the hello stream (reliable mode carries the packets on it), and the
     /// writer's queue.
     start: std::sync::Mutex<Option<StartParts>>,
@@ -113,9 +115,9 @@ struct StartParts {
     queue_rx: mpsc::Receiver<Queued>,
 }
 
-/// A packet on its way to the path's writer: when it was handed over, its lane, its flow, and
-/// the packet framed for the stream (`stream_frame`).
-pub(super) type Queued = (Instant, LaneSend, Option<u64>, Bytes);
+/// A packet on its way to the path's writer: when it was handed over, its lane, its flow,
+/// whether it is TCP (`Facts::tcp`), and the packet framed for the stream (`stream_frame`).
+pub(super) type Queued = (Instant, LaneSend, Option<u64>, bool, Bytes);
 
 /// A packet in the writer's queue: framed for the stream, its lane's rank (which stream it
 /// takes) and how its lane wants it carried.
@@ -124,6 +126,7 @@ pub(super) struct Frame {
     rank: u8,
     carry: LaneCarry,
     flow: Option<u64>,
+    tcp: bool,
 }
 
 impl QuicTransport {
@@ -183,6 +186,7 @@ impl QuicTransport {
             playout: Arc::default(),
             adaptive: mode == TransportMode::Auto,
             on_stream: Arc::new(AtomicBool::new(mode == TransportMode::Reliable)),
+            path_loss: Arc::new(AtomicU32::new(0)),
             start: std::sync::Mutex::new(Some(StartParts {
                 send,
                 recv,
@@ -229,6 +233,27 @@ impl QuicTransport {
     /// Whether inner packets go on the stream now (reliable mode; `auto` on a losing path).
     fn stream_now(&self) -> bool {
         self.has_stream && self.on_stream.load(Ordering::Relaxed)
+    }
+
+    /// `auto` on the stream, a link that loses little: a packet that is not TCP goes as a
+    /// datagram (`writer::DATAGRAM_LOSS`), and one of a flow with nothing on its way (a call, a
+    /// ping, DNS) goes at once, not through the writer, whose turn may wait for room on the
+    /// stream behind the bulk (a write held 173 ms after bbr's start-up, the call's packets
+    /// with it).
+    fn datagram_at_once(&self, facts: &crate::io::batch::Facts) -> bool {
+        self.adaptive
+            && !facts.tcp
+            && self.flows.is_idle(facts.flow)
+            && self.stream_now()
+            && writer::clean(&self.path_loss)
+    }
+
+    /// Keep `frame`, sent as a datagram where the stream would have carried it, for a
+    /// hand-over as the stream's chunks are (`Recent`).
+    fn keep_for_hand_over(&self, now: Instant, frame: Bytes) {
+        if self.hand_over.load(Ordering::Relaxed) {
+            (self.recent.lock().unwrap_or_else(|e| e.into_inner())).push(now, frame);
+        }
     }
 
     /// Bytes waiting to be sent: for the writer, and in QUIC's datagram queue.
@@ -315,6 +340,21 @@ impl PathTransport for QuicTransport {
                 }
                 continue;
             }
+            if self.datagram_at_once(&facts) {
+                let frame = stream_frame(batch, i, &self.prefix);
+                match send_datagram(&self.conn, frame.slice(STREAM_HEADER..)) {
+                    Ok(()) => {
+                        self.keep_for_hand_over(now, frame);
+                        continue;
+                    }
+                    // Too big for a datagram: the stream takes it, through the writer.
+                    Err(DropReason::Oversized) => {}
+                    Err(reason) => {
+                        refused(i, reason);
+                        continue;
+                    }
+                }
+            }
             let frame = stream_frame(batch, i, &self.prefix);
             let len = (frame.len() - STREAM_HEADER) as u64;
             if !self.has_stream && max_datagram.is_some_and(|m| len > m as u64) {
@@ -331,7 +371,7 @@ impl PathTransport for QuicTransport {
             // Counted before the writer can see it (it takes off what leaves).
             self.waiting.fetch_add(len, Ordering::Relaxed);
             self.flows.add(flow);
-            let refusal = match self.queue_tx.try_send((now, lane, flow, frame)) {
+            let refusal = match self.queue_tx.try_send((now, lane, flow, facts.tcp, frame)) {
                 Ok(()) => {
                     room -= len as i64;
                     continue;
@@ -365,6 +405,11 @@ impl PathTransport for QuicTransport {
             self.on_stream
                 .store(carry == Carry::Stream, Ordering::Relaxed);
         }
+    }
+
+    fn set_path_loss(&self, loss: f64) {
+        let ppm = (loss.clamp(0.0, 1.0) * 1e6) as u32;
+        self.path_loss.store(ppm, Ordering::Relaxed);
     }
 
     /// A path with no other up keeps no copies: at a fast stream's rate they are `RECENT_BYTES`
@@ -529,6 +574,8 @@ impl PathTransport for QuicTransport {
             waiting: self.waiting.clone(),
             flows: self.flows.clone(),
             on_stream: self.has_stream.then(|| self.on_stream.clone()),
+            adaptive: self.adaptive,
+            path_loss: self.path_loss.clone(),
             recent: self.recent.clone(),
             hand_over: self.hand_over.clone(),
             meter: self.meter.clone(),

@@ -215,6 +215,12 @@ impl PathTransport for QuicPipes {
         }
     }
 
+    fn set_path_loss(&self, loss: f64) {
+        for p in self.pipes.read().unwrap_or_else(|e| e.into_inner()).iter() {
+            p.set_path_loss(loss);
+        }
+    }
+
     /// Probes rotate over the pipes: a pipe that stops passing packets shows as probe loss.
     fn send_control(&self, msg: &[u8]) -> Result<(), DropReason> {
         let pipes = self.pipes.read().unwrap_or_else(|e| e.into_inner());
