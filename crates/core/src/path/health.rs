@@ -456,8 +456,16 @@ impl PathHealth {
         let loss = self.loss();
         let stalled =
             (self.delivery).on_reply(seq, sent, now, peer, arrived, self.srtt, self.rttvar, loss);
-        if let (Some(d), PathState::Up) = (stalled, self.state) {
-            self.stalled = Some(d);
+        if let Some(d) = stalled {
+            self.stall(d, now);
+        }
+    }
+
+    /// An up path that delivers nothing `way` goes down, stalled until its connection is
+    /// replaced.
+    fn stall(&mut self, way: Direction, now: Instant) {
+        if self.state == PathState::Up {
+            self.stalled = Some(way);
             self.consecutive = 0;
             self.set_state(PathState::Down, now);
         }
@@ -470,10 +478,8 @@ impl PathHealth {
     pub fn on_data_counters(&mut self, now: Instant, sent: u64, lost: u64) {
         let stall_after = delivery::bounds(self.srtt, self.rttvar).1;
         let vanishing = (self.data_loss).observe(now, sent, lost, self.loss(), stall_after);
-        if vanishing && self.cfg.mode == HealthMode::Probe && self.state == PathState::Up {
-            self.stalled = Some(Direction::Out);
-            self.consecutive = 0;
-            self.set_state(PathState::Down, now);
+        if vanishing && self.cfg.mode == HealthMode::Probe {
+            self.stall(Direction::Out, now);
         }
     }
 

@@ -480,6 +480,11 @@ impl PathSet {
             Some(c) => h.on_counted_reply(seq, now, c, arrived),
             None => h.on_reply(seq, now),
         });
+        self.count_stall(id, t)
+    }
+
+    /// A transition that the delivery watch caused (the path is now `stalled`) is counted.
+    fn count_stall(&mut self, id: PathId, t: Option<Transition>) -> Option<Transition> {
         let p = &mut self.paths[id.index()];
         if t.is_some() && p.health.as_ref().is_some_and(|h| h.stalled().is_some()) {
             p.delivery_stalls += 1;
@@ -551,11 +556,7 @@ impl PathSet {
         lost: u64,
     ) -> Option<Transition> {
         let t = self.health_event(id, |h| h.on_data_counters(now, sent, lost));
-        let p = &mut self.paths[id.index()];
-        if t.is_some() && p.health.as_ref().is_some_and(|h| h.stalled().is_some()) {
-            p.delivery_stalls += 1;
-        }
-        t
+        self.count_stall(id, t)
     }
 
     /// `id` stopped acknowledging its data: down now (`PathHealth::declare_down`).

@@ -210,7 +210,7 @@ pub trait PathTransport: Send + Sync + 'static {
     fn set_hand_over(&self, _possible: bool) {}
     /// The path's loss as its probes see it (`PathHealth::loss`): the link's own loss, not the
     /// overflow a congestion controller causes at a queue, which a connection's loss counts
-    /// too. `auto` decides by it how a sparse flow that is not TCP goes (`quic::writer`).
+    /// too. `auto` decides by it how a packet that is not TCP goes (`quic::writer`).
     fn set_path_loss(&self, _loss: f64) {}
     /// The path carries traffic classes: its congestion controller keeps the bottleneck's
     /// queue short for the higher classes (`mpquic_core::cc::Bbr::yielding`). A transport or

@@ -241,19 +241,9 @@ impl QuicTransport {
     /// stream behind the bulk (a write held 173 ms after bbr's start-up, the call's packets
     /// with it).
     fn datagram_at_once(&self, facts: &crate::io::batch::Facts) -> bool {
-        self.adaptive
-            && !facts.tcp
-            && self.flows.is_idle(facts.flow)
+        self.flows.is_idle(facts.flow)
             && self.stream_now()
-            && writer::clean(&self.path_loss)
-    }
-
-    /// Keep `frame`, sent as a datagram where the stream would have carried it, for a
-    /// hand-over as the stream's chunks are (`Recent`).
-    fn keep_for_hand_over(&self, now: Instant, frame: Bytes) {
-        if self.hand_over.load(Ordering::Relaxed) {
-            (self.recent.lock().unwrap_or_else(|e| e.into_inner())).push(now, frame);
-        }
+            && writer::datagram_beside_stream(self.adaptive, facts.tcp, &self.path_loss)
     }
 
     /// Bytes waiting to be sent: for the writer, and in QUIC's datagram queue.
@@ -344,7 +334,7 @@ impl PathTransport for QuicTransport {
                 let frame = stream_frame(batch, i, &self.prefix);
                 match send_datagram(&self.conn, frame.slice(STREAM_HEADER..)) {
                     Ok(()) => {
-                        self.keep_for_hand_over(now, frame);
+                        writer::keep_for_hand_over(&self.recent, &self.hand_over, now, frame);
                         continue;
                     }
                     // Too big for a datagram: the stream takes it, through the writer.

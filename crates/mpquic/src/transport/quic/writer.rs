@@ -47,9 +47,24 @@ const SPARSE_ROOM: u64 = 2 * STREAM_BATCH as u64;
 /// itself loses more, the stream's recovery serves them better than datagrams would.
 const DATAGRAM_LOSS: f64 = 0.02;
 
-/// Whether the path's probes lose under `DATAGRAM_LOSS` (`path_loss`: millionths).
-pub(super) fn clean(path_loss: &AtomicU32) -> bool {
-    f64::from(path_loss.load(Ordering::Relaxed)) < DATAGRAM_LOSS * 1e6
+/// Whether a packet goes as a datagram while its path is on the stream: in `auto`
+/// (`adaptive`), not TCP, and the path's probes lose under `DATAGRAM_LOSS` (`path_loss`:
+/// millionths).
+pub(super) fn datagram_beside_stream(adaptive: bool, tcp: bool, path_loss: &AtomicU32) -> bool {
+    adaptive && !tcp && f64::from(path_loss.load(Ordering::Relaxed)) < DATAGRAM_LOSS * 1e6
+}
+
+/// Keep `frame`, sent as a datagram where the stream would have carried it, for a hand-over as
+/// the stream's chunks are (while another path could take it: `hand_over`).
+pub(super) fn keep_for_hand_over(
+    recent: &Mutex<Recent>,
+    hand_over: &AtomicBool,
+    now: Instant,
+    frame: Bytes,
+) {
+    if hand_over.load(Ordering::Relaxed) {
+        (recent.lock().unwrap_or_else(|e| e.into_inner())).push(now, frame);
+    }
 }
 
 /// The chunks a stream writer wrote lately, with when: bounded by `RECENT_BYTES` and
@@ -61,7 +76,7 @@ pub(super) struct Recent {
 }
 
 impl Recent {
-    pub(super) fn push(&mut self, now: Instant, chunk: Bytes) {
+    fn push(&mut self, now: Instant, chunk: Bytes) {
         self.bytes += chunk.len();
         self.chunks.push_back((now, chunk));
         self.prune(now);
@@ -259,7 +274,6 @@ pub(super) async fn path_writer(w: Writer) {
             continue;
         }
         let budget = pacer.budget(now).min(STREAM_BATCH).min(room);
-        let clean = clean(&path_loss);
         batches.iter_mut().for_each(BytesMut::clear);
         let mut batched = 0;
         let mut sent = 0;
@@ -289,7 +303,7 @@ pub(super) async fn path_writer(w: Writer) {
             waiting.fetch_sub(len as u64, Ordering::Relaxed);
             flows.sub(flow);
             let datagram = match carry {
-                LaneCarry::Path => !stream || (adaptive && !tcp && clean),
+                LaneCarry::Path => !stream || datagram_beside_stream(adaptive, tcp, &path_loss),
                 LaneCarry::Datagram => true,
                 // A connection without a stream (datagram mode) has no other way.
                 LaneCarry::Stream => on_stream.is_none(),
@@ -301,8 +315,8 @@ pub(super) async fn path_writer(w: Writer) {
                         // Where the stream would have carried it (`DATAGRAM_LOSS`), it is kept
                         // for a hand-over as the stream's chunks are: a path that goes down
                         // loses none of a ping or a call's last round trip either.
-                        if stream && hand_over.load(Ordering::Relaxed) {
-                            (recent.lock().unwrap_or_else(|e| e.into_inner())).push(now, frame);
+                        if stream {
+                            keep_for_hand_over(&recent, &hand_over, now, frame);
                         }
                         continue;
                     }
