@@ -11,7 +11,9 @@
 //! - `sut`: the systems under test started in a lab (mpquic, other VPNs from commands);
 //! - `report`, `plot`: report.md and the PNG plots from results.json (`mpquic-lab plot DIR`);
 //! - `nat`: a carrier-grade NAT on a path (`mpquic-lab nat`), mappings dropped on a rebind;
-//! - `flood`: spoofed unauthenticated traffic at a server (`mpquic-lab flood`).
+//! - `flood`: spoofed unauthenticated traffic at a server (`mpquic-lab flood`);
+//! - `voice`, `web`: a voice-like call and web-like transfers for scenarios (`mpquic-lab voice`,
+//!   `mpquic-lab web`), with the figures each is judged by.
 
 pub mod bridge;
 pub mod flood;
@@ -28,3 +30,4 @@ pub mod sut;
 pub mod timing;
 pub mod topo;
 pub mod voice;
+pub mod web;

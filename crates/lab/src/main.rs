@@ -153,6 +153,22 @@ enum Cmd {
         #[arg(long)]
         seconds: f64,
     },
+    /// One side of web-like transfers (run inside a lab namespace; scenarios' `kind: web`):
+    /// `serve PORT` sends each connection the object it asks for, `fetch HOST:PORT` fetches
+    /// objects of `--size` bytes, `--parallel` at a time, each on a new connection. Prints the
+    /// fetches' start and completion times (JSON).
+    Web {
+        /// `serve` or `fetch`.
+        role: String,
+        /// serve: the port to listen on; fetch: the server's address and port (HOST:PORT).
+        at: String,
+        #[arg(long, default_value_t = 100_000)]
+        size: u64,
+        #[arg(long, default_value_t = 1)]
+        parallel: usize,
+        #[arg(long)]
+        seconds: f64,
+    },
     /// Unauthenticated traffic at a server's UDP port from spoofed sources (run it inside a lab
     /// namespace with `ip netns exec`); prints what it sent (JSON).
     Flood {
@@ -281,6 +297,13 @@ fn main() -> ExitCode {
             len,
             seconds,
         } => mpquic_lab::voice::run(&role, &at, pps, len, seconds).map(|v| println!("{v}")),
+        Cmd::Web {
+            role,
+            at,
+            size,
+            parallel,
+            seconds,
+        } => mpquic_lab::web::run(&role, &at, size, parallel, seconds).map(|v| println!("{v}")),
         Cmd::Emu { name, seed } => emu(&name, seed),
         Cmd::Flood {
             to,

@@ -372,6 +372,20 @@ fn markdown(r: &Value, plots: &crate::plot::Plots) -> String {
                     )
                 };
                 format!("voice up: {}; down: {}", dir(&t["up"]), dir(&t["down"]))
+            } else if t["kind"] == "web" && t["error"].is_string() {
+                format!("web: error {}", t["error"].as_str().unwrap_or(""))
+            } else if t["kind"] == "web" {
+                let r = &t["result"];
+                let ms = |q: &str| {
+                    r["completion_ms"][q]
+                        .as_f64()
+                        .map_or("-".into(), |x| format!("{x:.0}"))
+                };
+                format!(
+                    "web: {} objects of {} bytes, {} at a time, {} failed; completion median {} p95 {} max {} ms",
+                    r["fetched"], t["object_bytes"], t["parallel"], r["failed"],
+                    ms("median"), ms("p95"), ms("max")
+                )
             } else if t["kind"] == "idle" {
                 idle_line(t, s["samples"].as_array().map_or(&[][..], Vec::as_slice))
             } else {

@@ -352,6 +352,30 @@ fn wait_for_minute(lab: &str) -> Result<()> {
     Ok(())
 }
 
+/// `mpquic-lab ARGS` (this very binary) in namespace `ns` under `launch` (`mptcpize run` for
+/// kernel MPTCP), its output captured: one side of a voice call or of web-like transfers.
+fn spawn_lab(ns: &str, launch: &[&str], args: &[&str]) -> std::io::Result<std::process::Child> {
+    let exe = std::env::current_exe()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "mpquic-lab".into());
+    let mut argv = launch.to_vec();
+    argv.push(exe.as_str());
+    argv.extend_from_slice(args);
+    ns_cmd(ns, &argv)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+}
+
+/// What a side started by `spawn_lab` printed (JSON), or its error.
+fn lab_output(c: std::process::Child) -> Result<Value> {
+    let out = c.wait_with_output()?;
+    if !out.status.success() {
+        bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
 /// A voice-like call (`voice.rs`) from the source to the destination's namespace, both ways,
 /// judged per direction.
 fn voice(
@@ -367,14 +391,11 @@ fn voice(
     let pps = rate.to_string();
     let len = t.length.unwrap_or(200).to_string();
     let secs = dur.as_secs_f64().to_string();
-    let exe = std::env::current_exe()
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "mpquic-lab".into());
     let side = |ns: &str, role: &str, at: &str| {
-        ns_cmd(
+        spawn_lab(
             ns,
+            &[],
             &[
-                &exe,
                 "voice",
                 role,
                 at,
@@ -386,23 +407,13 @@ fn voice(
                 &secs,
             ],
         )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
     };
     let result = (|| -> Result<Value> {
         let answer = side(from.dst_ns, "answer", &port)?;
         // The answerer binds its port before the first packet is due.
         std::thread::sleep(Duration::from_millis(200));
         let call = side(from.ns, "call", &format!("{}:{port}", from.dst))?;
-        let parse = |c: std::process::Child| -> Result<Value> {
-            let out = c.wait_with_output()?;
-            if !out.status.success() {
-                bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
-            }
-            Ok(serde_json::from_slice(&out.stdout)?)
-        };
-        let (call, answer) = (parse(call)?, parse(answer)?);
+        let (call, answer) = (lab_output(call)?, lab_output(answer)?);
         let rows = |v: &Value| -> Vec<[u64; 3]> {
             serde_json::from_value(v["received"].clone()).unwrap_or_default()
         };
@@ -417,6 +428,50 @@ fn voice(
             v["up"] = r["up"].clone();
             v["down"] = r["down"].clone();
         }
+        Err(e) => v["error"] = json!(format!("{e:#}")),
+    }
+    v
+}
+
+/// Web-like transfers (`web.rs`): the source fetches objects from a server in the
+/// destination's namespace, `streams` at a time, judged by completion time.
+fn web(t: &Traffic, i: usize, from: &Sender, label: &str, start: Duration, dur: Duration) -> Value {
+    let port = (5400 + i).to_string();
+    let size = t.length.unwrap_or(100_000).to_string();
+    let parallel = t.streams.to_string();
+    let secs = dur.as_secs_f64().to_string();
+    let result = (|| -> Result<Value> {
+        let server = spawn_lab(
+            from.dst_ns,
+            from.launch,
+            &["web", "serve", &port, "--seconds", &secs],
+        )?;
+        // The server binds its port before the first fetch (a fetch that races it fails and
+        // is counted, so this only keeps the count clean).
+        std::thread::sleep(Duration::from_millis(200));
+        let at = format!("{}:{port}", from.dst);
+        let args = [
+            "web",
+            "fetch",
+            &at,
+            "--size",
+            &size,
+            "--parallel",
+            &parallel,
+            "--seconds",
+            &secs,
+        ];
+        let fetched = lab_output(spawn_lab(from.ns, from.launch, &args)?);
+        // The server stays up for the fetches' timeout after its time: not waited for.
+        let mut server = server;
+        let _ = server.kill();
+        let _ = server.wait();
+        Ok(crate::web::judge(&fetched?, dur.as_secs_f64()))
+    })();
+    let mut v = json!({"label": label, "kind": "web", "start_s": start.as_secs_f64(),
+        "object_bytes": t.length.unwrap_or(100_000), "parallel": t.streams});
+    match result {
+        Ok(r) => v["result"] = r,
         Err(e) => v["error"] = json!(format!("{e:#}")),
     }
     v
@@ -467,6 +522,7 @@ fn traffic(t: &Traffic, i: usize, from: &Sender, t0: Instant, t0_unix: f64) -> V
             None => iperf3(t, i, from, t.rate.as_deref(), &label, start),
         },
         Kind::Voice => voice(t, i, from, &label, start, dur),
+        Kind::Web => web(t, i, from, &label, start, dur),
         Kind::Idle => {
             std::thread::sleep(dur);
             json!({"label": label, "kind": "idle", "start_s": start.as_secs_f64(), "duration_s": dur.as_secs_f64()})

@@ -150,6 +150,10 @@ pub enum Kind {
     /// (default 200) a second each way, judged by loss and lateness beyond 150 ms one way
     /// (`voice.rs`).
     Voice,
+    /// Web-like transfers for `duration`: objects of `length` bytes (default 100 000) fetched
+    /// from the destination, `streams` at a time (default 1), each on a new TCP connection,
+    /// judged by completion time (`web.rs`).
+    Web,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -164,6 +168,7 @@ pub struct Traffic {
     /// iperf3: tcp or udp.
     #[serde(default = "d_tcp")]
     pub protocol: String,
+    /// iperf3 -P; web: objects fetched at a time.
     #[serde(default = "d_one")]
     pub streams: u32,
     #[serde(default)]
@@ -175,7 +180,8 @@ pub struct Traffic {
     /// less than 1% of what was sent lost.
     #[serde(default)]
     pub rates: Option<Vec<String>>,
-    /// iperf3 -l (payload length); voice: each packet's UDP payload (default 200).
+    /// iperf3 -l (payload length); voice: each packet's UDP payload (default 200); web: each
+    /// object's size in bytes (default 100 000).
     pub length: Option<u32>,
     /// voice: packets a second each way (default 50).
     pub pps: Option<f64>,
