@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import measured, report, teardown_always
+from conftest import measured, report, stolen_ticks, teardown_always
 import labctl
 
 LAB = labctl.LAB
@@ -83,13 +83,6 @@ def received(d):
 
 def p99(xs):
     return sorted(xs)[max(0, int(len(xs) * 0.99) - 1)]
-
-
-def stolen_ticks():
-    """CPU time the hypervisor has given to other guests while this VM had work to run (all
-    CPUs, in 1/100 s): the `steal` column of /proc/stat."""
-    with open("/proc/stat") as f:
-        return int(f.readline().split()[8])
 
 
 # A window with more stolen time says nothing about the emulator: on this kind of VM, pings
