@@ -175,11 +175,17 @@ def test_rate_udp_goodput_and_tcp(emulab):
     assert tcp >= 0.9 * 300 * 1448 / 1500, tcp
 
 
+@measured
 def test_bernoulli_loss_over_100k_packets(emulab):
     lab = emulab("loss=10%")
     lab.iperf_server()
     lab.sh("server", "nstat -n")
-    d = lab.iperf("-u -b 16M -l 100", seconds=6)  # 20k packets/s
+    try:
+        d = lab.iperf("-u -b 16M -l 100", seconds=6)  # 20k packets/s
+    except RuntimeError as e:
+        # The load generator, not the emulator: iperf3 at 20k packets/s on a host whose vCPUs
+        # are stolen can fail its own control exchange (a miss `measured` retries).
+        raise AssertionError(f"iperf3: {e}") from e
     overflow = lab.sh("server", "nstat -a | awk '$1==\"UdpRcvbufErrors\"{print $2}'").strip() or "0"
     s = received(d)
     up = lab.stats()["paths"][0]["up"]
