@@ -135,7 +135,7 @@ pub fn run(role: &str, at: &str, pps: f64, len: usize, seconds: f64) -> Result<V
 }
 
 /// Percentile `q` of sorted `xs` (not empty).
-fn pct(xs: &[f64], q: f64) -> f64 {
+pub(crate) fn pct(xs: &[f64], q: f64) -> f64 {
     xs[((xs.len() as f64 * q) as usize).min(xs.len() - 1)]
 }
 

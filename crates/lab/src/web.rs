@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
+use crate::voice::pct;
+
 /// Largest object a server sends (a request above it is refused: the connection closes).
 const MAX_OBJECT: u64 = 1 << 30;
 /// Connections a server serves at once; beyond, new ones wait in the listen queue.
@@ -152,11 +154,6 @@ pub fn run(role: &str, at: &str, size: u64, parallel: usize, seconds: f64) -> Re
         "fetch" => fetch(at, size, parallel, seconds),
         other => bail!("web {other}: serve or fetch"),
     }
-}
-
-/// Percentile `q` of sorted `xs` (not empty).
-fn pct(xs: &[f64], q: f64) -> f64 {
-    xs[((xs.len() as f64 * q) as usize).min(xs.len() - 1)]
 }
 
 /// The figures web-like transfers are judged by, from `fetch`'s output: completed and failed
