@@ -201,6 +201,17 @@ fn decode_classed(buf: &[u8]) -> Option<Datagram<'_>> {
     }
 }
 
+/// The inner IP packet a stream frame or data datagram carries, past its lane and bond headers
+/// (`None`: not an inner packet).
+pub fn inner_packet(buf: &[u8]) -> Option<&[u8]> {
+    match decode(buf)? {
+        Datagram::Packet(p) | Datagram::Bonded { packet: p, .. } => Some(p),
+        // `decode_classed` allows one lane header only, so this recurses once at most.
+        Datagram::Classed { inner, .. } => inner_packet(inner),
+        _ => None,
+    }
+}
+
 /// The header in front of an inner packet of `lane` (`CLASSED`); the first lane (0) has none.
 pub fn encode_classed(lane: u8) -> Option<[u8; CLASSED_HEADER]> {
     (lane > 0 && usize::from(lane) < MAX_LANES).then_some([CLASSED, lane])
@@ -316,6 +327,18 @@ mod tests {
     use super::*;
     use crate::path::health::{PathState, PeerView};
     use std::time::Duration;
+
+    #[test]
+    fn inner_packet_is_found_past_lane_and_bond_headers() {
+        let ip = [0x45u8, 0, 0, 20];
+        assert_eq!(inner_packet(&ip), Some(&ip[..]));
+        let bonded = [&encode_bonded(3, 7)[..], &ip].concat();
+        assert_eq!(inner_packet(&bonded), Some(&ip[..]));
+        let classed = [&encode_classed(2).unwrap()[..], &bonded].concat();
+        assert_eq!(inner_packet(&classed), Some(&ip[..]));
+        assert_eq!(inner_packet(&encode_probe(PROBE, 1)), None);
+        assert_eq!(inner_packet(&[]), None);
+    }
 
     #[test]
     fn vectors() {

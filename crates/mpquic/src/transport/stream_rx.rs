@@ -1,5 +1,6 @@
 //! Reliable mode, receive side: frames off a path's stream (docs/PROTOCOL.md section 3), handed
-//! on at the steady delay `mpquic_core::reorder::playout` sets (none on a clean path).
+//! on at the steady delay `mpquic_core::reorder::playout` sets (none on a clean path); packets
+//! that are not TCP are handed on at once (`carries_tcp`).
 //!
 //! The stream is read in any order (`mpquic_core::reorder::reassembly` puts the frames back in order),
 //! so each frame's head-of-line wait is known: the playout acts on those waits only, not on
@@ -15,6 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use mpquic_core::wire;
+use mpquic_core::packet::{PacketInfo, PROTO_TCP};
 use mpquic_core::reorder::playout::Playout;
 pub use mpquic_core::reorder::reassembly::{header, HEADER};
 use mpquic_core::reorder::reassembly::{Frame, Reassembly};
@@ -104,7 +107,7 @@ pub async fn run(
                 .store(playout.delay().as_micros() as u64, Ordering::Relaxed);
             at
         };
-        if at <= now && held.is_empty() {
+        if (at <= now && held.is_empty()) || !carries_tcp(&packet) {
             deliver(&*sink, &packet);
         } else {
             if held.len() == MAX_HELD {
@@ -117,6 +120,19 @@ pub async fn run(
             sink.on_batch_end();
         }
     }
+}
+
+/// Whether the playout is for `packet`: it steadies inner TCP's RTT. Anything else (a call, a
+/// video, a ping, DNS, an inner QUIC connection) leaves as soon as the stream has it: such a
+/// flow has its own jitter buffer or none, and the hold, set by the bulk's head-of-line waits
+/// (up to `playout::MAX_DELAY`), only made it late. A Starlink reconfiguration's loss burst
+/// moved a call onto the stream (`writer::DATAGRAM_LOSS`) and 68-88% of its packets in the
+/// next two seconds came later than 150 ms, pings at 270-420 ms. A packet that does not parse
+/// is held as TCP is (the sink counts it).
+fn carries_tcp(frame: &[u8]) -> bool {
+    wire::inner_packet(frame)
+        .and_then(PacketInfo::parse)
+        .is_none_or(|i| i.proto == PROTO_TCP)
 }
 
 fn deliver(sink: &dyn Sink, packet: &[u8]) {
@@ -164,4 +180,34 @@ async fn read_frames(
 /// The playout delay a path's receiver holds packets to, for status.
 pub fn delay(shared: &SharedPlayout) -> Duration {
     Duration::from_micros(shared.delay_us.load(Ordering::Relaxed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 28-byte IPv4 packet of protocol `proto`.
+    fn ipv4(proto: u8) -> Vec<u8> {
+        let mut p = vec![0x45, 0, 0, 28, 0, 0, 0x40, 0, 64, proto, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2];
+        p.extend_from_slice(&[0x13, 0x88, 0x14, 0x51, 0, 8, 0, 0]);
+        p
+    }
+
+    #[test]
+    fn only_tcp_waits_for_the_playout() {
+        assert!(carries_tcp(&ipv4(6)));
+        assert!(!carries_tcp(&ipv4(17)), "udp");
+        assert!(!carries_tcp(&ipv4(1)), "icmp");
+        // Past a lane's and the bond's headers, as frames carry them.
+        let mut framed = wire::encode_classed(2).unwrap().to_vec();
+        framed.extend_from_slice(&wire::encode_bonded(1, 9));
+        framed.extend_from_slice(&ipv4(17));
+        assert!(!carries_tcp(&framed));
+        framed.truncate(framed.len() - 28);
+        framed.extend_from_slice(&ipv4(6));
+        assert!(carries_tcp(&framed));
+        // What does not parse is held as TCP is.
+        assert!(carries_tcp(&[0x45, 0, 0]));
+        assert!(carries_tcp(&[]));
+    }
 }
