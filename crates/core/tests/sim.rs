@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use mpquic_core::fec::FecMode;
 use mpquic_core::packet::PacketInfo;
 use mpquic_core::path::delivery::Direction;
+use mpquic_core::path::reconfig::{LinkKind, WallClock};
 use mpquic_core::recovery::Carry;
 use mpquic_core::reorder::reseq::MAX_WAIT;
 use mpquic_core::tunnel::{LinkStats, Outgoing, Polled, Recorded, Routing, TunnelCore};
@@ -1165,6 +1166,67 @@ fn seed_failover_scenario_gaps() {
 
 /// A tunnel with traffic classes: lane `k` of both cores schedules by `lanes[k]`, every lane
 /// over the same two paths (one prober and health each).
+/// A call (a packet every 20 ms each way) on the failover policy over a Starlink path (wan1,
+/// 30 ms) and another (wan2, 40 ms), with wan1 losing everything for `burst` from each of
+/// Starlink's reconfigurations at 12 and 27 s past the minute. `link`: wan1 is configured as
+/// Starlink. Returns the sim and how many packets each side sent.
+fn starlink_call(link: LinkKind, burst: Duration, seed: u64) -> (Sim, u32) {
+    let mut wan1 = spec("wan1", 1, 1);
+    wan1.link = link;
+    let specs = [wan1, spec("wan2", 1, 1)];
+    let mut sim = Sim::new(Policy::Failover, &specs, &[delay(30), delay(40)], seed);
+    // The sim starts 5 s past a whole minute of the wall clock.
+    let clock = WallClock::new(sim.t0, Duration::from_secs(1_800_000_005));
+    for side in [Side::Client, Side::Server] {
+        sim.core(side).set_wall_clock(clock);
+    }
+    let boundaries = [Duration::from_secs(7), Duration::from_secs(22)];
+    let mut seq = 0;
+    while sim.now < Duration::from_secs(25) {
+        let out = boundaries
+            .iter()
+            .any(|&b| sim.now >= b && sim.now < b + burst);
+        sim.set_blackhole(Side::Client, 0, out);
+        sim.set_blackhole(Side::Server, 0, out);
+        for side in [Side::Client, Side::Server] {
+            sim.send_data(side, 9, seq);
+        }
+        seq += 1;
+        let next = sim.now + Duration::from_millis(20);
+        sim.run_until(next);
+    }
+    let end = sim.now + Duration::from_secs(1);
+    sim.run_until(end);
+    (sim, seq)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(8))]
+
+    /// A path known to be Starlink gets copies of a call's packets on the other path across
+    /// each reconfiguration: the loss burst there takes none of them, and none is delivered
+    /// twice. Without `link: starlink`, the same burst takes the call's packets (datagram
+    /// mode: nothing else recovers them).
+    #[test]
+    fn a_call_rides_through_starlink_reconfigurations(
+        burst_ms in 20u64..=200,
+        seed in any::<u64>(),
+    ) {
+        let burst = Duration::from_millis(burst_ms);
+        let (sim, sent) = starlink_call(LinkKind::Starlink, burst, seed);
+        for side in [Side::Client, Side::Server] {
+            let mut seen = HashSet::new();
+            for d in sim.delivered.iter().filter(|d| d.0 == side && d.1 == 9) {
+                prop_assert!(seen.insert(d.2), "delivered twice: {:?}", d);
+            }
+            prop_assert_eq!(seen.len() as u32, sent, "{:?} lost some of the call", side);
+        }
+        let (sim, sent) = starlink_call(LinkKind::Other, burst, seed);
+        let got = sim.delivered.iter().filter(|d| d.0 == Side::Server && d.1 == 9).count();
+        prop_assert!(got as u32 <= sent - 2 * (burst_ms as u32 / 20 - 1), "{} of {}", got, sent);
+    }
+}
+
 fn lanes_sim(lanes: &[Policy], links: &[String], seed: u64) -> Sim {
     let specs = [spec("a", 1, 1), spec("b", 2, 1)];
     let mut sim = Sim::new(lanes[0], &specs, links, seed);

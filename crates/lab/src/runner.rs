@@ -312,6 +312,9 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
         "status": "ok",
         "traffic": results,
         "samples": samples,
+        // The run's start on the wall clock: what a link that follows it (Starlink's slots)
+        // did at each second of the run.
+        "t0_unix": t0_unix,
         "schedule_applied": applied,
         "emulator": emu_stats,
         "path_mean_mbit": mean_rates(&samples, npaths),

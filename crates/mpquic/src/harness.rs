@@ -140,6 +140,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         rate_limit: Some(5_000_000),
         role: Some("backup".into()),
         counts: false,
+        link: Some("starlink".into()),
     };
     let ack = HelloAck {
         ok: true,

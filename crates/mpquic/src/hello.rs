@@ -85,6 +85,11 @@ pub struct Hello {
     /// counts for the path (`path/delivery.rs`; docs/PROTOCOL.md).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub counts: bool,
+    /// The path's `link` (`starlink`; absent: nothing known): the server copies small packets
+    /// across its reconfigurations as the client does (`path::reconfig`). A server that does
+    /// not know the value ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
 }
 
 /// A traffic class: its name, its rank (its lane: 0 = highest priority), whether it is the

@@ -379,6 +379,7 @@ async fn pipes_make_one_path_and_a_stray_pipe_is_refused() {
         rate_limit: None,
         role: None,
         counts: false,
+        link: None,
         instance: None,
         classes: Vec::new(),
     };
@@ -582,6 +583,7 @@ async fn stripe_path_to_a_server_without_stripe_is_refused() {
         rate_limit: None,
         role: None,
         counts: false,
+        link: None,
         instance: None,
         classes: Vec::new(),
     };

@@ -167,6 +167,13 @@ pub struct PathStatus {
     /// is a `backup` until its period ends).
     #[serde(default)]
     pub role: String,
+    /// `link`: what kind of link it runs over when configured (`starlink`; empty: nothing known).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub link: String,
+    /// Packets sent on it that were copied to another path across its reconfigurations
+    /// (`link: starlink`).
+    #[serde(default)]
+    pub reconfig_copies: u64,
     /// `rate_limit` (Mbit/s each way, IP packets counted whole).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit_mbit: Option<f64>,
@@ -459,6 +466,12 @@ impl PathStatus {
         let mut parts = Vec::new();
         if !self.role.is_empty() && self.role != "primary" {
             parts.push(self.role.clone());
+        }
+        if !self.link.is_empty() {
+            parts.push(format!(
+                "{}: {} packets copied to another path across its reconfigurations",
+                self.link, self.reconfig_copies
+            ));
         }
         if let Some(cap) = self.rate_limit_mbit {
             parts.push(format!("capped at {cap} Mbit/s each way"));

@@ -270,6 +270,11 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Counter(|p| p.delivery_stalls),
     ),
     (
+        "mpquic_path_reconfig_copies",
+        "Packets sent on the path that were copied to another path across its reconfigurations (link: starlink)",
+        PathValue::Counter(|p| p.reconfig_copies),
+    ),
+    (
         "mpquic_path_to_stream",
         "transport_mode auto: times the path went to its stream",
         PathValue::Counter(|p| p.to_stream),

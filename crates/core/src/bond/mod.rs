@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crate::bond::scheduler::{Policy, Scheduler};
 use crate::drops::{DropReason, Drops};
 use crate::packet::PacketInfo;
-use crate::path::{PathId, PathSet, Transition};
+use crate::path::{reconfig, PathId, PathSet, Transition};
 use crate::reorder::reseq::Sequencer;
 
 /// How often the scheduler's housekeeping (flow expiry) runs.
@@ -26,7 +26,8 @@ const HOUSEKEEPING: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Route {
     pub path: PathId,
-    /// `redundant`: a second path for a copy of the packet.
+    /// A second path for a copy of the packet: `redundant`'s, or across a Starlink path's
+    /// reconfiguration (`path::reconfig`).
     pub also: Option<PathId>,
     pub seq: Option<(u16, u32)>,
 }
@@ -35,6 +36,8 @@ pub struct Route {
 pub struct Bond {
     scheduler: Box<dyn Scheduler>,
     /// Per-packet policies: each flow's packets are numbered for the receiver's resequencer.
+    per_packet: bool,
+    /// The numbering (made at the first packet numbered).
     sequencer: Option<Sequencer>,
     /// Drops not attributable to one path (no path, malformed input...).
     pub drops: Drops,
@@ -45,7 +48,8 @@ impl Bond {
     pub fn new(policy: Policy) -> Self {
         Bond {
             scheduler: policy.scheduler(),
-            sequencer: policy.per_packet().then(Sequencer::default),
+            per_packet: policy.per_packet(),
+            sequencer: None,
             drops: Drops::default(),
             last_housekeeping: None,
         }
@@ -92,13 +96,22 @@ impl Bond {
             return None;
         };
         paths.count_tx(path, len, now);
-        let also = self.scheduler.also(paths, path);
+        let also = self.scheduler.also(paths, path).or_else(|| {
+            let copy = reconfig::copy_path(paths, path, info, len, now);
+            if copy.is_some() {
+                paths.count_reconfig_copy(path);
+            }
+            copy
+        });
         if let Some(a) = also {
             paths.count_tx(a, len, now);
         }
-        let seq = self.sequencer.as_mut().map(|s| {
+        // A per-packet policy numbers every packet; any other numbers the packets it copies
+        // (`reconfig`), so that the receiver's resequencer keeps the first copy only.
+        let numbered = self.per_packet || also.is_some();
+        let seq = numbered.then(|| {
             let slot = Sequencer::slot(info.map(PacketInfo::flow_hash));
-            s.next(slot, now)
+            (self.sequencer.get_or_insert_with(Sequencer::default)).next(slot, now)
         });
         Some(Route { path, also, seq })
     }
@@ -142,7 +155,7 @@ mod tests {
         assert_eq!(b.policy(), Policy::Balanced);
         let mut b = Bond::new(Policy::Wlb);
         assert_eq!(b.set_policy(Policy::MinRtt), Ok(()));
-        assert!(b.sequencer.is_some());
+        assert!(b.per_packet);
         assert!(b.set_policy(Policy::Failover).is_err());
     }
 }

@@ -89,6 +89,11 @@ impl Router {
     pub fn paths(&self) -> &PathSet {
         &self.paths
     }
+    /// Where the wall clock stands, for links that reconfigure on its schedule
+    /// (`path::reconfig`).
+    pub(crate) fn set_wall_clock(&mut self, clock: crate::path::reconfig::WallClock) {
+        self.paths.set_wall_clock(clock);
+    }
     /// The lanes, in priority order (never empty).
     pub fn lanes(&self) -> &[Lane] {
         &self.lanes

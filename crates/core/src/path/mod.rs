@@ -5,7 +5,8 @@
 //!
 //! A path's state beside the set: `health` (probes, RTT, up/down), `ackwatch` (failover from
 //! the data's acknowledgements), `loss` (recent loss rate), `pmtu` (path MTU watch),
-//! `reconnect` (when to dial again), `budget` (a metered path's data budget), `standby` (one
+//! `reconnect` (when to dial again), `reconfig` (links that reconfigure on a schedule:
+//! Starlink), `budget` (a metered path's data budget), `standby` (one
 //! path at a time, for a server that does not bond).
 
 pub mod ackwatch;
@@ -14,6 +15,7 @@ pub mod delivery;
 pub mod health;
 pub mod loss;
 pub mod pmtu;
+pub mod reconfig;
 pub mod reconnect;
 pub mod standby;
 
@@ -59,6 +61,9 @@ pub struct PathSpec {
     pub role: Role,
     /// `rate_limit` (bits/s each way; the transport paces under it): shown, not scheduled by.
     pub rate_limit: Option<u64>,
+    /// `link` (the client's configuration; on the server, what the client's hello says): a
+    /// Starlink path gets copies of small packets across its reconfigurations (`reconfig`).
+    pub link: reconfig::LinkKind,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -72,6 +77,9 @@ pub struct PathCounters {
     pub arrived: u64,
     /// Reliable mode: packets this path had sent when it went down, sent again on a live path.
     pub handed_over: u64,
+    /// Packets routed to this path that were copied to another across its reconfigurations
+    /// (`reconfig`).
+    pub reconfig_copies: u64,
 }
 
 /// A path's recent throughput (bits/s each way), from its counters over windows of at least
@@ -243,6 +251,9 @@ pub struct PathSet {
     /// A quiet set woke since the shell last asked (`take_woken`): probes are due now, earlier
     /// than the deadline the shell may be sleeping until.
     woken: bool,
+    /// The wall clock, for links that reconfigure on its schedule (`reconfig`); `None` until
+    /// the shell gives it.
+    wall_clock: Option<reconfig::WallClock>,
 }
 
 impl PathSet {
@@ -253,7 +264,17 @@ impl PathSet {
             last_activity: None,
             quiet: false,
             woken: false,
+            wall_clock: None,
         }
+    }
+
+    /// Where the wall clock stands (the shell says it now and then: the clocks drift apart).
+    pub fn set_wall_clock(&mut self, clock: reconfig::WallClock) {
+        self.wall_clock = Some(clock);
+    }
+
+    pub fn wall_clock(&self) -> Option<reconfig::WallClock> {
+        self.wall_clock
     }
 
     /// An inner packet was sent or received: a quiet set wakes every path to the fast interval.
@@ -576,6 +597,11 @@ impl PathSet {
         c.tx_packets += 1;
         c.tx_bytes += len as u64;
         self.note_activity(now);
+    }
+
+    /// A packet routed to `id` was copied to another path across `id`'s reconfiguration.
+    pub fn count_reconfig_copy(&mut self, id: PathId) {
+        self.paths[id.index()].counters.reconfig_copies += 1;
     }
 
     /// Count a packet received from the peer on `id`.

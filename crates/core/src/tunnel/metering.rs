@@ -3,6 +3,7 @@
 //! `PathSet::candidates`).
 
 use crate::path::budget::{Budget, Meter, Standing, Usage};
+use crate::path::reconfig::WallClock;
 use std::time::{Duration, Instant};
 
 use crate::PathId;
@@ -70,10 +71,11 @@ impl TunnelCore {
         self.meters.get(path.index())?.as_ref().map(|m| &m.meter)
     }
 
-    /// The wall clock for the budgets (seconds since the epoch), read by the shell before
-    /// each `poll`.
-    pub fn set_wall_clock(&mut self, now: i64) {
-        self.wall = now;
+    /// The wall clock, read by the shell before each `poll`: for the budgets (their days and
+    /// months) and for links that reconfigure on its schedule (`path::reconfig`).
+    pub fn set_wall_clock(&mut self, clock: WallClock) {
+        self.wall = clock.unix_secs();
+        self.router.set_wall_clock(clock);
     }
 
     /// A new connection carries `path`: its byte counters start from zero.

@@ -389,6 +389,7 @@ impl TunnelCore {
 mod tests {
     use super::*;
     use crate::packet::tests::tcp4;
+    use crate::path::reconfig::WallClock;
     use crate::wire;
 
     fn server_core() -> (TunnelCore, PathId) {
@@ -443,7 +444,10 @@ mod tests {
         let mut out = Recorded::default();
         let mut polled = Polled::default();
         let mut poll = |core: &mut TunnelCore, wire: u64, wall: i64| {
-            core.set_wall_clock(wall);
+            core.set_wall_clock(WallClock::new(
+                Instant::now(),
+                std::time::Duration::from_secs(wall as u64),
+            ));
             let link = LinkStats {
                 wire_bytes: Some(wire),
                 ..Default::default()

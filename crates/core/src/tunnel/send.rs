@@ -1,7 +1,8 @@
 //! What leaves: each inner packet of a batch gets its path from the bond, the bond's numbering
-//! for the peer's resequencer (per-packet policies), and its path's FEC; `redundant` adds a
-//! numbered copy for a second path. Decided here for the binary and the simulator alike; the
-//! shell hands the packets to the paths' transports.
+//! for the peer's resequencer (per-packet policies), and its path's FEC; `redundant`, and a
+//! Starlink path around its reconfigurations, add a numbered copy for a second path. Decided
+//! here for the binary and the simulator alike; the shell hands the packets to the paths'
+//! transports.
 
 use std::time::Instant;
 
@@ -109,15 +110,17 @@ impl TunnelCore {
             };
             // The bond's numbering goes first, next to the packet; the lane's header (not the
             // first lane's) in front of it, so FEC protects both.
-            if let Some((slot, seq)) = route.seq {
-                batch.push_header(i, &wire::encode_bonded(slot, seq));
-            }
+            // A copy goes only with the numbering that lets the receiver drop the second.
+            let numbered = route
+                .seq
+                .is_none_or(|(slot, seq)| batch.push_header(i, &wire::encode_bonded(slot, seq)));
             if let Some(h) = &lane_header {
                 batch.push_header(i, h);
             }
-            // `redundant`: a copy for the second path, numbered the same (the receiver keeps
-            // the first to arrive), in that path's own FEC groups.
-            if let Some(also) = route.also.filter(|a| connected(*a)) {
+            // `redundant`, or a Starlink path's reconfiguration (`path::reconfig`): a copy for
+            // the second path, numbered the same (the receiver keeps the first to arrive), in
+            // that path's own FEC groups.
+            if let Some(also) = route.also.filter(|a| numbered && connected(*a)) {
                 opened |= self.on_sent(also, now);
                 let mut copy = batch.headed(i).to_vec();
                 let mut repairs = Vec::new();

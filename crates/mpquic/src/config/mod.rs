@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use mpquic_core::addressing::AddressPlan;
 pub use mpquic_core::addressing::{mask, parse_cidr, parse_cidr6, Ipv6Plan};
 use mpquic_core::classify::Prefix;
+use mpquic_core::path::reconfig::LinkKind;
 use mpquic_core::Policy;
 use serde::Deserialize;
 
@@ -98,6 +99,7 @@ struct RawPath {
     rate_limit: Option<f64>,
     role: Option<String>,
     data_budget: Option<metering::RawBudget>,
+    link: Option<String>,
 }
 
 /// One value or a list of them (`dscp: 46` or `dscp: [46, 34]`).
@@ -273,6 +275,9 @@ pub struct PathConfig {
     pub role: mpquic_core::Role,
     /// `data_budget`: bytes per day or month, both directions; used up, the path is a backup.
     pub data_budget: Option<mpquic_core::path::budget::Budget>,
+    /// `link: starlink`: the path runs over a Starlink dish, whose reconfigurations the tunnel
+    /// anticipates (`mpquic_core::path::reconfig`).
+    pub link: LinkKind,
 }
 
 /// How a path carries the tunnel's datagrams.
@@ -1154,6 +1159,27 @@ multipath_paths:
             .unwrap_err()
             .to_string();
         assert!(e.contains("absolute"), "{e}");
+    }
+
+    #[test]
+    fn a_path_says_what_link_it_runs_over() {
+        const CLIENT: &str = "role: client\nremote_addr: 1.2.3.4\ntls_ca_file: ca\nmultipath_enabled: true\nmultipath_paths:\n";
+        let c = parse(&format!(
+            "{CLIENT}- {{name: dish, link: starlink}}\n- {{name: lte}}\n"
+        ))
+        .unwrap();
+        let RoleConfig::Client(cc) = &c.role else {
+            panic!()
+        };
+        let links: Vec<_> = cc.paths.iter().map(|p| p.link).collect();
+        assert_eq!(links, [LinkKind::Starlink, LinkKind::Other]);
+        let e = parse(&format!("{CLIENT}- {{name: dish, link: starlnk}}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("test.yaml:6:") && e.contains("did you mean `starlink`?"),
+            "{e}"
+        );
     }
 
     #[test]

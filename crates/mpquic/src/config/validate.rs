@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use mpquic_core::classify::Prefix;
 use mpquic_core::fec::FecMode;
+use mpquic_core::path::reconfig::LinkKind;
 use mpquic_core::sessions::MAX_PATHS_PER_SESSION;
 use mpquic_core::Policy;
 
@@ -763,6 +764,7 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
             rate_limit: None,
             role: mpquic_core::Role::Primary,
             data_budget: None,
+            link: LinkKind::Other,
         });
         return out;
     }
@@ -816,6 +818,13 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
             c.at(&at("weight"), "`weight` must be at least 1".into(), None);
         }
         let limits = super::metering::path_limits(p, &at, pipes, transport, c);
+        let link = match p.link.as_deref() {
+            None => LinkKind::Other,
+            Some(l) => LinkKind::parse(l).unwrap_or_else(|| {
+                c.unknown_value(&at("link"), "link", l, LinkKind::NAMES);
+                LinkKind::Other
+            }),
+        };
         let bind = match &p.bind_ip {
             Some(b) => bind(c, Some(b), &at("bind_ip")),
             None => bind(c, raw.bind_ip.as_deref(), "bind_ip"),
@@ -840,6 +849,7 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
             rate_limit: limits.rate_limit,
             role: limits.role,
             data_budget: limits.data_budget,
+            link,
         });
     }
     if !out.is_empty() && out.iter().all(|p| p.role.is_backup()) {

@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::Result;
 use mpquic_core::classify::Prefix;
 use mpquic_core::fec::FecMode;
+use mpquic_core::path::reconfig::LinkKind;
 use mpquic_core::sessions::{self, Presence};
 use mpquic_core::{HealthMode, PacketInfo, PathId, PathSpec, Policy};
 use tracing::{info, warn};
@@ -134,6 +135,10 @@ impl Server {
             weight: h.weight.max(1),
             role,
             rate_limit: h.rate_limit,
+            // A value this build does not know is nothing known (a newer client's).
+            link: (h.link.as_deref())
+                .and_then(LinkKind::parse)
+                .unwrap_or_default(),
         };
         let path = tunnel
             .path(spec, sessions::MAX_PATHS_PER_SESSION)

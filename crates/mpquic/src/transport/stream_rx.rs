@@ -16,11 +16,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use mpquic_core::wire;
 use mpquic_core::packet::{PacketInfo, PROTO_TCP};
 use mpquic_core::reorder::playout::Playout;
 pub use mpquic_core::reorder::reassembly::{header, HEADER};
 use mpquic_core::reorder::reassembly::{Frame, Reassembly};
+use mpquic_core::wire;
 use tokio::sync::mpsc;
 use tracing::warn;
 
@@ -188,7 +188,9 @@ mod tests {
 
     /// A 28-byte IPv4 packet of protocol `proto`.
     fn ipv4(proto: u8) -> Vec<u8> {
-        let mut p = vec![0x45, 0, 0, 28, 0, 0, 0x40, 0, 64, proto, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2];
+        let mut p = vec![
+            0x45, 0, 0, 28, 0, 0, 0x40, 0, 64, proto, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+        ];
         p.extend_from_slice(&[0x13, 0x88, 0x14, 0x51, 0, 8, 0, 0]);
         p
     }

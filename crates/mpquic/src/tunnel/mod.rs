@@ -21,6 +21,7 @@ use mpquic_core::classify::FlowClasses;
 use mpquic_core::fec::FecMode;
 use mpquic_core::path::budget::{Budget, Usage};
 use mpquic_core::path::pmtu::Resize;
+use mpquic_core::path::reconfig::WallClock;
 use mpquic_core::tunnel::{LinkStats, TunnelCore};
 use mpquic_core::{HealthMode, PathId, PathSpec, Policy};
 use tokio::sync::Notify;
@@ -278,7 +279,7 @@ impl Tunnel {
     pub fn set_budget(&self, path: PathId, budget: Option<Budget>, usage: Option<Usage>) {
         self.lock()
             .core
-            .set_budget(path, budget, usage, wall_clock());
+            .set_budget(path, budget, usage, wall_clock().unix_secs());
         self.timers_changed.notify_one();
     }
 
@@ -507,12 +508,15 @@ impl Tunnel {
         self.lock().core.take_resize(path)
     }
 }
-/// Seconds since the epoch, UTC, for the data budgets' calendar (a budget resets on calendar
-/// days). A clock before 1970 reads as 0.
-pub(super) fn wall_clock() -> i64 {
-    std::time::SystemTime::now()
+
+/// The wall clock now, as the core takes it (`TunnelCore::set_wall_clock`): UTC, for the data
+/// budgets' calendar (a budget resets on calendar days) and Starlink's reconfigurations. A clock
+/// before 1970 reads as 0.
+pub(super) fn wall_clock() -> WallClock {
+    let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64)
+        .unwrap_or_default();
+    WallClock::new(Instant::now(), since_epoch)
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use mpquic_core::classify::Prefix;
 use mpquic_core::fec::FecMode;
 use mpquic_core::path::budget::{iso_date, Standing};
+use mpquic_core::path::reconfig::LinkKind;
 use mpquic_core::tunnel::PathFec;
 use mpquic_core::PathState;
 
@@ -15,7 +16,7 @@ use crate::status::{ClassStatus, PathStatus, Reordering, TunnelStatus};
 impl Tunnel {
     pub fn status(&self, address: Option<String>) -> TunnelStatus {
         let now = Instant::now();
-        let wall = wall_clock();
+        let wall = wall_clock().unix_secs();
         let s = self.lock();
         let router = s.core.router();
         let paths = router
@@ -34,6 +35,11 @@ impl Tunnel {
                     priority: p.spec.priority,
                     weight: p.spec.weight,
                     role: p.role().as_str().into(),
+                    link: match p.spec.link {
+                        LinkKind::Other => String::new(),
+                        l => l.as_str().into(),
+                    },
+                    reconfig_copies: p.counters.reconfig_copies,
                     rate_limit_mbit: p.spec.rate_limit.map(|r| r as f64 / 1e6),
                     budget: s.core.meter(id).map(|m| budget_status(m, wall)),
                     tx_bytes: p.counters.tx_bytes,

@@ -8,7 +8,7 @@ use mpquic_core::path::budget::{iso_date, Standing};
 use mpquic_core::recovery::Why;
 use mpquic_core::tunnel::Polled;
 use mpquic_core::wire::{self, Datagram};
-use mpquic_core::{DropReason, PacketInfo, PathId, PathState, Transition};
+use mpquic_core::{DropReason, PacketInfo, PathId, PathState, Policy, Transition};
 use tracing::{debug, info, warn};
 
 use super::receive::Rx;
@@ -193,28 +193,41 @@ impl Tunnel {
             return;
         };
         let packets = transport.abandon(since);
+        let resent = self.resend(&packets);
         self.lock()
             .core
             .router_mut()
-            .handed_over(t.path, packets.len() as u64);
-        info!(tunnel = %self.peer, path = %self.path_name(t.path), resent = packets.len(),
+            .handed_over(t.path, resent as u64);
+        info!(tunnel = %self.peer, path = %self.path_name(t.path), resent,
               "path down: connection closed, its recent packets sent again on the live paths");
-        self.resend(&packets);
     }
 
     /// Send packets again (a dead path's, `on_transition`), routed like new ones, each in its
-    /// lane (a batch per lane: a batch's headers are written before any of it is sent).
-    pub(super) fn resend(&self, packets: &[bytes::Bytes]) {
+    /// lane (a batch per lane: a batch's headers are written before any of it is sent). Returns
+    /// how many it sent again.
+    pub(super) fn resend(&self, packets: &[bytes::Bytes]) -> usize {
         // The frames as the dead path carried them: their lane's header and a per-packet
         // policy's numbering go (the packet is numbered again where it goes now; sent with it,
         // the receiver took the old header for the packet: `malformed` on the live path).
         let mut by_lane: Vec<Vec<&[u8]>> = vec![Vec::new(); self.lanes.len()];
+        // A numbered packet of a lane whose policy numbers only what it copies (`redundant`,
+        // and any policy around a Starlink path's reconfiguration: `path::reconfig`) had its
+        // copy sent on another path: sent again under a new number, the receiver could not
+        // tell it from the copy, and handed both on (14-21 duplicate pings in a 150 ms black
+        // hole at a Starlink boundary).
+        let copied: Vec<bool> = {
+            let s = self.lock();
+            (s.core.router().lanes().iter())
+                .map(|l| !matches!(l.bond().policy(), Policy::Wlb | Policy::MinRtt))
+                .collect()
+        };
         for frame in packets {
             let (lane, d) = match wire::decode(frame) {
                 Some(Datagram::Classed { lane, inner }) => (usize::from(lane), wire::decode(inner)),
                 d => (0, d),
             };
             match (by_lane.get_mut(lane), d) {
+                (Some(_), Some(Datagram::Bonded { .. })) if copied.get(lane) == Some(&true) => {}
                 (Some(l), Some(Datagram::Packet(p) | Datagram::Bonded { packet: p, .. })) => {
                     l.push(p)
                 }
@@ -237,6 +250,7 @@ impl Tunnel {
                 self.send_batch(lane, &mut batch, &which, &infos, &mut scratch);
             }
         }
+        by_lane.iter().map(Vec::len).sum()
     }
 
     pub(super) fn log_transition(&self, t: &Transition) {

@@ -313,6 +313,7 @@ impl Driver {
             rate_limit: None,
             role: None,
             counts: false,
+            link: None,
         });
         let (tx, rx) = oneshot::channel();
         let offer = Offer {

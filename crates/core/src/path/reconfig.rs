@@ -1,0 +1,164 @@
+//! Links that reconfigure on a known schedule, and what the tunnel does about it.
+//!
+//! A Starlink dish is handed from one satellite to the next every 15 s, at 12, 27, 42 and 57 s
+//! past each minute of UTC, on every dish at once. Around each such boundary the link loses a
+//! burst of packets and its delay jumps (the recording in the lab: one way 31 -> 12 ms, loss
+//! bursts of 50-200 ms). A path configured as Starlink (`link: starlink`) therefore expects a
+//! change at each boundary of the wall clock, and the bond sends a copy of each small packet that
+//! is not TCP (a call, a game, DNS, a ping) on another path for `BEFORE` before to `AFTER` after
+//! it (`copy_path`): a call rides through the burst instead of losing it. TCP is left alone: it
+//! recovers for itself, and a copy of a bulk flow would cost a second link's capacity.
+//!
+//! The core has no wall clock (it runs on an injected `Instant`): the shell gives it where the
+//! wall clock stood at some instant (`WallClock`), again now and then, as the two clocks drift.
+
+use std::time::{Duration, Instant};
+
+use crate::packet::{PacketInfo, PROTO_TCP};
+use crate::path::{PathId, PathSet};
+
+/// What kind of link a path runs over, as far as the tunnel treats it differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LinkKind {
+    /// Nothing known.
+    #[default]
+    Other,
+    /// A Starlink dish: reconfigures at `PHASE` past every `PERIOD` of UTC.
+    Starlink,
+}
+
+impl LinkKind {
+    pub const NAMES: &'static [&'static str] = &["starlink", "other"];
+
+    pub fn parse(s: &str) -> Option<LinkKind> {
+        match s {
+            "starlink" => Some(LinkKind::Starlink),
+            "other" => Some(LinkKind::Other),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkKind::Starlink => "starlink",
+            LinkKind::Other => "other",
+        }
+    }
+}
+
+/// Starlink's reconfiguration period, and where its boundaries fall within it (12 s past the
+/// minute, then every 15 s: 12, 27, 42, 57).
+pub const PERIOD: Duration = Duration::from_secs(15);
+pub const PHASE: Duration = Duration::from_secs(12);
+/// The copies start this long before a boundary (the two clocks, the dish's and ours, are each
+/// off by some milliseconds under NTP) and go on this long after it (the recorded loss bursts
+/// last up to 200 ms; the delay settles by then).
+pub const BEFORE: Duration = Duration::from_millis(100);
+pub const AFTER: Duration = Duration::from_millis(300);
+/// Packets up to this long (IP header included) are copied: calls (RTP 60-250 bytes), games,
+/// DNS, pings. They cost the other link a few kilobytes per boundary; a video's full-size
+/// packets would cost it more than the burst they cover, and need the room for the bond's
+/// header (`wire::BOND_HEADER`) that a link MTU-sized packet does not have.
+pub const COPY_MAX_LEN: usize = 512;
+
+/// Where the wall clock (UTC, since the Unix epoch) stood at an instant of the core's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WallClock {
+    at: Instant,
+    since_epoch: Duration,
+}
+
+impl WallClock {
+    pub fn new(at: Instant, since_epoch: Duration) -> Self {
+        WallClock { at, since_epoch }
+    }
+
+    /// Whole seconds since the epoch at the instant it was read.
+    pub fn unix_secs(&self) -> i64 {
+        self.since_epoch.as_secs() as i64
+    }
+
+    /// The wall clock at `now`.
+    fn at(&self, now: Instant) -> Duration {
+        match now.checked_duration_since(self.at) {
+            Some(d) => self.since_epoch + d,
+            None => self.since_epoch.saturating_sub(self.at - now),
+        }
+    }
+
+    /// Whether `now` is within `BEFORE` before to `AFTER` after a Starlink boundary.
+    pub fn near_boundary(&self, now: Instant) -> bool {
+        let period = PERIOD.as_nanos();
+        let past = (self.at(now).as_nanos() + period - PHASE.as_nanos()) % period;
+        past < AFTER.as_nanos() || period - past <= BEFORE.as_nanos()
+    }
+}
+
+/// The path for a copy of a packet routed to `first` (`len` bytes, `info` its headers), when
+/// `first` is about to reconfigure or just did: another path that is up, a link of another kind
+/// first (two dishes reconfigure together), then the better tier and the shorter RTT.
+pub fn copy_path(
+    paths: &PathSet,
+    first: PathId,
+    info: Option<&PacketInfo>,
+    len: usize,
+    now: Instant,
+) -> Option<PathId> {
+    let kind = paths.get(first).spec.link;
+    if kind != LinkKind::Starlink
+        || len > COPY_MAX_LEN
+        || info.is_none_or(|i| i.proto == PROTO_TCP)
+        || !paths.wall_clock()?.near_boundary(now)
+    {
+        return None;
+    }
+    paths
+        .iter()
+        .filter(|&(id, p)| id != first && p.is_up() && !p.retired)
+        .min_by_key(|(_, p)| (p.spec.link == kind, p.tier(), p.srtt()))
+        .map(|(id, _)| id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wall clock that reads `secs` past the epoch at `t0`.
+    fn clock_at(t0: Instant, secs: f64) -> WallClock {
+        WallClock::new(t0, Duration::from_secs_f64(secs))
+    }
+
+    #[test]
+    fn boundaries_fall_at_12_27_42_57_past_the_minute() {
+        let t0 = Instant::now();
+        let near = |s: f64| clock_at(t0, 1_800_000_000.0 + s).near_boundary(t0);
+        // 1_800_000_000 is a whole minute (divisible by 60).
+        assert_eq!(1_800_000_000u64 % 60, 0);
+        for b in [12.0, 27.0, 42.0, 57.0, 72.0] {
+            assert!(near(b), "at {b}");
+            assert!(near(b - 0.099), "just before {b}");
+            assert!(near(b + 0.299), "just after {b}");
+            assert!(!near(b - 0.101), "before {b}");
+            assert!(!near(b + 0.301), "after {b}");
+            assert!(!near(b + 7.0), "between {b} and the next");
+        }
+    }
+
+    #[test]
+    fn the_clock_runs_with_the_instant_both_ways() {
+        let t0 = Instant::now() + Duration::from_secs(100);
+        let c = clock_at(t0, 1_800_000_010.0);
+        assert!(!c.near_boundary(t0));
+        assert!(c.near_boundary(t0 + Duration::from_secs(2)));
+        assert!(c.near_boundary(t0 - Duration::from_millis(13_100)));
+        assert!(!c.near_boundary(t0 - Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn link_kinds_parse_as_they_print() {
+        for k in [LinkKind::Starlink, LinkKind::Other] {
+            assert_eq!(LinkKind::parse(k.as_str()), Some(k));
+        }
+        assert_eq!(LinkKind::parse("oneweb"), None);
+    }
+}

@@ -1,0 +1,71 @@
+"""A path configured `link: starlink` expects Starlink's reconfigurations at 12, 27, 42 and 57 s
+past each minute of UTC, and both ends copy the small packets that are not TCP onto the other
+path around each one. Here wan1 black-holes for 150 ms from such a second, as a dish's loss burst
+does: pings through the tunnel lose none of it, and none comes twice. That the burst took
+packets is the emulator's count; that without the key the same burst takes the call's packets is
+the simulator's (crates/core/tests/sim.rs, `a_call_rides_through_starlink_reconfigurations`)."""
+
+import json
+import math
+import signal
+import time
+
+from conftest import report
+import labctl
+from test_metered import with_path_keys
+
+INTERVAL = 0.01
+# Inside the copies' window (100 ms before to 300 ms after the second), with room for the
+# emulator's command to take effect.
+BURST = 0.15
+SPECS = ["rate=50mbit,delay=10ms", "rate=50mbit,delay=10ms"]
+
+
+def next_boundary(after):
+    """The first Starlink boundary (12 s past the minute, then every 15 s) `after` seconds or
+    more from now, on the wall clock."""
+    t = time.time() + after
+    return 12 + 15 * math.ceil((t - 12) / 15)
+
+
+def blackholed(lab):
+    """Packets the emulator dropped on wan1 (both ways) for its `state=blackhole`."""
+    for x in json.loads(labctl.lab_cmd("stats", lab.name))["paths"]:
+        if x["index"] == 1:
+            return sum(x[d]["stats"]["dropped_state"] for d in ("up", "down"))
+    raise KeyError(1)
+
+
+def test_a_call_rides_through_a_starlink_reconfiguration(make_lab):
+    lab = make_lab(paths=2, mode=None, congestion=None, specs=SPECS)
+    lab.start_tunnel(client=lambda y: with_path_keys(y, "wan1", ["link: starlink"]),
+                     up=["wan1", "wan2"])
+    b = next_boundary(2.0)
+    time.sleep(max(0.0, b - 1.5 - time.time()))
+    lab.start_ping("ping", interval=INTERVAL)
+    time.sleep(max(0.0, b - time.time()))
+    lab.block(0)
+    time.sleep(max(0.0, b + BURST - time.time()))
+    lab.unblock(0)
+    time.sleep(1.5)
+    lab.stop("ping", sig=signal.SIGINT)
+    text = lab.log("ping")
+    ping = labctl.parse_ping(text)
+    # The last ping may still have been on its way when ping was stopped.
+    lost = len(labctl.ping_gaps(ping, INTERVAL, unanswered_tail=0.1)[0])
+    dups = text.count("DUP!")
+    dropped = blackholed(lab)
+    statuses = {k: lab.status(k)["tunnels"][0] for k in ("client0", "server")}
+    wan1 = {k: next(p for p in t["paths"] if p["name"] == "wan1") for k, t in statuses.items()}
+    copies = {k: p["reconfig_copies"] for k, p in wan1.items()}
+    second = {k: t["reorder"]["duplicates"] for k, t in statuses.items()}
+    report(f"link: starlink, {BURST * 1000:.0f} ms black hole on wan1 at a Starlink boundary "
+           f"({dropped} packets dropped there): {lost} of {ping['sent']} pings lost, {dups} "
+           f"duplicate replies; copies sent {copies}, second copies dropped {second}")
+    assert dropped >= 5, dropped
+    assert lost == 0 and dups == 0, (lost, dups)
+    for k in ("client0", "server"):
+        assert wan1[k]["link"] == "starlink", wan1[k]
+        # 50-70 pings a second each way for 0.4 s: ~20 copies per side, each dropped at the
+        # other end unless the burst took the original.
+        assert copies[k] >= 10 and second[k] >= 5, (copies, second)
