@@ -79,10 +79,13 @@ pub fn draw_all(report: &Value, out: &Path) -> Plots {
             )
         })
         .collect();
+    let slots = slot_schedules(report);
     for s in report["systems"].as_array().into_iter().flatten() {
         if s["status"] != "ok" {
             continue;
         }
+        let mut events = events.clone();
+        events.extend(slot_boundaries(&slots, s));
         let system = s["system"].as_str().unwrap_or("system").to_string();
         let dir = out.join(&system);
         let _ = std::fs::create_dir_all(&dir);
@@ -108,6 +111,48 @@ pub fn draw_all(report: &Value, out: &Path) -> Plots {
         }
     }
     res
+}
+
+/// The wall-clock slot schedules (`rate_slots=`: Starlink's reconfigurations) of the
+/// scenario's paths, as (length, offset), once each.
+fn slot_schedules(report: &Value) -> Vec<(f64, f64)> {
+    let mut out: Vec<(f64, f64)> = Vec::new();
+    for spec in report["paths"].as_array().into_iter().flatten() {
+        for kv in spec.as_str().unwrap_or("").split(',') {
+            let Some((key, v)) = kv.split_once('=') else {
+                continue;
+            };
+            if !key.ends_with("rate_slots") {
+                continue;
+            }
+            if let Ok(r) = mpquic_linkmodel::trace::parse_rate_slots(v) {
+                let s = (r.len.as_secs_f64(), r.at.as_secs_f64());
+                if !out.contains(&s) {
+                    out.push(s);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Where the slot boundaries fell in system `s`'s run (its `t0_unix`), as events to mark.
+fn slot_boundaries(slots: &[(f64, f64)], s: &Value) -> Vec<(f64, String)> {
+    let (Some(t0), Some(end)) = (
+        s["t0_unix"].as_f64(),
+        (s["samples"].as_array()).and_then(|v| v.last()?["t_s"].as_f64()),
+    ) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for &(len, at) in slots {
+        let mut t = at + len * ((t0 - at) / len).ceil() - t0;
+        while t <= end {
+            out.push((t, "slot".to_string()));
+            t += len;
+        }
+    }
+    out
 }
 
 /// Draws one plot; `Ok(false)` when the run has no data for it.
@@ -330,6 +375,26 @@ fn loss(s: &Value, events: &[(f64, String)], file: &Path, title: &str) -> Result
                 .collect(),
         });
     }
+    // A call's packets lost or later than its budget, per second, each way.
+    let mut voice_lines = Vec::new();
+    for t in s["traffic"].as_array().into_iter().flatten() {
+        if t["kind"] != "voice" {
+            continue;
+        }
+        let start = t["start_s"].as_f64().unwrap_or(0.0);
+        for dir in ["up", "down"] {
+            let per_s = t[dir]["bad_percent_per_second"].as_array();
+            let points: Vec<(f64, f64)> = (per_s.into_iter().flatten().enumerate())
+                .filter_map(|(k, v)| Some((start + k as f64 + 0.5, v.as_f64()?)))
+                .collect();
+            if !points.is_empty() {
+                voice_lines.push(Series {
+                    name: format!("{} {dir}", t["label"].as_str().unwrap_or("voice")),
+                    points,
+                });
+            }
+        }
+    }
     let mut panels = Vec::new();
     if !emu_lines.is_empty() {
         panels.push((
@@ -341,6 +406,12 @@ fn loss(s: &Value, events: &[(f64, String)], file: &Path, title: &str) -> Result
         panels.push((
             "pings without an answer, % per second".to_string(),
             ping_lines,
+        ));
+    }
+    if !voice_lines.is_empty() {
+        panels.push((
+            "voice-like streams: packets lost or later than 150 ms one way, % per second".to_string(),
+            voice_lines,
         ));
     }
     if panels.is_empty() {
