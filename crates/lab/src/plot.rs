@@ -410,7 +410,8 @@ fn loss(s: &Value, events: &[(f64, String)], file: &Path, title: &str) -> Result
     }
     if !voice_lines.is_empty() {
         panels.push((
-            "voice-like streams: packets lost or later than 150 ms one way, % per second".to_string(),
+            "voice-like streams: packets lost or later than 150 ms one way, % per second"
+                .to_string(),
             voice_lines,
         ));
     }
