@@ -35,9 +35,8 @@ pub struct Route {
 #[derive(Debug)]
 pub struct Bond {
     scheduler: Box<dyn Scheduler>,
-    /// Per-packet policies: each flow's packets are numbered for the receiver's resequencer.
-    per_packet: bool,
-    /// The numbering (made at the first packet numbered).
+    /// Each flow's packets numbered for the receiver's resequencer: every packet under a
+    /// per-packet policy, the copied ones under any other (made at the first packet numbered).
     sequencer: Option<Sequencer>,
     /// Drops not attributable to one path (no path, malformed input...).
     pub drops: Drops,
@@ -48,7 +47,6 @@ impl Bond {
     pub fn new(policy: Policy) -> Self {
         Bond {
             scheduler: policy.scheduler(),
-            per_packet: policy.per_packet(),
             sequencer: None,
             drops: Drops::default(),
             last_housekeeping: None,
@@ -108,7 +106,7 @@ impl Bond {
         }
         // A per-packet policy numbers every packet; any other numbers the packets it copies
         // (`reconfig`), so that the receiver's resequencer keeps the first copy only.
-        let numbered = self.per_packet || also.is_some();
+        let numbered = self.policy().per_packet() || also.is_some();
         let seq = numbered.then(|| {
             let slot = Sequencer::slot(info.map(PacketInfo::flow_hash));
             (self.sequencer.get_or_insert_with(Sequencer::default)).next(slot, now)
@@ -155,7 +153,7 @@ mod tests {
         assert_eq!(b.policy(), Policy::Balanced);
         let mut b = Bond::new(Policy::Wlb);
         assert_eq!(b.set_policy(Policy::MinRtt), Ok(()));
-        assert!(b.per_packet);
+        assert!(b.policy().per_packet());
         assert!(b.set_policy(Policy::Failover).is_err());
     }
 }

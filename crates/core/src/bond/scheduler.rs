@@ -54,6 +54,13 @@ impl Policy {
     pub fn per_packet(self) -> bool {
         matches!(self, Policy::Wlb | Policy::MinRtt | Policy::Redundant)
     }
+    /// Whether a packet it numbers always has a copy on another path: `redundant` copies every
+    /// packet, the policies that do not spread a flow number only the copies they send around
+    /// a Starlink path's reconfiguration (`path::reconfig`); `wlb` and `minrtt` number packets
+    /// they send once.
+    pub fn numbers_only_copies(self) -> bool {
+        !matches!(self, Policy::Wlb | Policy::MinRtt)
+    }
     pub fn parse(s: &str) -> Option<Policy> {
         Policy::ALL.into_iter().find(|p| p.as_str() == s)
     }

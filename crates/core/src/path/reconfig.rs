@@ -44,6 +44,11 @@ impl LinkKind {
             LinkKind::Other => "other",
         }
     }
+
+    /// Its name where something is known (the hello's `link`, status), `None` for `Other`.
+    pub fn known(self) -> Option<&'static str> {
+        (self != LinkKind::Other).then(|| self.as_str())
+    }
 }
 
 /// Starlink's reconfiguration period, and where its boundaries fall within it (12 s past the

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Result};
 use mpquic_core::fec::FecMode;
-use mpquic_core::path::reconfig::LinkKind;
 use mpquic_core::path::reconnect;
 use mpquic_core::path::standby::Standing;
 use mpquic_core::{sessions, PathId, PathSpec};
@@ -353,7 +352,7 @@ impl Client {
                 .filter(|r| *r != mpquic_core::Role::Primary)
                 .map(|r| r.as_str().into()),
             counts: true,
-            link: (p.link != LinkKind::Other).then(|| p.link.as_str().into()),
+            link: p.link.known().map(Into::into),
         };
         let slot = self.slot(id);
         // A path whose connections keep becoming unusable right after they connect may be

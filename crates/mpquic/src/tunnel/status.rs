@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 use mpquic_core::classify::Prefix;
 use mpquic_core::fec::FecMode;
 use mpquic_core::path::budget::{iso_date, Standing};
-use mpquic_core::path::reconfig::LinkKind;
 use mpquic_core::tunnel::PathFec;
 use mpquic_core::PathState;
 
@@ -35,10 +34,7 @@ impl Tunnel {
                     priority: p.spec.priority,
                     weight: p.spec.weight,
                     role: p.role().as_str().into(),
-                    link: match p.spec.link {
-                        LinkKind::Other => String::new(),
-                        l => l.as_str().into(),
-                    },
+                    link: p.spec.link.known().unwrap_or_default().into(),
                     reconfig_copies: p.counters.reconfig_copies,
                     rate_limit_mbit: p.spec.rate_limit.map(|r| r as f64 / 1e6),
                     budget: s.core.meter(id).map(|m| budget_status(m, wall)),

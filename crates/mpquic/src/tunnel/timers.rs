@@ -8,7 +8,7 @@ use mpquic_core::path::budget::{iso_date, Standing};
 use mpquic_core::recovery::Why;
 use mpquic_core::tunnel::Polled;
 use mpquic_core::wire::{self, Datagram};
-use mpquic_core::{DropReason, PacketInfo, PathId, PathState, Policy, Transition};
+use mpquic_core::{DropReason, PacketInfo, PathId, PathState, Transition};
 use tracing::{debug, info, warn};
 
 use super::receive::Rx;
@@ -210,15 +210,14 @@ impl Tunnel {
         // policy's numbering go (the packet is numbered again where it goes now; sent with it,
         // the receiver took the old header for the packet: `malformed` on the live path).
         let mut by_lane: Vec<Vec<&[u8]>> = vec![Vec::new(); self.lanes.len()];
-        // A numbered packet of a lane whose policy numbers only what it copies (`redundant`,
-        // and any policy around a Starlink path's reconfiguration: `path::reconfig`) had its
-        // copy sent on another path: sent again under a new number, the receiver could not
-        // tell it from the copy, and handed both on (14-21 duplicate pings in a 150 ms black
-        // hole at a Starlink boundary).
+        // A numbered packet of a lane whose policy numbers only what it copies
+        // (`Policy::numbers_only_copies`) had its copy sent on another path: sent again under a
+        // new number, the receiver could not tell it from the copy, and handed both on (14-21
+        // duplicate pings in a 150 ms black hole at a Starlink boundary).
         let copied: Vec<bool> = {
             let s = self.lock();
             (s.core.router().lanes().iter())
-                .map(|l| !matches!(l.bond().policy(), Policy::Wlb | Policy::MinRtt))
+                .map(|l| l.bond().policy().numbers_only_copies())
                 .collect()
         };
         for frame in packets {
