@@ -82,6 +82,15 @@ const STALE_MIN_ROUNDS: u32 = 8;
 /// upload ran down from 34 to 5 Mbit/s in 8 s (RTT 62-70 ms against a minimum of 23.7). After
 /// `STALE_MIN_ROUNDS` such rounds in a row, the smallest RTT they saw becomes the minimum.
 const BEYOND_WINDOW: f64 = 1.1;
+/// ProbeBw's draining phase is the test that tells our own queue from a longer path: paced
+/// below the estimate, our queue drains and a packet comes back at the minimum RTT. When
+/// `UNDRAINED_CYCLES` draining phases in a row saw no such packet, the delay is the path's (a
+/// route or radio link whose RTT grew by less than `BEYOND_WINDOW` shows): the smallest RTT
+/// they saw becomes the minimum. Without it a path whose RTT doubled kept a window of one BDP
+/// of its new RTT, and with 8% loss each round delivered less than the last (lost packets take
+/// window until declared lost): the estimate fell from 50 to 7 Mbit/s within 6 s in the lab,
+/// until ProbeRtt came 10 s after the change.
+const UNDRAINED_CYCLES: u32 = 3;
 const STANDING_QUEUE: f64 = 0.1;
 const STANDING_QUEUE_MIN: Duration = Duration::from_millis(1);
 /// ProbeRtt holds the window at `PROBE_RTT_GAIN` BDP (BBRv3's; BBRv1's four packets stall a
@@ -147,6 +156,12 @@ pub struct Bbr {
     /// (`BEYOND_WINDOW`), and the smallest RTT of them.
     beyond_rounds: u32,
     beyond_min_rtt: Option<Duration>,
+    /// ProbeBw draining phases in a row in which no packet came back unqueued, the smallest
+    /// RTT of those phases, and that of the phase under way (`UNDRAINED_CYCLES`).
+    undrained_cycles: u32,
+    undrained_min_rtt: Option<Duration>,
+    drain_min_rtt: Option<Duration>,
+    drain_beyond: bool,
     queue_onset_rtt: Option<Duration>,
     // Startup: is the pipe full yet? (Judged only on rounds that used the window: the most
     // in flight during the round, and the window when it began.)
@@ -202,6 +217,10 @@ impl Bbr {
             drained_rounds: 0,
             beyond_rounds: 0,
             beyond_min_rtt: None,
+            undrained_cycles: 0,
+            undrained_min_rtt: None,
+            drain_min_rtt: None,
+            drain_beyond: false,
             queue_onset_rtt: None,
             round_max_in_flight: 0,
             round_packets: 0,
@@ -324,6 +343,8 @@ impl Bbr {
         // Start cruising (not probing): the queue Startup built has just been drained.
         self.cycle = 2;
         self.cycle_start = Some(now);
+        self.drain_min_rtt = None;
+        self.drain_beyond = false;
     }
 
     fn update_state(&mut self, now: Instant) {
@@ -387,6 +408,9 @@ impl Bbr {
                     min_rtt
                 };
                 if elapsed > length || (draining && drained) {
+                    if draining {
+                        self.judge_drain(now);
+                    }
                     self.cycle = (self.cycle + 1) % CYCLE.len();
                     self.cycle_start = Some(now);
                     self.queue_gone = false;
@@ -444,6 +468,44 @@ impl Bbr {
             self.min_rtt.restart(now, self.beyond_min_rtt.take());
             self.beyond_rounds = 0;
         }
+    }
+
+    /// At the end of a ProbeBw draining phase: did a packet sent in it come back unqueued? If
+    /// not for `UNDRAINED_CYCLES` phases in a row, the path's own delay grew, and the smallest
+    /// RTT those phases saw is its minimum from now on. A phase whose packets had not come back
+    /// yet says nothing.
+    fn judge_drain(&mut self, now: Instant) {
+        let Some(rtt) = self.drain_min_rtt.take() else {
+            return;
+        };
+        if self.queue_gone || !std::mem::take(&mut self.drain_beyond) {
+            self.undrained_cycles = 0;
+            self.undrained_min_rtt = None;
+            return;
+        }
+        self.undrained_cycles += 1;
+        self.undrained_min_rtt = Some(self.undrained_min_rtt.map_or(rtt, |m| m.min(rtt)));
+        if self.undrained_cycles >= UNDRAINED_CYCLES {
+            self.min_rtt.restart(now, self.undrained_min_rtt.take());
+            self.undrained_cycles = 0;
+        }
+    }
+
+    /// A packet sent in the draining phase came back after `rtt`, having left with
+    /// `in_flight` bytes ahead of it and itself. Our own data can delay it by at most what that
+    /// takes at the estimated rate (the pipe and our queue hold no more); a phase counts for
+    /// `UNDRAINED_CYCLES` only if every such RTT was beyond that (`BEYOND_WINDOW`), so a window
+    /// that keeps a queue where nothing paces us (datagram mode: the engine paces from the
+    /// window) is not taken for a longer path, and the minimum does not creep up with it.
+    fn note_drain_sample(&mut self, rtt: Duration, in_flight: u64) {
+        let bw = self.bandwidth().max(1) as f64;
+        let ours = Duration::from_secs_f64(in_flight as f64 / bw)
+            .max(self.min_rtt.get().unwrap_or_default());
+        let beyond = rtt.as_secs_f64() > BEYOND_WINDOW * ours.as_secs_f64();
+        self.drain_beyond = self
+            .drain_min_rtt
+            .map_or(beyond, |_| self.drain_beyond && beyond);
+        self.drain_min_rtt = Some(self.drain_min_rtt.map_or(rtt, |m| m.min(rtt)));
     }
 
     /// At a round's start (ProbeBw, yielding): has a standing queue shown for
@@ -541,11 +603,10 @@ impl Controller for Bbr {
             self.min_rtt.confirm(now, rtt, slack);
         }
         self.round_min_rtt = Some(self.round_min_rtt.map_or(rtt, |m| m.min(rtt)));
-        if self.state == State::ProbeBw
+        let in_drain = self.state == State::ProbeBw
             && self.cycle_gain(self.cycle) < 1.0
-            && self.cycle_start.is_some_and(|start| sent >= start)
-            && !self.standing(rtt)
-        {
+            && self.cycle_start.is_some_and(|start| sent >= start);
+        if in_drain && !self.standing(rtt) {
             self.queue_gone = true;
         }
         if self.probe_rtt_until.is_some() && !outlier {
@@ -554,6 +615,9 @@ impl Controller for Bbr {
         let Some(sample) = self.delivery.on_ack(now, sent, bytes, self.min_rtt.get()) else {
             return;
         };
+        if in_drain {
+            self.note_drain_sample(rtt, sample.in_flight);
+        }
         if sample.new_round {
             self.round_start = true;
             self.last_round_min_rtt = self.round_min_rtt.take();
