@@ -241,7 +241,7 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
     ),
     (
         "mpquic_path_playout_ms",
-        "Reliable mode: the steady delay the receiver holds the path's packets to (ms)",
+        "Reliable mode: the steady delay the receiver holds the path's TCP packets to (ms; after the loss stops, bulk flows' for 20 s)",
         PathValue::Gauge(|p| p.playout_ms),
     ),
     (

@@ -158,7 +158,7 @@ impl StatusReport {
                 if let Some(d) = p.playout_ms.filter(|d| *d > 0.0) {
                     let _ = writeln!(
                         o,
-                        "  playout {:<6} packets held to a steady {d:.0} ms (head-of-line waits on a lossy path)",
+                        "  playout {:<6} TCP held to a steady {d:.0} ms (head-of-line waits on a lossy path; bulk flows for 20 s after)",
                         p.name
                     );
                 }

@@ -26,6 +26,17 @@
 //! the `QUANTILE` of the second's excess, and a packet is released once its excess reaches it.
 //! Holding a packet to the quantile costs it latency only where it was faster than that.
 //! Packets leave in order, and none is held more than `MAX_DELAY`.
+//!
+//! How long: while the path loses, and for `HOLD` after its last lossy second, for the flows
+//! that are bulk (`BULK_BYTES` carried). A link that turns lossy now and then (a radio link
+//! between good and bad cells, Starlink's slots) would otherwise swing inner TCP's RTT between
+//! the clean path's and the lossy one's, and a loss-based inner TCP is sized by the RTT it had:
+//! its window from a clean phase fills about half the path once the waits add a hundred
+//! milliseconds, and cubic takes longer than a phase to grow it (one cubic upload over a link
+//! switching every 8 s between clean and 8% loss: lossy phases at 24-31 of 46 Mbit/s). Held to
+//! the lossy delay through the clean phases, its window stays the size the lossy phases need.
+//! Short flows (a page's objects) and everything that is not TCP are not held once the loss
+//! has stopped: what they lose to a hold is latency, and they gain nothing from a steady RTT.
 
 use std::time::{Duration, Instant};
 
@@ -44,6 +55,24 @@ pub const MAX_DELAY: Duration = Duration::from_millis(250);
 pub const BASE_WINDOW: Duration = Duration::from_secs(10);
 /// Head-of-line waits shorter than this are the reader's own scheduling, not retransmissions.
 pub const MIN_WAIT: Duration = Duration::from_millis(1);
+/// How long after its last lossy second a path still holds its bulk flows to the delay.
+pub const HOLD: Duration = Duration::from_secs(20);
+/// A flow that brought this much since it was first seen is bulk (a page's objects do not).
+pub const BULK_BYTES: u64 = 1 << 20;
+/// Flows share slots by hash: a slot counts for the last flow seen in it, so a collision can
+/// make a bulk flow look short (not held, as before the loss), never a short flow bulk (a
+/// page's objects after a download were held when they counted on in its slots: 6 objects
+/// at a time over Starlink, p95 1.3x). A flow silent this long is forgotten.
+const FLOW_BUCKETS: usize = 256;
+const FLOW_FORGET: Duration = Duration::from_secs(10);
+
+/// Bytes a flow (its full hash) brought since it was first seen, and when it was last seen.
+#[derive(Debug, Clone, Copy, Default)]
+struct FlowBytes {
+    flow: u64,
+    bytes: u64,
+    last: Option<Instant>,
+}
 
 #[derive(Debug)]
 pub struct Playout {
@@ -58,8 +87,15 @@ pub struct Playout {
     /// How many of the same packets waited `MIN_WAIT` or more for retransmissions.
     waited: usize,
     window_since: Option<Instant>,
-    delay: Duration,
+    /// The delay set by the last second, while the path loses (none once it does not).
+    losing: Duration,
+    /// The last lossy second's delay, and when it was set: bulk flows keep it for `HOLD`.
+    lossy_delay: Duration,
+    lossy_at: Option<Instant>,
+    /// `delay` or, after the loss, the held one, as of the last packet (status).
+    shown: Duration,
     last_release: Option<Instant>,
+    flows: Vec<FlowBytes>,
 }
 
 impl Default for Playout {
@@ -72,8 +108,12 @@ impl Default for Playout {
             samples: Vec::with_capacity(MAX_SAMPLES),
             waited: 0,
             window_since: None,
-            delay: Duration::ZERO,
+            losing: Duration::ZERO,
+            lossy_delay: Duration::ZERO,
+            lossy_at: None,
+            shown: Duration::ZERO,
             last_release: None,
+            flows: vec![FlowBytes::default(); FLOW_BUCKETS],
         }
     }
 }
@@ -84,22 +124,61 @@ fn diff(a: u32, b: u32) -> i64 {
 }
 
 impl Playout {
-    /// The delay packets are held to now (0: none).
+    /// The delay packets are held to now (0: none): while the path loses, every packet's;
+    /// for `HOLD` after, bulk flows' (status shows this one).
     pub fn delay(&self) -> Duration {
-        self.delay
+        self.shown
+    }
+
+    /// The delay bulk flows are still held to at `now`, the path having stopped losing.
+    fn held_delay(&self, now: Instant) -> Duration {
+        match self.lossy_at {
+            Some(at) if now.saturating_duration_since(at) < HOLD => self.lossy_delay,
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Count `len` bytes of `flow` (its hash) at `now`: is it bulk (`BULK_BYTES`)?
+    pub fn on_flow(&mut self, now: Instant, flow: u64, len: usize) -> bool {
+        let f = &mut self.flows[(flow % FLOW_BUCKETS as u64) as usize];
+        if f.flow != flow
+            || f.last
+                .is_none_or(|t| now.saturating_duration_since(t) >= FLOW_FORGET)
+        {
+            *f = FlowBytes {
+                flow,
+                ..FlowBytes::default()
+            };
+        }
+        f.last = Some(now);
+        f.bytes += len as u64;
+        f.bytes >= BULK_BYTES
     }
 
     /// A packet sent at `sent_us` (the sender's clock) is ready at `now`, after waiting
-    /// `waited` for the stream's bytes ahead of it: when to hand it on (`now` or later; never
-    /// before the previous packet's release).
-    pub fn on_packet(&mut self, now: Instant, sent_us: u32, waited: Duration) -> Instant {
+    /// `waited` for the stream's bytes ahead of it, and is of a bulk flow or not (`on_flow`):
+    /// when to hand it on (`now` or later; never before the previous held packet's release).
+    pub fn on_packet(
+        &mut self,
+        now: Instant,
+        sent_us: u32,
+        waited: Duration,
+        bulk: bool,
+    ) -> Instant {
         let epoch = *self.epoch.get_or_insert(now);
         let now_us = now.saturating_duration_since(epoch).as_micros() as u32;
         let rel = now_us.wrapping_sub(sent_us);
         let base = self.update_base(now, rel);
         let excess = Duration::from_micros(diff(rel, base).max(0) as u64);
         self.sample(now, excess, waited);
-        let release = now + self.delay.saturating_sub(excess);
+        self.shown = self.losing.max(self.held_delay(now));
+        let delay = if bulk { self.shown } else { self.losing };
+        if delay.is_zero() {
+            // Not held: it may leave beside held packets of other flows (the caller keeps a
+            // flow's own packets in order).
+            return now;
+        }
+        let release = now + delay.saturating_sub(excess);
         let release = self.last_release.map_or(release, |l| release.max(l));
         self.last_release = Some(release);
         release
@@ -132,11 +211,15 @@ impl Playout {
         // The `QUANTILE` of the waits is `MIN_WAIT` or more: at most `at` packets waited less.
         let waiting = self.samples.len() - self.waited <= at;
         let q = Duration::from_micros(u64::from(*self.samples.select_nth_unstable(at).1));
-        self.delay = if waiting {
+        self.losing = if waiting {
             q.min(MAX_DELAY)
         } else {
             Duration::ZERO
         };
+        if waiting {
+            self.lossy_delay = self.losing;
+            self.lossy_at = Some(now);
+        }
         self.samples.clear();
         self.waited = 0;
         self.window_since = Some(now);
@@ -191,7 +274,7 @@ mod tests {
             let next = if i + 1 < n { arrival(i + 1) } else { ready };
             let waited = ready - arrival(i).min(next);
             let sent_us = offset.wrapping_add((sent(i) - t0).as_micros() as u32);
-            out.push((ready, p.on_packet(ready, sent_us, waited)));
+            out.push((ready, p.on_packet(ready, sent_us, waited, true)));
         }
         out
     }
@@ -245,6 +328,61 @@ mod tests {
             assert!(r >= a);
         }
         assert!(out.windows(2).all(|w| w[0].1 <= w[1].1));
+    }
+
+    #[test]
+    fn after_the_loss_only_bulk_flows_are_held_and_only_for_a_while() {
+        let t0 = Instant::now();
+        let mut p = Playout::default();
+        // Two lossy seconds (every 50th packet's retransmission 40 ms late), then clean.
+        feed(&mut p, t0, 2, MS, 0, |i| stalls(i, 15, 50, 40));
+        let lossy = p.delay();
+        assert!(lossy >= 25 * MS, "{lossy:?}");
+        // A bulk flow (its first MiB) and a short one, clean from now on: a packet every ms,
+        // sent at `t`, arriving 15 ms later.
+        let (bulk, short) = (7, 8);
+        let at = |p: &mut Playout, t: Duration, flow: u64| {
+            let ready = t0 + t + 15 * MS;
+            let is_bulk = p.on_flow(ready, flow, 1400);
+            (
+                ready,
+                p.on_packet(ready, t.as_micros() as u32, Duration::ZERO, is_bulk),
+            )
+        };
+        // Past the first clean second's window, which sets the delay of the loss to none.
+        for k in 0..1500 {
+            at(&mut p, 2000 * MS + k * MS, bulk);
+        }
+        let (ready, release) = at(&mut p, 3500 * MS, bulk);
+        assert!(
+            release >= ready + lossy - 2 * MS,
+            "bulk still held: {:?}",
+            release - ready
+        );
+        assert_eq!(p.delay(), lossy, "status shows the held delay");
+        let (ready, release) = at(&mut p, 3501 * MS, short);
+        assert_eq!(release, ready, "a short flow is not held");
+        let (ready, release) = at(&mut p, 3502 * MS, bulk + FLOW_BUCKETS as u64);
+        assert_eq!(release, ready, "nor one that shares the bulk flow's slot");
+        for k in 0..800 {
+            at(&mut p, 3503 * MS + k * MS, bulk);
+        }
+        // `HOLD` after the last lossy second (which ended at about 2 s), the bulk flow too.
+        // It carries on all the while (a flow silent for 10 s is forgotten).
+        let (mut t, later) = (4303 * MS, 2000 * MS + HOLD + 1500 * MS);
+        let mut last_held = None;
+        while t < later {
+            let (ready, release) = at(&mut p, t, bulk);
+            if release > ready {
+                last_held = Some(t);
+            }
+            t += MS;
+        }
+        let last_held = last_held.expect("held after the loss");
+        assert!(last_held > 2000 * MS + HOLD - 1500 * MS, "{last_held:?}");
+        let (ready, release) = at(&mut p, later, bulk);
+        assert_eq!(release, ready, "held past HOLD");
+        assert_eq!(p.delay(), Duration::ZERO);
     }
 
     #[test]

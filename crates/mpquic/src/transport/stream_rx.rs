@@ -1,6 +1,7 @@
 //! Reliable mode, receive side: frames off a path's stream (docs/PROTOCOL.md section 3), handed
 //! on at the steady delay `mpquic_core::reorder::playout` sets (none on a clean path); packets
-//! that are not TCP are handed on at once (`carries_tcp`).
+//! that are not TCP are handed on at once, and after the loss only bulk TCP flows are held
+//! (`tcp_flow`, `Playout::on_flow`).
 //!
 //! The stream is read in any order (`mpquic_core::reorder::reassembly` puts the frames back in order),
 //! so each frame's head-of-line wait is known: the playout acts on those waits only, not on
@@ -65,9 +66,9 @@ pub async fn run(
 ) {
     let (tx, mut rx) = mpsc::channel(READ_AHEAD);
     tokio::spawn(read_frames(recv, conn, tx));
-    let mut held: VecDeque<(Instant, Bytes)> = VecDeque::new();
+    let mut held = Held::default();
     loop {
-        let release = held.front().map(|(t, _)| *t);
+        let release = held.next_release();
         let timer = async {
             match release {
                 Some(t) => tokio::time::sleep_until(t.into()).await,
@@ -78,8 +79,8 @@ pub async fn run(
             f = rx.recv() => f,
             () = timer => {
                 let now = Instant::now();
-                while held.front().is_some_and(|(t, _)| *t <= now) {
-                    deliver(&*sink, &held.pop_front().expect("front checked").1);
+                while held.next_release().is_some_and(|t| t <= now) {
+                    deliver(&*sink, &held.pop_front().expect("front checked"));
                 }
                 sink.on_batch_end();
                 continue;
@@ -92,28 +93,31 @@ pub async fn run(
         }) = frame
         else {
             // The stream ended: what is held is still delivered, at once.
-            for (_, p) in held.drain(..) {
+            while let Some(p) = held.pop_front() {
                 deliver(&*sink, &p);
             }
             sink.on_batch_end();
             return;
         };
         let now = Instant::now();
+        let tcp = tcp_flow(&packet);
         let at = {
             let mut playout = shared.playout.lock().unwrap_or_else(|e| e.into_inner());
-            let at = playout.on_packet(now, sent_us, waited);
+            let bulk = matches!(tcp, Some(Some(flow)) if playout.on_flow(now, flow, packet.len()));
+            let at = playout.on_packet(now, sent_us, waited, bulk);
             shared
                 .delay_us
                 .store(playout.delay().as_micros() as u64, Ordering::Relaxed);
             at
         };
-        if (at <= now && held.is_empty()) || !carries_tcp(&packet) {
-            deliver(&*sink, &packet);
-        } else {
-            if held.len() == MAX_HELD {
-                deliver(&*sink, &held.pop_front().expect("full").1);
+        match tcp {
+            Some(flow) if at > now || held.has(flow) => {
+                if held.len() == MAX_HELD {
+                    deliver(&*sink, &held.pop_front().expect("full"));
+                }
+                held.push_back(at, flow, packet);
             }
-            held.push_back((at, packet));
+            _ => deliver(&*sink, &packet),
         }
         // More frames read already join this write to the TUN device.
         if rx.is_empty() {
@@ -122,17 +126,78 @@ pub async fn run(
     }
 }
 
-/// Whether the playout is for `packet`: it steadies inner TCP's RTT. Anything else (a call, a
+/// Packets held for their release, in order, and how many of each flow (by hash bucket): a
+/// packet that is not held itself still waits behind its own flow's held packets, never
+/// behind other flows'.
+#[derive(Default)]
+struct Held {
+    packets: VecDeque<(Instant, Option<u64>, Bytes)>,
+    /// Per hash bucket (flows share them: a collision makes a packet wait, never overtake);
+    /// the last counts packets with no flow key, which wait behind everything.
+    flows: Vec<u32>,
+}
+
+const HELD_BUCKETS: u64 = 256;
+
+impl Held {
+    fn bucket(flow: Option<u64>) -> usize {
+        flow.map_or(HELD_BUCKETS as usize, |f| (f % HELD_BUCKETS) as usize)
+    }
+
+    fn counts(&mut self) -> &mut Vec<u32> {
+        if self.flows.is_empty() {
+            self.flows = vec![0; HELD_BUCKETS as usize + 1];
+        }
+        &mut self.flows
+    }
+
+    /// Whether a packet of `flow` must wait behind held ones (a packet without a flow key
+    /// waits behind any).
+    fn has(&self, flow: Option<u64>) -> bool {
+        match flow {
+            None => !self.packets.is_empty(),
+            Some(_) => {
+                self.flows.get(Self::bucket(flow)).is_some_and(|&n| n > 0)
+                    || self.flows.last().is_some_and(|&n| n > 0)
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.packets.len()
+    }
+
+    /// When the oldest held packet leaves.
+    fn next_release(&self) -> Option<Instant> {
+        self.packets.front().map(|(t, _, _)| *t)
+    }
+
+    fn push_back(&mut self, at: Instant, flow: Option<u64>, packet: Bytes) {
+        self.counts()[Self::bucket(flow)] += 1;
+        self.packets.push_back((at, flow, packet));
+    }
+
+    fn pop_front(&mut self) -> Option<Bytes> {
+        let (_, flow, packet) = self.packets.pop_front()?;
+        self.counts()[Self::bucket(flow)] -= 1;
+        Some(packet)
+    }
+}
+
+/// Whether the playout is for `packet` (`Some`, with its flow's hash when it parses): it
+/// steadies inner TCP's RTT. Anything else (a call, a
 /// video, a ping, DNS, an inner QUIC connection) leaves as soon as the stream has it: such a
 /// flow has its own jitter buffer or none, and the hold, set by the bulk's head-of-line waits
 /// (up to `playout::MAX_DELAY`), only made it late. A Starlink reconfiguration's loss burst
 /// moved a call onto the stream (`writer::DATAGRAM_LOSS`) and 68-88% of its packets in the
 /// next two seconds came later than 150 ms, pings at 270-420 ms. A packet that does not parse
 /// is held as TCP is (the sink counts it).
-fn carries_tcp(frame: &[u8]) -> bool {
-    wire::inner_packet(frame)
-        .and_then(PacketInfo::parse)
-        .is_none_or(|i| i.proto == PROTO_TCP)
+fn tcp_flow(frame: &[u8]) -> Option<Option<u64>> {
+    match wire::inner_packet(frame).and_then(PacketInfo::parse) {
+        Some(i) if i.proto == PROTO_TCP => Some(Some(i.flow_hash())),
+        Some(_) => None,
+        None => Some(None),
+    }
 }
 
 fn deliver(sink: &dyn Sink, packet: &[u8]) {
@@ -197,19 +262,39 @@ mod tests {
 
     #[test]
     fn only_tcp_waits_for_the_playout() {
-        assert!(carries_tcp(&ipv4(6)));
-        assert!(!carries_tcp(&ipv4(17)), "udp");
-        assert!(!carries_tcp(&ipv4(1)), "icmp");
+        assert!(tcp_flow(&ipv4(6)).is_some());
+        assert!(tcp_flow(&ipv4(17)).is_none(), "udp");
+        assert!(tcp_flow(&ipv4(1)).is_none(), "icmp");
         // Past a lane's and the bond's headers, as frames carry them.
         let mut framed = wire::encode_classed(2).unwrap().to_vec();
         framed.extend_from_slice(&wire::encode_bonded(1, 9));
         framed.extend_from_slice(&ipv4(17));
-        assert!(!carries_tcp(&framed));
+        assert!(tcp_flow(&framed).is_none());
         framed.truncate(framed.len() - 28);
         framed.extend_from_slice(&ipv4(6));
-        assert!(carries_tcp(&framed));
+        assert!(tcp_flow(&framed).is_some());
         // What does not parse is held as TCP is.
-        assert!(carries_tcp(&[0x45, 0, 0]));
-        assert!(carries_tcp(&[]));
+        assert!(tcp_flow(&[0x45, 0, 0]).is_some());
+        assert!(tcp_flow(&[]).is_some());
+    }
+
+    #[test]
+    fn a_packet_waits_behind_its_own_flows_held_packets_only() {
+        let mut held = Held::default();
+        let t = Instant::now();
+        assert!(!held.has(Some(1)) && !held.has(None));
+        held.push_back(t, Some(1), Bytes::from_static(b"a"));
+        assert!(held.has(Some(1)), "its own flow's packet is held");
+        assert!(!held.has(Some(2)), "another flow passes");
+        assert!(
+            held.has(None),
+            "a packet without a flow key waits behind anything"
+        );
+        held.push_back(t, None, Bytes::from_static(b"b"));
+        assert!(held.has(Some(2)), "...and anything waits behind it");
+        assert_eq!(held.pop_front().as_deref(), Some(&b"a"[..]));
+        assert!(!held.has(Some(1)) || held.has(None));
+        assert_eq!(held.pop_front().as_deref(), Some(&b"b"[..]));
+        assert!(!held.has(Some(1)) && !held.has(None) && held.len() == 0);
     }
 }
