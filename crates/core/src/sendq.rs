@@ -31,7 +31,8 @@ const FLOW_BUCKETS: usize = 256;
 /// owns its `SendQueue`, and not yet sent or dropped), for the thread that hands them over:
 /// before refusing a packet for a bound of its own it asks `is_sparse`, since the queue will
 /// serve a sparse flow's packet first. The hand-over `add`s before it passes a packet on, the
-/// owner `sub`s when the packet leaves its hands whichever way. Flows share counters by hash: a
+/// owner `sub`s when the packet leaves its hands whichever way (a stream receiver counts the
+/// packets its playout holds with it too). Flows share counters by hash: a
 /// collision makes a sparse flow look busy (refused as before), never a busy one sparse.
 pub struct WaitingFlows {
     counts: [AtomicU32; FLOW_BUCKETS],

@@ -40,6 +40,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::sendq::FLOW_FORGET;
+
 /// The share of packets whose excess the delay covers; a quarter or more of them waiting for
 /// retransmissions is what turns it on.
 pub const QUANTILE: f64 = 0.75;
@@ -62,9 +64,8 @@ pub const BULK_BYTES: u64 = 1 << 20;
 /// Flows share slots by hash: a slot counts for the last flow seen in it, so a collision can
 /// make a bulk flow look short (not held, as before the loss), never a short flow bulk (a
 /// page's objects after a download were held when they counted on in its slots: 6 objects
-/// at a time over Starlink, p95 1.3x). A flow silent this long is forgotten.
+/// at a time over Starlink, p95 1.3x). A flow silent for `sendq::FLOW_FORGET` is forgotten.
 const FLOW_BUCKETS: usize = 256;
-const FLOW_FORGET: Duration = Duration::from_secs(10);
 
 /// Bytes a flow (its full hash) brought since it was first seen, and when it was last seen.
 #[derive(Debug, Clone, Copy, Default)]

@@ -21,6 +21,7 @@ use mpquic_core::packet::{PacketInfo, PROTO_TCP};
 use mpquic_core::reorder::playout::Playout;
 pub use mpquic_core::reorder::reassembly::{header, HEADER};
 use mpquic_core::reorder::reassembly::{Frame, Reassembly};
+use mpquic_core::sendq::WaitingFlows;
 use mpquic_core::wire;
 use tokio::sync::mpsc;
 use tracing::warn;
@@ -126,40 +127,23 @@ pub async fn run(
     }
 }
 
-/// Packets held for their release, in order, and how many of each flow (by hash bucket): a
-/// packet that is not held itself still waits behind its own flow's held packets, never
-/// behind other flows'.
+/// Packets held for their release, in order, and how many of each flow are held (by hash
+/// bucket, `WaitingFlows`: a collision makes a packet wait, never overtake): a packet that is
+/// not held itself still waits behind its own flow's held packets, never behind other flows'.
+/// A packet without a flow key waits behind any, and any behind it.
 #[derive(Default)]
 struct Held {
     packets: VecDeque<(Instant, Option<u64>, Bytes)>,
-    /// Per hash bucket (flows share them: a collision makes a packet wait, never overtake);
-    /// the last counts packets with no flow key, which wait behind everything.
-    flows: Vec<u32>,
+    flows: WaitingFlows,
+    unkeyed: usize,
 }
 
-const HELD_BUCKETS: u64 = 256;
-
 impl Held {
-    fn bucket(flow: Option<u64>) -> usize {
-        flow.map_or(HELD_BUCKETS as usize, |f| (f % HELD_BUCKETS) as usize)
-    }
-
-    fn counts(&mut self) -> &mut Vec<u32> {
-        if self.flows.is_empty() {
-            self.flows = vec![0; HELD_BUCKETS as usize + 1];
-        }
-        &mut self.flows
-    }
-
-    /// Whether a packet of `flow` must wait behind held ones (a packet without a flow key
-    /// waits behind any).
+    /// Whether a packet of `flow` must wait behind held ones.
     fn has(&self, flow: Option<u64>) -> bool {
         match flow {
             None => !self.packets.is_empty(),
-            Some(_) => {
-                self.flows.get(Self::bucket(flow)).is_some_and(|&n| n > 0)
-                    || self.flows.last().is_some_and(|&n| n > 0)
-            }
+            Some(_) => self.unkeyed > 0 || !self.flows.is_idle(flow),
         }
     }
 
@@ -173,13 +157,15 @@ impl Held {
     }
 
     fn push_back(&mut self, at: Instant, flow: Option<u64>, packet: Bytes) {
-        self.counts()[Self::bucket(flow)] += 1;
+        self.flows.add(flow);
+        self.unkeyed += usize::from(flow.is_none());
         self.packets.push_back((at, flow, packet));
     }
 
     fn pop_front(&mut self) -> Option<Bytes> {
         let (_, flow, packet) = self.packets.pop_front()?;
-        self.counts()[Self::bucket(flow)] -= 1;
+        self.flows.sub(flow);
+        self.unkeyed -= usize::from(flow.is_none());
         Some(packet)
     }
 }
