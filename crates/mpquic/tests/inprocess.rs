@@ -197,6 +197,49 @@ async fn all_arrive_once(cli_host: &mut Host, srv_host: &mut Host) {
     }
 }
 
+/// What both ends counted, for a test that found a packet missing: the drops by reason and
+/// each path's state, reconnects, verdicts and hand-overs (a rare miss on a loaded host is
+/// otherwise a bare sequence number).
+fn where_lost(dir: &Path) -> String {
+    let counted = |m: &std::collections::BTreeMap<String, u64>| {
+        m.iter()
+            .filter(|(_, n)| **n > 0)
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut out = String::new();
+    for who in ["client", "server"] {
+        let st = status_of(dir, who);
+        out += &format!(
+            "{who}: drops [{}] refused [{}]\n",
+            counted(&st.drops),
+            counted(&st.refused)
+        );
+        for t in &st.tunnels {
+            for p in &t.paths {
+                out += &format!(
+                    "  {} {} for {:.1} s: connects {} ack_silences {} stalls {} handed_over {} \
+                     tx/rx {}/{} quic lost {} of {} drops [{}]\n",
+                    p.name,
+                    p.state,
+                    p.state_for_s,
+                    p.connects,
+                    p.ack_silences,
+                    p.delivery_stalls,
+                    p.handed_over_packets,
+                    p.tx_packets,
+                    p.rx_packets,
+                    p.quic_lost_packets,
+                    p.quic_sent_packets,
+                    counted(&p.drops)
+                );
+            }
+        }
+    }
+    out
+}
+
 /// The status of instance `who` (`server`, `client`...) in test directory `dir`.
 fn status_of(dir: &Path, who: &str) -> mpquic_status::StatusReport {
     let body =
@@ -294,9 +337,10 @@ async fn exchange_and_fail_over(mode: &str) {
                 .collect();
             assert!(
                 missing.is_empty(),
-                "{dir}: lost {missing:?}, sent at {when:?} s (black hole from {:.2} to {:.2} s)",
+                "{dir}: lost {missing:?}, sent at {when:?} s (black hole from {:.2} to {:.2} s)\n{}",
                 sent_at[300].as_secs_f64(),
-                sent_at[700].as_secs_f64()
+                sent_at[700].as_secs_f64(),
+                where_lost(d)
             );
         }
         // The black hole costs less than a second of packets.
