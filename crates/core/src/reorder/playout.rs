@@ -95,7 +95,9 @@ pub struct Playout {
     samples: Vec<u32>,
     /// How many of the same packets waited `MIN_WAIT` or more for retransmissions.
     waited: usize,
+    /// The current window's first packet, and the last packet's arrival.
     window_since: Option<Instant>,
+    last_sample: Option<Instant>,
     /// The delay set by the last second, while the path loses (none once it does not).
     losing: Duration,
     /// The last lossy second's delay, and when it was set: bulk flows keep it for `HOLD`.
@@ -119,6 +121,7 @@ impl Default for Playout {
             samples: Vec::with_capacity(MAX_SAMPLES),
             waited: 0,
             window_since: None,
+            last_sample: None,
             losing: Duration::ZERO,
             lossy_delay: Duration::ZERO,
             lossy_at: None,
@@ -209,6 +212,17 @@ impl Playout {
     }
 
     fn sample(&mut self, now: Instant, excess: Duration, waited: Duration) {
+        // A window does not span a quiet stretch: the burst after it would count the quiet
+        // time as lossy (`LOSSY_FOR`), and a start-up's loss be held on for `HOLD`.
+        if self
+            .last_sample
+            .is_some_and(|t| now.saturating_duration_since(t) >= WINDOW)
+        {
+            self.samples.clear();
+            self.waited = 0;
+            self.window_since = None;
+        }
+        self.last_sample = Some(now);
         self.samples
             .push(excess.as_micros().min(u128::from(u32::MAX)) as u32);
         self.waited += usize::from(waited >= MIN_WAIT);
@@ -241,7 +255,8 @@ impl Playout {
         }
         self.samples.clear();
         self.waited = 0;
-        self.window_since = Some(now);
+        // The next window begins with its first packet.
+        self.window_since = None;
     }
 }
 
@@ -432,6 +447,23 @@ mod tests {
             "the bulk flow is handed on once the loss stopped"
         );
         assert_eq!(p.delay(), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_quiet_stretch_is_not_lossy_time() {
+        let t0 = Instant::now();
+        let mut p = Playout::default();
+        // One packet, a quiet minute, then a lossy second (a start-up's overflow) and clean.
+        feed(&mut p, t0, 1, 1000 * MS, 0, |_| 15 * MS);
+        let t1 = 60_000 * MS;
+        let at = t1.as_micros() as u32;
+        feed(&mut p, t0 + t1, 1, MS, at, |i| stalls(i, 15, 50, 40));
+        let bulk = 7;
+        clean(&mut p, t0, t1 + 1000 * MS, 100, bulk);
+        assert!(p.delay() >= 25 * MS, "held while it loses");
+        clean(&mut p, t0, t1 + 1100 * MS, 1500, bulk);
+        let (ready, release) = clean(&mut p, t0, t1 + 2600 * MS, 1, bulk);
+        assert_eq!(release, ready, "held after a second's loss");
     }
 
     #[test]
