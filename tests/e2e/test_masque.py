@@ -359,9 +359,11 @@ def test_the_mpquic_client_takes_turns_between_paths_at_a_standard_server(make_l
         assert time.monotonic() - t0 < 10, lab.log("client0")
         time.sleep(0.1)
     report(f"wan1 carries again {time.monotonic() - t0:.2f} s after its repair")
-    time.sleep(0.3)
-    assert states(lab) == {"wan1": "up", "wan2": "standby"}, (
-        lab.status("client0")["tunnels"][0]["paths"], lab.log("client0"), lab.log("go-server"))
+    # wan2 hands over and goes back to standby (its session closes at the server's pace).
+    while states(lab) != {"wan1": "up", "wan2": "standby"}:
+        assert time.monotonic() - t0 < 15, (
+            lab.status("client0")["tunnels"][0]["paths"], lab.log("client0"), lab.log("go-server"))
+        time.sleep(0.1)
     ping = lab.ping(count=10, interval=0.05, src_ns=cns, dst=far)
     assert len(ping["received"]) == 10, (ping, lab.log("client0"), lab.log("go-server"))
 
