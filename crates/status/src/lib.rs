@@ -174,6 +174,10 @@ pub struct PathStatus {
     /// (`link: starlink`).
     #[serde(default)]
     pub reconfig_copies: u64,
+    /// Probes that met one of its reconfigurations on their way, and were not counted in
+    /// `probe_loss_pct` or the round trip (`link: starlink`).
+    #[serde(default)]
+    pub probes_across_reconfig: u64,
     /// `rate_limit` (Mbit/s each way, IP packets counted whole).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit_mbit: Option<f64>,
@@ -469,8 +473,9 @@ impl PathStatus {
         }
         if !self.link.is_empty() {
             parts.push(format!(
-                "{}: {} packets copied to another path across its reconfigurations",
-                self.link, self.reconfig_copies
+                "{}: {} packets copied to another path across its reconfigurations, {} probes \
+                 not counted there",
+                self.link, self.reconfig_copies, self.probes_across_reconfig
             ));
         }
         if let Some(cap) = self.rate_limit_mbit {

@@ -275,6 +275,11 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Counter(|p| p.reconfig_copies),
     ),
     (
+        "mpquic_path_probes_across_reconfig",
+        "Probes that met one of the path's reconfigurations on their way, not counted in its loss or round trip (link: starlink)",
+        PathValue::Counter(|p| p.probes_across_reconfig),
+    ),
+    (
         "mpquic_path_to_stream",
         "transport_mode auto: times the path went to its stream",
         PathValue::Counter(|p| p.to_stream),

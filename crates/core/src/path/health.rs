@@ -18,6 +18,7 @@
 //! the follower scales its own silence bound the same way.
 
 use crate::path::delivery::{self, Counts, DeliveryWatch, Direction, LossWatch};
+use crate::path::reconfig::WallClock;
 use crate::role::Role;
 use std::time::{Duration, Instant};
 
@@ -176,6 +177,17 @@ pub struct PathHealth {
     /// The round trip the connection's handshake measured (`set_rtt_hint`): what bounds the
     /// silence before the first probe's reply, which cannot come sooner.
     rtt_hint: Option<Duration>,
+    /// The wall clock, on a link that reconfigures on its schedule (`reconfig`: Starlink).
+    /// A probe in flight across a reconfiguration says nothing of the path between them: its
+    /// loss is the boundary's burst, which the tunnel expects (and covers with copies), and
+    /// its round trip is neither the old delay nor the new one. Such probes are not counted
+    /// in `loss()` either way, nor taken as round trips (`set_reconfigures`).
+    reconfigures: Option<WallClock>,
+    /// A probe met a reconfiguration since the last round trip taken: the next one restarts
+    /// the estimate, as the link's delay changes there (one way 31 -> 12 ms in the recording).
+    rtt_restart: bool,
+    /// Probes not counted for meeting a reconfiguration (answered or not).
+    pub probes_across_reconfig: u64,
 }
 
 impl PathHealth {
@@ -211,7 +223,27 @@ impl PathHealth {
             data_loss: LossWatch::default(),
             stalled: None,
             rtt_hint: None,
+            reconfigures: None,
+            rtt_restart: false,
+            probes_across_reconfig: 0,
         }
+    }
+
+    /// The path's link reconfigures on the wall clock's schedule (`Some`: Starlink, with where
+    /// the wall clock stands), or not (`None`).
+    pub fn set_reconfigures(&mut self, clock: Option<WallClock>) {
+        self.reconfigures = clock;
+    }
+
+    /// Whether a probe sent at `sent` and back (or due back) at `back` met a reconfiguration;
+    /// if so it is counted as such.
+    fn met_reconfig(&mut self, sent: Instant, back: Instant) -> bool {
+        let met = (self.reconfigures).is_some_and(|c| c.spans_boundary(sent, back));
+        if met {
+            self.probes_across_reconfig += 1;
+            self.rtt_restart = true;
+        }
+        met
     }
 
     /// The round trip the path's connection measured in its handshake, before any probe: a
@@ -498,9 +530,10 @@ impl PathHealth {
         }
         *slot = None;
         self.probes_answered += 1;
-        self.record_outcome(true);
-        let sample = now.saturating_duration_since(sent);
-        self.update_rtt(sample);
+        if !self.met_reconfig(sent, now) {
+            self.record_outcome(true);
+            self.update_rtt(now.saturating_duration_since(sent));
+        }
         let overtaken = self
             .sent_at
             .iter()
@@ -633,17 +666,21 @@ impl PathHealth {
 
     /// A probe unanswered for `reply_deadline` counts as lost; a reply arriving later is
     /// ignored.
+    /// A probe that met a reconfiguration on its way (`met_reconfig`: sent at most a round trip
+    /// before its window) is not counted.
     fn expire_probes(&mut self, now: Instant) {
         let limit = self.reply_deadline();
-        let mut lost = 0;
-        for slot in self.sent_at.iter_mut() {
-            if slot.is_some_and(|(_, at)| now.saturating_duration_since(at) > limit) {
-                *slot = None;
-                lost += 1;
+        let flight = self.srtt.or(self.rtt_hint).unwrap_or_default();
+        for i in 0..PROBE_RING {
+            let Some((_, at)) = self.sent_at[i] else {
+                continue;
+            };
+            if now.saturating_duration_since(at) > limit {
+                self.sent_at[i] = None;
+                if !self.met_reconfig(at, at + flight) {
+                    self.record_outcome(false);
+                }
             }
-        }
-        for _ in 0..lost {
-            self.record_outcome(false);
         }
     }
 
@@ -677,14 +714,17 @@ impl PathHealth {
         self.outcomes.push_back(ok);
     }
 
-    /// RFC 6298 smoothing.
+    /// RFC 6298 smoothing; after a reconfiguration (`rtt_restart`) the estimate starts again
+    /// from the sample, its variation kept (the link's jitter is its own, not the slot's).
     fn update_rtt(&mut self, sample: Duration) {
         self.min_rtt = Some(self.min_rtt.map_or(sample, |m| m.min(sample)));
+        let restart = std::mem::take(&mut self.rtt_restart);
         match self.srtt {
             None => {
                 self.srtt = Some(sample);
                 self.rttvar = sample / 2;
             }
+            Some(_) if restart => self.srtt = Some(sample),
             Some(srtt) => {
                 let diff = srtt.abs_diff(sample);
                 self.rttvar = (3 * self.rttvar + diff) / 4;
@@ -938,6 +978,41 @@ mod tests {
             onset_downs <= 10,
             "{onset_downs} of 40 onsets took the path down"
         );
+    }
+
+    /// A Starlink path over two reconfigurations, each losing everything sent in its first
+    /// 200 ms, and whose round trip goes from 62 to 24 ms at the first: not one probe counted
+    /// lost, and the round trip right at once after it. The same path not known to be
+    /// Starlink counts the bursts as loss over the 2% that moves calls onto its stream.
+    #[test]
+    fn a_reconfiguration_burst_is_not_the_paths_loss_and_restarts_its_round_trip() {
+        // 1_800_000_000 s is a whole minute: boundaries at t0 + 12 s and t0 + 27 s.
+        let t0 = Instant::now();
+        let clock = WallClock::new(t0, Duration::from_secs(1_800_000_000));
+        let rtt_at = |d: Duration| {
+            let s = d.as_secs_f64();
+            let burst = (12.0..12.2).contains(&s) || (27.0..27.2).contains(&s);
+            (!burst).then(|| if s < 12.0 { ms(62) } else { ms(24) })
+        };
+        let drive = |reconfigures: Option<WallClock>| {
+            let mut h = PathHealth::new(HealthConfig::default(), t0);
+            h.set_reconfigures(reconfigures);
+            // Split where no probe is in flight (one left 12.6 s, back 24 ms later).
+            let t = run_with(&mut h, t0, ms(12_650), rtt_at);
+            let after_first = h.srtt().unwrap();
+            run_with(&mut h, t, ms(17_350), |d| rtt_at(d + ms(12_650)));
+            assert_eq!(h.state(), PathState::Up);
+            (h.loss(), after_first, h.probes_across_reconfig)
+        };
+        let (loss, srtt, across) = drive(Some(clock));
+        assert_eq!(loss, 0.0);
+        assert_eq!(srtt, ms(24), "the slot's round trip from its first probe");
+        // A probe every 100 ms, each window 400 ms long plus a round trip before it.
+        assert!((8..=12).contains(&across), "{across}");
+        let (loss, srtt, across) = drive(None);
+        assert!(loss >= 0.04, "{loss}");
+        assert!(srtt > ms(30), "{srtt:?}: smoothed from 62 ms");
+        assert_eq!(across, 0);
     }
 
     #[test]

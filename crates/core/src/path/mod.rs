@@ -271,6 +271,21 @@ impl PathSet {
     /// Where the wall clock stands (the shell says it now and then: the clocks drift apart).
     pub fn set_wall_clock(&mut self, clock: reconfig::WallClock) {
         self.wall_clock = Some(clock);
+        for i in 0..self.paths.len() {
+            self.tell_reconfigures(i);
+        }
+    }
+
+    /// Tell path `i`'s health whether its link reconfigures on the wall clock's schedule
+    /// (`PathHealth::set_reconfigures`).
+    fn tell_reconfigures(&mut self, i: usize) {
+        let p = &mut self.paths[i];
+        let clock = self
+            .wall_clock
+            .filter(|_| p.spec.link == reconfig::LinkKind::Starlink);
+        if let Some(h) = p.health.as_mut() {
+            h.set_reconfigures(clock);
+        }
     }
 
     pub fn wall_clock(&self) -> Option<reconfig::WallClock> {
@@ -343,6 +358,7 @@ impl PathSet {
         let p = &mut self.paths[id.index()];
         p.spec = spec;
         p.retired = false;
+        self.tell_reconfigures(id.index());
     }
 
     /// The paths connected from now on judge their health so (`TunnelCore::peer_speaks_mpquic`).
@@ -402,11 +418,9 @@ impl PathSet {
         }
         p.health = Some(h);
         p.connects += 1;
-        Transition {
-            path: id,
-            from,
-            to: p.state(),
-        }
+        let to = p.state();
+        self.tell_reconfigures(id.index());
+        Transition { path: id, from, to }
     }
 
     /// The round trip `id`'s new connection measured in its handshake: its health bounds the

@@ -93,9 +93,18 @@ impl WallClock {
 
     /// Whether `now` is within `BEFORE` before to `AFTER` after a Starlink boundary.
     pub fn near_boundary(&self, now: Instant) -> bool {
+        self.spans_boundary(now, now)
+    }
+
+    /// Whether any instant from `from` to `to` is near a boundary (`near_boundary`): a probe
+    /// in flight over that span may have met the reconfiguration.
+    pub fn spans_boundary(&self, from: Instant, to: Instant) -> bool {
+        let (from, to) = (from.min(to), from.max(to));
         let period = PERIOD.as_nanos();
-        let past = (self.at(now).as_nanos() + period - PHASE.as_nanos()) % period;
-        past < AFTER.as_nanos() || period - past <= BEFORE.as_nanos()
+        // How far `from` is past the start of the last window (`BEFORE` before a boundary).
+        let into =
+            (self.at(from).as_nanos() + period + BEFORE.as_nanos() - PHASE.as_nanos()) % period;
+        into < (BEFORE + AFTER).as_nanos() || into + (to - from).as_nanos() >= period
     }
 }
 
@@ -157,6 +166,27 @@ mod tests {
         assert!(c.near_boundary(t0 + Duration::from_secs(2)));
         assert!(c.near_boundary(t0 - Duration::from_millis(13_100)));
         assert!(!c.near_boundary(t0 - Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_span_meets_a_boundary_when_any_of_it_is_near_one() {
+        let t0 = Instant::now();
+        // 1_800_000_000 s is a whole minute: a boundary at t0 + 12 s.
+        let c = clock_at(t0, 1_800_000_000.0);
+        let at = |s: f64| t0 + Duration::from_secs_f64(s);
+        assert!(!c.spans_boundary(at(5.0), at(11.8)));
+        assert!(c.spans_boundary(at(5.0), at(11.95)), "ends in the window");
+        assert!(
+            c.spans_boundary(at(11.0), at(13.0)),
+            "spans the whole window"
+        );
+        assert!(c.spans_boundary(at(12.25), at(12.5)), "starts in it");
+        assert!(
+            !c.spans_boundary(at(12.35), at(26.85)),
+            "between two windows"
+        );
+        assert!(c.spans_boundary(at(12.35), at(26.95)), "into the next");
+        assert!(c.spans_boundary(at(13.0), at(11.0)), "either order");
     }
 
     #[test]

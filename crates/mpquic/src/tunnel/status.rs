@@ -62,6 +62,7 @@ impl Tunnel {
                     ps.srtt_ms = h.srtt().map(ms);
                     ps.min_rtt_ms = h.min_rtt().map(ms);
                     ps.probe_loss_pct = h.loss() * 100.0;
+                    ps.probes_across_reconfig = h.probes_across_reconfig;
                     ps.probe_interval_ms = Some(ms(h.probe_interval()));
                 }
                 if let (Some(f), true) = (s.core.fec(id), s.core.fec_mode() != FecMode::Off) {
