@@ -1,7 +1,9 @@
 """A path configured `link: starlink` expects Starlink's reconfigurations at 12, 27, 42 and 57 s
 past each minute of UTC, and both ends copy the small packets that are not TCP onto the other
 path around each one. Here wan1 black-holes for 150 ms from such a second, as a dish's loss burst
-does: pings through the tunnel lose none of it, and none comes twice. That the burst took
+does: pings through the tunnel lose none of it, and none comes twice, and the client's probes
+lost in it are not counted as the path's loss (which would move calls onto its stream). That the
+burst took
 packets is the emulator's count; that without the key the same burst takes the call's packets is
 the simulator's (crates/core/tests/sim.rs, `a_call_rides_through_starlink_reconfigurations`)."""
 
@@ -58,10 +60,13 @@ def test_a_call_rides_through_a_starlink_reconfiguration(make_lab):
     statuses = {k: lab.status(k)["tunnels"][0] for k in ("client0", "server")}
     wan1 = {k: next(p for p in t["paths"] if p["name"] == "wan1") for k, t in statuses.items()}
     copies = {k: p["reconfig_copies"] for k, p in wan1.items()}
+    probes = wan1["client0"]
     second = {k: t["reorder"]["duplicates"] for k, t in statuses.items()}
     report(f"link: starlink, {BURST * 1000:.0f} ms black hole on wan1 at a Starlink boundary "
            f"({dropped} packets dropped there): {lost} of {ping['sent']} pings lost, {dups} "
-           f"duplicate replies; copies sent {copies}, second copies dropped {second}")
+           f"duplicate replies; copies sent {copies}, second copies dropped {second}; client "
+           f"probes not counted {probes['probes_across_reconfig']}, probe loss "
+           f"{probes['probe_loss_pct']:.1f}%")
     assert dropped >= 5, dropped
     assert lost == 0 and dups == 0, (lost, dups)
     for k in ("client0", "server"):
@@ -69,3 +74,7 @@ def test_a_call_rides_through_a_starlink_reconfiguration(make_lab):
         # 50-70 pings a second each way for 0.4 s: ~20 copies per side, each dropped at the
         # other end unless the burst took the original.
         assert copies[k] >= 10 and second[k] >= 5, (copies, second)
+    # A probe every 100 ms, 0.4 s of window and a round trip: three or more, one or two of
+    # them lost in the burst, none counted.
+    assert probes["probes_across_reconfig"] >= 3, probes
+    assert probes["probe_loss_pct"] == 0.0, probes
