@@ -1,9 +1,10 @@
 """A path configured `link: starlink` expects Starlink's reconfigurations at 12, 27, 42 and 57 s
 past each minute of UTC, and both ends copy the small packets that are not TCP onto the other
 path around each one. Here wan1 black-holes for 150 ms from such a second, as a dish's loss burst
-does: pings through the tunnel lose none of it, and none comes twice, and the client's probes
-lost in it are not counted as the path's loss (which would move calls onto its stream). That the
-burst took
+does: pings through the tunnel lose none of it, and none comes twice; the client's probes
+lost in it are not counted as the path's loss (which would move calls onto its stream), and the
+burst does not take the path down (which would close its connection and dial it again). That
+the burst took
 packets is the emulator's count; that without the key the same burst takes the call's packets is
 the simulator's (crates/core/tests/sim.rs, `a_call_rides_through_starlink_reconfigurations`)."""
 
@@ -38,6 +39,12 @@ def blackholed(lab):
     raise KeyError(1)
 
 
+def wan1_connects(lab):
+    """How many connections wan1 has had, on each side."""
+    return {k: next(p for p in lab.status(k)["tunnels"][0]["paths"] if p["name"] == "wan1")
+            ["connects"] for k in ("client0", "server")}
+
+
 def test_a_call_rides_through_a_starlink_reconfiguration(make_lab):
     lab = make_lab(paths=2, mode=None, congestion=None, specs=SPECS)
     lab.start_tunnel(client=lambda y: with_path_keys(y, "wan1", ["link: starlink"]),
@@ -45,6 +52,7 @@ def test_a_call_rides_through_a_starlink_reconfiguration(make_lab):
     b = next_boundary(2.0)
     time.sleep(max(0.0, b - 1.5 - time.time()))
     lab.start_ping("ping", interval=INTERVAL)
+    connects = wan1_connects(lab)
     time.sleep(max(0.0, b - time.time()))
     lab.block(0)
     time.sleep(max(0.0, b + BURST - time.time()))
@@ -58,6 +66,7 @@ def test_a_call_rides_through_a_starlink_reconfiguration(make_lab):
     dups = text.count("DUP!")
     dropped = blackholed(lab)
     statuses = {k: lab.status(k)["tunnels"][0] for k in ("client0", "server")}
+    connects_after = wan1_connects(lab)
     wan1 = {k: next(p for p in t["paths"] if p["name"] == "wan1") for k, t in statuses.items()}
     copies = {k: p["reconfig_copies"] for k, p in wan1.items()}
     probes = wan1["client0"]
@@ -66,7 +75,8 @@ def test_a_call_rides_through_a_starlink_reconfiguration(make_lab):
            f"({dropped} packets dropped there): {lost} of {ping['sent']} pings lost, {dups} "
            f"duplicate replies; copies sent {copies}, second copies dropped {second}; client "
            f"probes not counted {probes['probes_across_reconfig']}, probe loss "
-           f"{probes['probe_loss_pct']:.1f}%")
+           f"{probes['probe_loss_pct']:.1f}%; wan1's connections before / after {connects} / "
+           f"{connects_after}")
     assert dropped >= 5, dropped
     assert lost == 0 and dups == 0, (lost, dups)
     for k in ("client0", "server"):
@@ -78,3 +88,4 @@ def test_a_call_rides_through_a_starlink_reconfiguration(make_lab):
     # them lost in the burst, none counted.
     assert probes["probes_across_reconfig"] >= 3, probes
     assert probes["probe_loss_pct"] == 0.0, probes
+    assert connects_after == connects, (connects, connects_after)

@@ -4,8 +4,8 @@
 use std::time::Instant;
 
 use crate::fec::FecMode;
-use crate::path::ackwatch;
 use crate::path::pmtu::Resize;
+use crate::path::{ackwatch, reconfig};
 use crate::recovery::{Carry, Why};
 use crate::wire;
 use crate::{PathId, PathState, ProbeDue, Transition};
@@ -157,6 +157,10 @@ impl TunnelCore {
             let Some(rtt) = h.srtt().into_iter().chain(st.and_then(|s| s.rtt)).max() else {
                 continue;
             };
+            if let Some(end) = reconfig::excused_until(paths, id, now) {
+                next = next.into_iter().chain([end]).min();
+                continue;
+            }
             let bound = ackwatch::bound(rtt, h.rttvar(), h.loss()).min(h.down_after());
             let quiet_for = w.silent_for(now);
             if quiet_for > bound && paths.iter().any(|(o, p)| o != id && p.is_up()) {
