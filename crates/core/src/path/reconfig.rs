@@ -100,19 +100,19 @@ impl WallClock {
     /// in flight over that span may have met the reconfiguration.
     pub fn spans_boundary(&self, from: Instant, to: Instant) -> bool {
         let (from, to) = (from.min(to), from.max(to));
-        let into = self.into_window(from);
+        let into = self.past_window_start(from);
         into < WINDOW.as_nanos() || into + (to - from).as_nanos() >= PERIOD.as_nanos()
     }
 
     /// When the window around a boundary that `now` is in ends (`None`: `now` is in none).
     pub fn window_end(&self, now: Instant) -> Option<Instant> {
-        let into = self.into_window(now);
+        let into = self.past_window_start(now);
         let left = WINDOW.as_nanos().checked_sub(into).filter(|&n| n > 0)?;
         Some(now + Duration::from_nanos(left as u64))
     }
 
     /// How far `t` is past the start of the last window (`BEFORE` before a boundary), in ns.
-    fn into_window(&self, t: Instant) -> u128 {
+    fn past_window_start(&self, t: Instant) -> u128 {
         let period = PERIOD.as_nanos();
         (self.at(t).as_nanos() + period + BEFORE.as_nanos() - PHASE.as_nanos()) % period
     }
