@@ -272,24 +272,24 @@ impl PathSet {
     pub fn set_wall_clock(&mut self, clock: reconfig::WallClock) {
         self.wall_clock = Some(clock);
         for i in 0..self.paths.len() {
-            self.tell_reconfigures(i);
+            self.tell_reconfigures(PathId(i as u16));
         }
     }
 
-    /// Tell path `i`'s health whether its link reconfigures on the wall clock's schedule
+    /// Tell path `id`'s health whether its link reconfigures on the wall clock's schedule
     /// (`PathHealth::set_reconfigures`).
-    fn tell_reconfigures(&mut self, i: usize) {
-        let p = &mut self.paths[i];
-        let clock = self
-            .wall_clock
-            .filter(|_| p.spec.link == reconfig::LinkKind::Starlink);
-        if let Some(h) = p.health.as_mut() {
+    fn tell_reconfigures(&mut self, id: PathId) {
+        let clock = self.reconfig_clock(id);
+        if let Some(h) = self.paths[id.index()].health.as_mut() {
             h.set_reconfigures(clock);
         }
     }
 
-    pub fn wall_clock(&self) -> Option<reconfig::WallClock> {
-        self.wall_clock
+    /// The wall clock, for a path whose link reconfigures on its schedule (`reconfig`:
+    /// Starlink); `None` for any other, or before the shell gave the clock.
+    pub fn reconfig_clock(&self, id: PathId) -> Option<reconfig::WallClock> {
+        let starlink = self.paths[id.index()].spec.link == reconfig::LinkKind::Starlink;
+        self.wall_clock.filter(|_| starlink)
     }
 
     /// An inner packet was sent or received: a quiet set wakes every path to the fast interval.
@@ -358,7 +358,7 @@ impl PathSet {
         let p = &mut self.paths[id.index()];
         p.spec = spec;
         p.retired = false;
-        self.tell_reconfigures(id.index());
+        self.tell_reconfigures(id);
     }
 
     /// The paths connected from now on judge their health so (`TunnelCore::peer_speaks_mpquic`).
@@ -419,7 +419,7 @@ impl PathSet {
         p.health = Some(h);
         p.connects += 1;
         let to = p.state();
-        self.tell_reconfigures(id.index());
+        self.tell_reconfigures(id);
         Transition { path: id, from, to }
     }
 

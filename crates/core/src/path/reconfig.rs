@@ -129,10 +129,7 @@ const WINDOW: Duration = BEFORE.saturating_add(AFTER);
 /// 15 s); a real outage that begins at a boundary is found at the window's end instead, at
 /// most `AFTER` later.
 pub fn excused_until(paths: &PathSet, id: PathId, now: Instant) -> Option<Instant> {
-    if paths.get(id).spec.link != LinkKind::Starlink {
-        return None;
-    }
-    paths.wall_clock()?.window_end(now)
+    paths.reconfig_clock(id)?.window_end(now)
 }
 
 /// The path for a copy of a packet routed to `first` (`len` bytes, `info` its headers), when
@@ -145,14 +142,13 @@ pub fn copy_path(
     len: usize,
     now: Instant,
 ) -> Option<PathId> {
-    let kind = paths.get(first).spec.link;
-    if kind != LinkKind::Starlink
-        || len > COPY_MAX_LEN
+    if len > COPY_MAX_LEN
         || info.is_none_or(|i| i.proto == PROTO_TCP)
-        || !paths.wall_clock()?.near_boundary(now)
+        || !paths.reconfig_clock(first)?.near_boundary(now)
     {
         return None;
     }
+    let kind = paths.get(first).spec.link;
     paths
         .iter()
         .filter(|&(id, p)| id != first && p.is_up() && !p.retired)
