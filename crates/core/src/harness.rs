@@ -238,6 +238,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         loss_permille: 10,
         probe_interval: Some(Duration::from_millis(100)),
         role: Some(crate::Role::Overflow),
+        link: Some(crate::path::reconfig::LinkKind::Starlink),
     };
     let bonded = cat(&[&wire::encode_bonded(0, 1), &udp4]);
     let classed = cat(&[&wire::encode_classed(1).expect("lane 1"), &bonded]);

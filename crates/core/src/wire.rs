@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::path::delivery::Counts;
 use crate::path::health::{PathState, PeerView};
+use crate::path::reconfig::LinkKind;
 use crate::role::Role;
 
 pub const PROBE: u8 = 0x01;
@@ -42,10 +43,12 @@ pub const PROBE_LEN: usize = 5;
 pub const PROBE_REPLY_COUNTED_LEN: usize = PROBE_LEN + 8;
 /// A probe with the prober's view: state (1), srtt, rttvar, min RTT (4 each, microseconds,
 /// all ones = not measured), loss in 1/1000 (2), the interval to the next probe in ms (2), the
-/// path's role (1, `Role::to_wire`).
-pub const PROBE_VIEW_LEN: usize = PROBE_LEN + 18;
-/// The same without the role, and without the interval too (earlier builds' probes; still
-/// accepted).
+/// path's role (1, `Role::to_wire`), its link (1, `LinkKind::to_wire`). A longer probe (a
+/// later build's, with fields appended) is read as far as these go.
+pub const PROBE_VIEW_LEN: usize = PROBE_LEN + 19;
+/// The same without the link, without the role, and without the interval too (earlier
+/// builds' probes; still accepted).
+const PROBE_VIEW_LEN_V2: usize = PROBE_LEN + 18;
 const PROBE_VIEW_LEN_V1: usize = PROBE_LEN + 17;
 const PROBE_VIEW_LEN_V0: usize = PROBE_LEN + 15;
 
@@ -129,7 +132,13 @@ pub fn decode(buf: &[u8]) -> Option<Datagram<'_>> {
     }
     match (first, buf.len()) {
         (PROBE, PROBE_LEN) => Some(Datagram::Probe { seq, view: None }),
-        (PROBE, PROBE_VIEW_LEN | PROBE_VIEW_LEN_V1 | PROBE_VIEW_LEN_V0) => Some(Datagram::Probe {
+        (PROBE, PROBE_VIEW_LEN_V2 | PROBE_VIEW_LEN_V1 | PROBE_VIEW_LEN_V0) => {
+            Some(Datagram::Probe {
+                seq,
+                view: Some(decode_view(&buf[PROBE_LEN..])?),
+            })
+        }
+        (PROBE, n) if n >= PROBE_VIEW_LEN => Some(Datagram::Probe {
             seq,
             view: Some(decode_view(&buf[PROBE_LEN..])?),
         }),
@@ -266,6 +275,7 @@ fn decode_view(b: &[u8]) -> Option<PeerView> {
         Some(&r) => Some(Role::from_wire(r)?),
         None => None,
     };
+    let link = b.get(18).map(|&l| LinkKind::from_wire(l));
     Some(PeerView {
         state,
         srtt: dur(1),
@@ -274,6 +284,7 @@ fn decode_view(b: &[u8]) -> Option<PeerView> {
         loss_permille,
         probe_interval,
         role,
+        link,
     })
 }
 
@@ -319,6 +330,7 @@ pub fn encode_probe_view(seq: u32, v: &PeerView) -> [u8; PROBE_VIEW_LEN] {
         .map_or(0, |i| i.as_millis().min(0xffff) as u16);
     out[20..22].copy_from_slice(&interval_ms.to_be_bytes());
     out[22] = v.role.unwrap_or_default().to_wire();
+    out[23] = v.link.unwrap_or_default().to_wire();
     out
 }
 
@@ -355,21 +367,41 @@ mod tests {
             loss_permille: 125,
             probe_interval: Some(Duration::from_millis(500)),
             role: Some(Role::Backup),
+            link: Some(LinkKind::Starlink),
         };
         let p = encode_probe_view(7, &view);
         assert_eq!(
             p,
             [
                 1, 0, 0, 0, 7, 2, 0, 0, 0x50, 0x14, 0, 0, 0x03, 0xe8, 0xff, 0xff, 0xff, 0xff, 0,
-                125, 0x01, 0xf4, 1
+                125, 0x01, 0xf4, 1, 1
             ]
         );
-        // Earlier builds' probes (no role; no interval either) are still understood.
+        // Earlier builds' probes (no link; no role; no interval either) are still understood,
+        // and a later build's, longer, as far as this one reads.
+        assert_eq!(
+            decode(&p[..23]),
+            Some(Datagram::Probe {
+                seq: 7,
+                view: Some(PeerView { link: None, ..view })
+            })
+        );
+        assert_eq!(
+            decode(&[&p[..], &[9, 9]].concat()),
+            Some(Datagram::Probe {
+                seq: 7,
+                view: Some(view)
+            })
+        );
         assert_eq!(
             decode(&p[..22]),
             Some(Datagram::Probe {
                 seq: 7,
-                view: Some(PeerView { role: None, ..view })
+                view: Some(PeerView {
+                    role: None,
+                    link: None,
+                    ..view
+                })
             })
         );
         assert_eq!(
@@ -379,6 +411,7 @@ mod tests {
                 view: Some(PeerView {
                     probe_interval: None,
                     role: None,
+                    link: None,
                     ..view
                 })
             })

@@ -1173,31 +1173,105 @@ fn seed_failover_scenario_gaps() {
 fn starlink_call(link: LinkKind, burst: Duration, seed: u64) -> (Sim, u32) {
     let mut wan1 = spec("wan1", 1, 1);
     wan1.link = link;
+    let bursts = [Duration::from_secs(7), Duration::from_secs(22)];
+    let (sim, sent) = call_through_bursts(wan1, &bursts, burst, Duration::from_secs(25), seed);
+    (sim, sent[bursts.len() - 1])
+}
+
+/// A call (50 packets/s each way, port 9) over two paths, wan1 (`wan1`, 30 ms one way)
+/// and wan2 (40 ms), failover, for `secs`; wan1 loses everything for `burst` from each of
+/// `bursts`. The sim starts 5 s past a whole minute of the wall clock: Starlink's
+/// reconfigurations fall at 7, 22, 37, 52 s... into it. Returns the sim and how many packets
+/// each side had sent by each of `bursts` (the last: in all).
+fn call_through_bursts(
+    wan1: PathSpec,
+    bursts: &[Duration],
+    burst: Duration,
+    secs: Duration,
+    seed: u64,
+) -> (Sim, Vec<u32>) {
     let specs = [wan1, spec("wan2", 1, 1)];
     let mut sim = Sim::new(Policy::Failover, &specs, &[delay(30), delay(40)], seed);
-    // The sim starts 5 s past a whole minute of the wall clock.
     let clock = WallClock::new(sim.t0, Duration::from_secs(1_800_000_005));
     for side in [Side::Client, Side::Server] {
         sim.core(side).set_wall_clock(clock);
     }
-    let boundaries = [Duration::from_secs(7), Duration::from_secs(22)];
     let mut seq = 0;
-    while sim.now < Duration::from_secs(25) {
-        let out = boundaries
-            .iter()
-            .any(|&b| sim.now >= b && sim.now < b + burst);
+    let mut sent_by = Vec::new();
+    while sim.now < secs {
+        let out = bursts.iter().any(|&b| sim.now >= b && sim.now < b + burst);
         sim.set_blackhole(Side::Client, 0, out);
         sim.set_blackhole(Side::Server, 0, out);
         for side in [Side::Client, Side::Server] {
             sim.send_data(side, 9, seq);
         }
         seq += 1;
+        sent_by.extend(
+            bursts
+                .iter()
+                .skip(sent_by.len())
+                .filter(|&&b| b <= sim.now)
+                .map(|_| seq),
+        );
         let next = sim.now + Duration::from_millis(20);
         sim.run_until(next);
     }
     let end = sim.now + Duration::from_secs(1);
     sim.run_until(end);
-    (sim, seq)
+    sent_by.truncate(bursts.len().saturating_sub(1));
+    sent_by.push(seq);
+    (sim, sent_by)
+}
+
+/// The call's packets (port 9) that `side` received from the first `upto` sent.
+fn call_received(sim: &Sim, side: Side, upto: std::ops::Range<u32>) -> usize {
+    let got = sim.delivered.iter().filter(|d| d.0 == side && d.1 == 9);
+    got.filter(|d| upto.contains(&d.2)).count()
+}
+
+/// A path whose `link` is not configured, that loses a burst at each of Starlink's
+/// reconfigurations, is recognised as Starlink by the client within its first eight, the
+/// server learns it from the client's probes, and from then on the call rides through the
+/// bursts on copies (it lost its packets in the earlier ones). One losing the same bursts at
+/// other seconds is never recognised.
+#[test]
+fn an_unconfigured_starlink_path_is_recognised_and_then_its_bursts_are_covered() {
+    let mut wan1 = spec("wan1", 1, 1);
+    wan1.detect_link = true;
+    let burst = Duration::from_millis(150);
+    // Every boundary from 7 s to 172 s: twelve.
+    let at: Vec<Duration> = (0..12).map(|k| Duration::from_secs(7 + 15 * k)).collect();
+    let (mut sim, sent_by) =
+        call_through_bursts(wan1.clone(), &at, burst, Duration::from_secs(180), 3);
+    for side in [Side::Client, Side::Server] {
+        let paths = sim.router(side).paths();
+        let p = paths.get(paths.find("wan1").expect("wan1"));
+        assert!(p.recognised, "{side:?}: {:?}", p.detector.evidence());
+        assert_eq!(p.link(), LinkKind::Starlink);
+    }
+    // The first bursts took some of the call; the last two (after the eighth boundary's
+    // verdict at the latest), none.
+    let (before, last_two) = (sent_by[1], sent_by[9]..sent_by[11]);
+    assert!(call_received(&sim, Side::Server, 0..before) < before as usize);
+    for side in [Side::Client, Side::Server] {
+        let got = call_received(&sim, side, last_two.clone());
+        assert_eq!(
+            got,
+            last_two.len(),
+            "{side:?}: the call lost packets to a recognised burst"
+        );
+    }
+    // The same bursts 5.5 s off the boundaries.
+    let off: Vec<Duration> = at
+        .iter()
+        .map(|&b| b + Duration::from_millis(5500))
+        .collect();
+    let (mut sim, _) = call_through_bursts(wan1, &off, burst, Duration::from_secs(180), 3);
+    for side in [Side::Client, Side::Server] {
+        let paths = sim.router(side).paths();
+        let p = paths.get(paths.find("wan1").expect("wan1"));
+        assert!(!p.recognised, "{side:?}: {:?}", p.detector.evidence());
+    }
 }
 
 proptest! {

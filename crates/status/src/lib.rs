@@ -167,9 +167,18 @@ pub struct PathStatus {
     /// is a `backup` until its period ends).
     #[serde(default)]
     pub role: String,
-    /// `link`: what kind of link it runs over when configured (`starlink`; empty: nothing known).
+    /// What kind of link it runs over (`starlink`; empty: nothing known): as configured
+    /// (`link`), or as its probes showed it (`link_recognised`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub link: String,
+    /// `link` was recognised from how the path changes at Starlink's reconfigurations, not
+    /// configured.
+    #[serde(default)]
+    pub link_recognised: bool,
+    /// What the path's probes showed at Starlink's reconfigurations so far, when its `link` is
+    /// not configured (the client): e.g. "7 of 8 boundaries changed, 4 of 33 points between".
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub link_evidence: String,
     /// Packets sent on it that were copied to another path across its reconfigurations
     /// (`link: starlink`).
     #[serde(default)]
@@ -472,9 +481,13 @@ impl PathStatus {
             parts.push(self.role.clone());
         }
         if !self.link.is_empty() {
+            let how = match self.link_recognised {
+                true => format!(" (recognised: {})", self.link_evidence),
+                false => String::new(),
+            };
             parts.push(format!(
-                "{}: {} packets copied to another path across its reconfigurations, {} probes \
-                 not counted there",
+                "{}{how}: {} packets copied to another path across its reconfigurations, {} \
+                 probes not counted there",
                 self.link, self.reconfig_copies, self.probes_across_reconfig
             ));
         }

@@ -270,6 +270,11 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Counter(|p| p.delivery_stalls),
     ),
     (
+        "mpquic_path_starlink",
+        "1 when the path is treated as Starlink: configured (link: starlink) or recognised by how it changes at the reconfigurations",
+        PathValue::Gauge(|p| Some(if p.link == "starlink" { 1.0 } else { 0.0 })),
+    ),
+    (
         "mpquic_path_reconfig_copies",
         "Packets sent on the path that were copied to another path across its reconfigurations (link: starlink)",
         PathValue::Counter(|p| p.reconfig_copies),

@@ -359,6 +359,11 @@ impl Router {
     pub fn take_woken(&mut self) -> bool {
         self.paths.take_woken()
     }
+
+    /// Paths recognised as Starlink, or no longer, since the last call (`PathSet::take_recognised`).
+    pub fn take_recognised(&mut self, into: &mut Vec<(PathId, bool)>) {
+        into.extend(self.paths.take_recognised());
+    }
     pub fn drop_tx(&mut self, id: PathId, len: usize, reason: DropReason) {
         self.paths.drop_tx(id, len, reason);
     }

@@ -18,7 +18,8 @@
 //! the follower scales its own silence bound the same way.
 
 use crate::path::delivery::{self, Counts, DeliveryWatch, Direction, LossWatch};
-use crate::path::reconfig::WallClock;
+use crate::path::reconfig::detect::ProbeOutcome;
+use crate::path::reconfig::{LinkKind, WallClock};
 use crate::role::Role;
 use std::time::{Duration, Instant};
 
@@ -105,6 +106,10 @@ pub struct PeerView {
     /// The path's role as the client has it now (`role.rs`; `None` from a peer that does not
     /// say): a follower (the server) schedules by it. Health itself leaves it alone.
     pub role: Option<Role>,
+    /// The path's link as the client has it now, configured or recognised (`reconfig`;
+    /// `None` from a peer that does not say): the server treats a Starlink path as the
+    /// client does.
+    pub link: Option<LinkKind>,
 }
 
 /// Outstanding probes remembered for RTT measurement; older replies are ignored.
@@ -188,7 +193,14 @@ pub struct PathHealth {
     rtt_restart: bool,
     /// Probes not counted for meeting a reconfiguration (answered or not).
     pub probes_across_reconfig: u64,
+    /// Every probe's fate since the path set last took them (`take_outcomes`), for what the
+    /// path's link outlives this connection by (`reconfig::detect`): bounded, the oldest
+    /// dropped when no one takes them.
+    fates: Vec<ProbeOutcome>,
 }
+
+/// Probe fates kept for the path set between its polls (a poll takes them).
+const FATES_MAX: usize = 64;
 
 impl PathHealth {
     pub fn new(cfg: HealthConfig, now: Instant) -> Self {
@@ -226,6 +238,7 @@ impl PathHealth {
             reconfigures: None,
             rtt_restart: false,
             probes_across_reconfig: 0,
+            fates: Vec::new(),
         }
     }
 
@@ -233,6 +246,19 @@ impl PathHealth {
     /// the wall clock stands), or not (`None`).
     pub fn set_reconfigures(&mut self, clock: Option<WallClock>) {
         self.reconfigures = clock;
+    }
+
+    /// The probes whose fate became known since the last call (a prober's; none for the other
+    /// modes).
+    pub fn take_outcomes(&mut self) -> std::vec::Drain<'_, ProbeOutcome> {
+        self.fates.drain(..)
+    }
+
+    fn note_fate(&mut self, sent: Instant, rtt: Option<Duration>) {
+        if self.fates.len() == FATES_MAX {
+            self.fates.remove(0);
+        }
+        self.fates.push(ProbeOutcome { sent, rtt });
     }
 
     /// Whether a probe sent at `sent` and back (or due back) at `back` met a reconfiguration;
@@ -433,8 +459,9 @@ impl PathHealth {
             min_rtt: self.min_rtt,
             loss_permille: (self.loss() * 1000.0).round().clamp(0.0, 1000.0) as u16,
             probe_interval: Some(self.interval),
-            // The path set fills it in (`PathSet::poll`): health does not know roles.
+            // The path set fills these in (`PathSet::poll`): health knows neither.
             role: None,
+            link: None,
         }
     }
 
@@ -530,6 +557,7 @@ impl PathHealth {
         }
         *slot = None;
         self.probes_answered += 1;
+        self.note_fate(sent, Some(now.saturating_duration_since(sent)));
         if !self.met_reconfig(sent, now) {
             self.record_outcome(true);
             self.update_rtt(now.saturating_duration_since(sent));
@@ -677,6 +705,7 @@ impl PathHealth {
             };
             if now.saturating_duration_since(at) > limit {
                 self.sent_at[i] = None;
+                self.note_fate(at, None);
                 if !self.met_reconfig(at, at + flight) {
                     self.record_outcome(false);
                 }
@@ -835,6 +864,7 @@ mod tests {
                 loss_permille: 1000,
                 probe_interval: None,
                 role: None,
+                link: None,
             }),
             later,
         );

@@ -64,6 +64,9 @@ pub struct PathSpec {
     /// `link` (the client's configuration; on the server, what the client's hello says): a
     /// Starlink path gets copies of small packets across its reconfigurations (`reconfig`).
     pub link: reconfig::LinkKind,
+    /// `link` unset (`auto`): the prober recognises a Starlink link by how it changes at the
+    /// boundaries (`reconfig::detect`), and the path is then treated as one (`Path::link`).
+    pub detect_link: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -176,9 +179,23 @@ pub struct Path {
     /// Times it answered its probes while delivering nothing one way (`delivery.rs`), and was
     /// taken down for it.
     pub delivery_stalls: u64,
+    /// What its probes show of Starlink's reconfigurations (a prober, `spec.detect_link`):
+    /// kept across its connections, as it is the link's.
+    pub detector: reconfig::detect::Detector,
+    /// Its link was recognised as Starlink: by `detector`, or (the server) as the client's
+    /// probes say.
+    pub recognised: bool,
 }
 
 impl Path {
+    /// The kind of link it runs over: as configured, or as recognised (`recognised`).
+    pub fn link(&self) -> reconfig::LinkKind {
+        match (self.spec.link, self.recognised) {
+            (reconfig::LinkKind::Other, true) => reconfig::LinkKind::Starlink,
+            (kind, _) => kind,
+        }
+    }
+
     pub fn state(&self) -> Option<PathState> {
         self.health.as_ref().map(|h| h.state())
     }
@@ -254,6 +271,9 @@ pub struct PathSet {
     /// The wall clock, for links that reconfigure on its schedule (`reconfig`); `None` until
     /// the shell gives it.
     wall_clock: Option<reconfig::WallClock>,
+    /// Paths whose link was recognised as Starlink (true) or no longer (false) since the shell
+    /// last asked (`take_recognised`).
+    recognised: Vec<(PathId, bool)>,
 }
 
 impl PathSet {
@@ -265,6 +285,7 @@ impl PathSet {
             quiet: false,
             woken: false,
             wall_clock: None,
+            recognised: Vec::new(),
         }
     }
 
@@ -288,8 +309,27 @@ impl PathSet {
     /// The wall clock, for a path whose link reconfigures on its schedule (`reconfig`:
     /// Starlink); `None` for any other, or before the shell gave the clock.
     pub fn reconfig_clock(&self, id: PathId) -> Option<reconfig::WallClock> {
-        let starlink = self.paths[id.index()].spec.link == reconfig::LinkKind::Starlink;
+        let starlink = self.paths[id.index()].link() == reconfig::LinkKind::Starlink;
         self.wall_clock.filter(|_| starlink)
+    }
+
+    /// Paths whose link was recognised as Starlink (true), or no longer is (false), since the
+    /// last call (the shell logs them).
+    pub fn take_recognised(&mut self) -> std::vec::Drain<'_, (PathId, bool)> {
+        self.recognised.drain(..)
+    }
+
+    /// Path `id`'s link is recognised as Starlink, or no longer: from now on it is treated as
+    /// one (`reconfig_clock`), or not.
+    fn recognise(&mut self, id: PathId, starlink: bool) {
+        let p = &mut self.paths[id.index()];
+        if p.recognised != starlink {
+            p.recognised = starlink;
+            if p.spec.link == reconfig::LinkKind::Other {
+                self.recognised.push((id, starlink));
+            }
+            self.tell_reconfigures(id);
+        }
     }
 
     /// An inner packet was sent or received: a quiet set wakes every path to the fast interval.
@@ -343,6 +383,8 @@ impl PathSet {
             last_srtt: None,
             used_up: false,
             delivery_stalls: 0,
+            detector: Default::default(),
+            recognised: false,
         });
         Some(PathId((self.paths.len() - 1) as u16))
     }
@@ -459,11 +501,21 @@ impl PathSet {
         changes: &mut Vec<Transition>,
     ) {
         self.update_quiet(now);
+        let mut recognised = Vec::new();
         for (i, p) in self.paths.iter_mut().enumerate() {
             p.throughput.sample(now, &p.counters);
-            let role = p.role();
-            let Some(h) = p.health.as_mut() else { continue };
             let id = PathId(i as u16);
+            if let (Some(h), Some(clock)) = (p.health.as_mut(), self.wall_clock) {
+                let detect = p.spec.detect_link && p.spec.link == reconfig::LinkKind::Other;
+                for o in h.take_outcomes().filter(|_| detect) {
+                    p.detector.observe(o);
+                }
+                if detect && p.detector.poll(now, &clock) {
+                    recognised.push((id, p.detector.detected()));
+                }
+            }
+            let (role, link) = (p.role(), p.link());
+            let Some(h) = p.health.as_mut() else { continue };
             let before = h.state();
             if let Some(seq) = h.poll(now) {
                 h.on_probe_sent(seq, p.counters.tx_packets as u32);
@@ -472,6 +524,7 @@ impl PathSet {
                     seq,
                     view: PeerView {
                         role: Some(role),
+                        link: Some(link),
                         ..h.view()
                     },
                 });
@@ -483,6 +536,9 @@ impl PathSet {
                     to: Some(h.state()),
                 });
             }
+        }
+        for (id, starlink) in recognised {
+            self.recognise(id, starlink);
         }
     }
 
@@ -566,6 +622,13 @@ impl PathSet {
         // have been used up since the hello).
         if let (Some(role), Some(p)) = (view.and_then(|v| v.role), self.paths.get_mut(id.index())) {
             p.spec.role = role;
+        }
+        // And treats its link as the client does (a link the client recognised as Starlink).
+        if let Some(link) = view
+            .and_then(|v| v.link)
+            .filter(|_| id.index() < self.paths.len())
+        {
+            self.recognise(id, link == reconfig::LinkKind::Starlink);
         }
         self.health_event(id, |h| h.on_peer_probe(seq, view, now))
     }

@@ -32,6 +32,9 @@ pub struct Polled {
     /// Metered paths whose standing against their budget changed now (log them; a path used
     /// up is a backup now).
     pub budgets: Vec<(PathId, crate::path::budget::Standing)>,
+    /// Paths whose link was recognised as Starlink (true), or no longer (false), now (log
+    /// them; `path::reconfig::detect`).
+    pub recognised: Vec<(PathId, bool)>,
     /// Packets were delivered (released by the resequencer): flush the TUN device.
     pub delivered: bool,
     /// What each path's connection reported, read once per poll (by `PathId::index()`).
@@ -47,6 +50,7 @@ impl Polled {
         self.resized.clear();
         self.carry.clear();
         self.budgets.clear();
+        self.recognised.clear();
         self.delivered = false;
     }
 }
@@ -69,6 +73,7 @@ impl TunnelCore {
         stats.extend(self.router.paths().ids().map(links));
         let connected = |id: PathId| stats.get(id.index()).is_some_and(Option::is_some);
         self.router.poll(now, &mut out.probes, &mut out.transitions);
+        self.router.take_recognised(&mut out.recognised);
         let silence_next = self.poll_silence(now, &stats, out);
         for i in 0..out.transitions.len() {
             let t = out.transitions[i];

@@ -504,5 +504,6 @@ pub(super) fn spec_of(p: &PathConfig) -> PathSpec {
         role: p.role,
         rate_limit: p.rate_limit,
         link: p.link,
+        detect_link: p.detect_link,
     }
 }

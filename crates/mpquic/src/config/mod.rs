@@ -278,6 +278,9 @@ pub struct PathConfig {
     /// `link: starlink`: the path runs over a Starlink dish, whose reconfigurations the tunnel
     /// anticipates (`mpquic_core::path::reconfig`).
     pub link: LinkKind,
+    /// `link` unset or `auto`: the link is recognised as Starlink by its probes
+    /// (`mpquic_core::path::reconfig::detect`); `link: other` or `starlink` says what it is.
+    pub detect_link: bool,
 }
 
 /// How a path carries the tunnel's datagrams.
@@ -1165,14 +1168,23 @@ multipath_paths:
     fn a_path_says_what_link_it_runs_over() {
         const CLIENT: &str = "role: client\nremote_addr: 1.2.3.4\ntls_ca_file: ca\nmultipath_enabled: true\nmultipath_paths:\n";
         let c = parse(&format!(
-            "{CLIENT}- {{name: dish, link: starlink}}\n- {{name: lte}}\n"
+            "{CLIENT}- {{name: dish, link: starlink}}\n- {{name: lte}}\n- {{name: dsl, link: other}}\n- {{name: b, link: auto}}\n"
         ))
         .unwrap();
         let RoleConfig::Client(cc) = &c.role else {
             panic!()
         };
-        let links: Vec<_> = cc.paths.iter().map(|p| p.link).collect();
-        assert_eq!(links, [LinkKind::Starlink, LinkKind::Other]);
+        // Unset or `auto`: recognised by its probes; `other` or `starlink`: as said.
+        let links: Vec<_> = cc.paths.iter().map(|p| (p.link, p.detect_link)).collect();
+        assert_eq!(
+            links,
+            [
+                (LinkKind::Starlink, false),
+                (LinkKind::Other, true),
+                (LinkKind::Other, false),
+                (LinkKind::Other, true)
+            ]
+        );
         let e = parse(&format!("{CLIENT}- {{name: dish, link: starlnk}}\n"))
             .unwrap_err()
             .to_string();

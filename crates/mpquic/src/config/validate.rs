@@ -765,6 +765,7 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
             role: mpquic_core::Role::Primary,
             data_budget: None,
             link: LinkKind::Other,
+            detect_link: true,
         });
         return out;
     }
@@ -818,12 +819,20 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
             c.at(&at("weight"), "`weight` must be at least 1".into(), None);
         }
         let limits = super::metering::path_limits(p, &at, pipes, transport, c);
-        let link = match p.link.as_deref() {
-            None => LinkKind::Other,
-            Some(l) => LinkKind::parse(l).unwrap_or_else(|| {
-                c.unknown_value(&at("link"), "link", l, LinkKind::NAMES);
-                LinkKind::Other
-            }),
+        // Unset or `auto`: nothing configured, the link recognised by its probes.
+        let (link, detect_link) = match p.link.as_deref() {
+            None | Some("auto") => (LinkKind::Other, true),
+            Some(l) => match LinkKind::parse(l) {
+                Some(kind) => (kind, false),
+                None => {
+                    let names: Vec<&str> = ["auto"]
+                        .into_iter()
+                        .chain(LinkKind::NAMES.iter().copied())
+                        .collect();
+                    c.unknown_value(&at("link"), "link", l, &names);
+                    (LinkKind::Other, true)
+                }
+            },
         };
         let bind = match &p.bind_ip {
             Some(b) => bind(c, Some(b), &at("bind_ip")),
@@ -850,6 +859,7 @@ fn client_paths(raw: &RawConfig, c: &mut Checker) -> Vec<PathConfig> {
             role: limits.role,
             data_budget: limits.data_budget,
             link,
+            detect_link,
         });
     }
     if !out.is_empty() && out.iter().all(|p| p.role.is_backup()) {

@@ -139,6 +139,8 @@ impl Server {
             link: (h.link.as_deref())
                 .and_then(LinkKind::parse)
                 .unwrap_or_default(),
+            // The client recognises the link; its probes say what it found.
+            detect_link: false,
         };
         let path = tunnel
             .path(spec, sessions::MAX_PATHS_PER_SESSION)

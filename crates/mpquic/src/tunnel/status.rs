@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use mpquic_core::classify::Prefix;
 use mpquic_core::fec::FecMode;
 use mpquic_core::path::budget::{iso_date, Standing};
+use mpquic_core::path::reconfig::{detect::Evidence, LinkKind};
 use mpquic_core::tunnel::PathFec;
 use mpquic_core::PathState;
 
@@ -34,7 +35,12 @@ impl Tunnel {
                     priority: p.spec.priority,
                     weight: p.spec.weight,
                     role: p.role().as_str().into(),
-                    link: p.spec.link.known().unwrap_or_default().into(),
+                    link: p.link().known().unwrap_or_default().into(),
+                    link_recognised: p.recognised && p.spec.link == LinkKind::Other,
+                    link_evidence: match p.spec.detect_link {
+                        true => link_evidence(p.detector.evidence()),
+                        false => String::new(),
+                    },
                     reconfig_copies: p.counters.reconfig_copies,
                     rate_limit_mbit: p.spec.rate_limit.map(|r| r as f64 / 1e6),
                     budget: s.core.meter(id).map(|m| budget_status(m, wall)),
@@ -166,6 +172,18 @@ impl Tunnel {
 }
 
 /// A metered path's budget for status, at `wall` (seconds since the epoch).
+/// What a path's probes showed at Starlink's reconfigurations (empty before the first
+/// boundary was judged).
+fn link_evidence(e: Evidence) -> String {
+    match e.boundaries_seen {
+        0 => String::new(),
+        n => format!(
+            "{} of {n} boundaries changed, {} of {} points between",
+            e.boundaries_changed, e.between_changed, e.between_seen
+        ),
+    }
+}
+
 fn budget_status(m: &mpquic_core::path::budget::Meter, wall: i64) -> crate::status::BudgetStatus {
     let (b, u) = (&m.budget, &m.usage);
     let end = b.period_end(u.since);

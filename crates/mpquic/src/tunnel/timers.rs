@@ -122,6 +122,15 @@ impl Tunnel {
         for &(path, standing) in &polled.budgets {
             self.log_budget(path, standing);
         }
+        for &(path, starlink) in &polled.recognised {
+            let name = self.path_name(path);
+            match starlink {
+                true => info!(tunnel = %self.peer, path = %name,
+                    "path's link changes at Starlink's reconfigurations (12, 27, 42, 57 s past the minute): treated as Starlink (`link: other` turns this off)"),
+                false => info!(tunnel = %self.peer, path = %name,
+                    "path's link no longer changes at Starlink's reconfigurations: no longer treated as Starlink"),
+            }
+        }
         for t in &polled.transitions {
             self.on_transition(t);
         }

@@ -11,6 +11,11 @@
 //!
 //! The core has no wall clock (it runs on an injected `Instant`): the shell gives it where the
 //! wall clock stood at some instant (`WallClock`), again now and then, as the two clocks drift.
+//!
+//! A path whose `link` is not configured is recognised as Starlink by how it changes at the
+//! boundaries (`detect`), and treated as one from then on (`Path::link`).
+
+pub mod detect;
 
 use std::time::{Duration, Instant};
 
@@ -42,6 +47,22 @@ impl LinkKind {
         match self {
             LinkKind::Starlink => "starlink",
             LinkKind::Other => "other",
+        }
+    }
+
+    /// In a probe (`wire::PROBE_VIEW_LEN`).
+    pub fn to_wire(self) -> u8 {
+        match self {
+            LinkKind::Other => 0,
+            LinkKind::Starlink => 1,
+        }
+    }
+
+    /// From a probe: a kind this build does not know is `Other` (nothing known).
+    pub fn from_wire(b: u8) -> LinkKind {
+        match b {
+            1 => LinkKind::Starlink,
+            _ => LinkKind::Other,
         }
     }
 
@@ -148,11 +169,11 @@ pub fn copy_path(
     {
         return None;
     }
-    let kind = paths.get(first).spec.link;
+    let kind = paths.get(first).link();
     paths
         .iter()
         .filter(|&(id, p)| id != first && p.is_up() && !p.retired)
-        .min_by_key(|(_, p)| (p.spec.link == kind, p.tier(), p.srtt()))
+        .min_by_key(|(_, p)| (p.link() == kind, p.tier(), p.srtt()))
         .map(|(id, _)| id)
 }
 
