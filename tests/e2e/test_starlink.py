@@ -6,7 +6,11 @@ lost in it are not counted as the path's loss (which would move calls onto its s
 burst does not take the path down (which would close its connection and dial it again). That
 the burst took
 packets is the emulator's count; that without the key the same burst takes the call's packets is
-the simulator's (crates/core/tests/sim.rs, `a_call_rides_through_starlink_reconfigurations`)."""
+the simulator's (crates/core/tests/sim.rs, `a_call_rides_through_starlink_reconfigurations`).
+
+A path whose `link` is not configured is recognised as Starlink when it loses such a burst at
+each boundary (the client's probes show it; the server learns it from them), and the other path,
+which loses nothing, is not."""
 
 import json
 import math
@@ -89,3 +93,62 @@ def test_a_call_rides_through_a_starlink_reconfiguration(make_lab):
     assert probes["probes_across_reconfig"] >= 3, probes
     assert probes["probe_loss_pct"] == 0.0, probes
     assert connects_after == connects, (connects, connects_after)
+
+
+def wan(lab, key, name):
+    return next(p for p in lab.status(key)["tunnels"][0]["paths"] if p["name"] == name)
+
+
+# Enough boundaries for the detector's verdict (four, when nothing changes between them) with
+# room to spare, each judged about 5 s after it.
+MAX_BOUNDARIES = 7
+
+
+def recognised_by(lab, until):
+    """wan1's status on the client once it says `starlink`, polled until `until` (or None)."""
+    while True:
+        w = wan(lab, "client0", "wan1")
+        if w.get("link") == "starlink":
+            return w
+        if time.time() >= until:
+            return None
+        time.sleep(0.2)
+
+
+def test_an_unconfigured_starlink_link_is_recognised(make_lab):
+    lab = make_lab(paths=2, mode=None, congestion=None, specs=SPECS)
+    lab.start_tunnel(up=["wan1", "wan2"])
+    assert wan(lab, "client0", "wan1").get("link", "") == ""
+    # Traffic, as a site has: the tunnel is not quiet, so the paths probe every 100 ms. (A
+    # quiet tunnel probes every 500 ms, on the same phase of each 15 s slot: a burst that
+    # falls between two probes is missed at every boundary. The delay steps that a
+    # reconfiguration also brings are seen at any interval.)
+    lab.start_ping("ping", interval=0.05)
+    bursts = 0
+    recognised = None
+    while recognised is None and bursts < MAX_BOUNDARIES:
+        b = next_boundary(0.5)
+        recognised = recognised_by(lab, b - 0.3)
+        if recognised is None:
+            time.sleep(max(0.0, b - time.time()))
+            lab.block(0)
+            time.sleep(max(0.0, b + BURST - time.time()))
+            lab.unblock(0)
+            bursts += 1
+    # The last burst's verdict is due about 5 s after it.
+    recognised = recognised or recognised_by(lab, time.time() + 8.0)
+    client = wan(lab, "client0", "wan1")
+    report(f"wan1 black-holed {BURST * 1000:.0f} ms at {bursts} Starlink boundaries, link not "
+           f"configured: client link={client.get('link', '')!r} recognised="
+           f"{client.get('link_recognised')} ({client.get('link_evidence', '')})")
+    assert recognised is not None, client
+    assert recognised["link_recognised"] is True, recognised
+    assert "boundaries changed" in recognised["link_evidence"], recognised
+    # The server learns it from the client's next probes.
+    t = time.time() + 2.0
+    while wan(lab, "server", "wan1").get("link") != "starlink" and time.time() < t:
+        time.sleep(0.1)
+    assert wan(lab, "server", "wan1").get("link") == "starlink"
+    for k in ("client0", "server"):
+        assert wan(lab, k, "wan2").get("link", "") == "", wan(lab, k, "wan2")
+    lab.stop("ping", sig=signal.SIGINT)

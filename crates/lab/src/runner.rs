@@ -209,9 +209,15 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
         Ok(())
     })?;
 
+    let warmup = scn.warmup.as_deref().map(parse_duration).transpose()?;
     if scn.replays_recordings() {
         step("start at the wall clock's next minute", || {
-            wait_for_minute(&name)
+            wait_for_minute(&name, warmup.unwrap_or_default())
+        })?;
+    } else if let Some(w) = warmup {
+        step("warm up", || {
+            std::thread::sleep(w);
+            Ok(())
         })?;
     }
     let stop = Arc::new(AtomicBool::new(false));
@@ -335,16 +341,15 @@ struct Sender<'a> {
 /// scenario compares starts its traffic at the start of a wall-clock minute, with the epoch set
 /// there, so each meets the same part of the recordings, and the same slots, at the same time
 /// into its run (and Starlink's slot boundaries stay at 12, 27, 42 and 57 s past the minute).
-/// Waits up to a minute (at least 2 s, for the emulator to take the epoch).
-fn wait_for_minute(lab: &str) -> Result<()> {
+/// Waits at least `warmup` and at least 2 s (for the emulator to take the epoch), then up to
+/// a minute more.
+fn wait_for_minute(lab: &str, warmup: Duration) -> Result<()> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs_f64();
-    let mut start = (now / 60.0).ceil() * 60.0;
-    if start - now < 2.0 {
-        start += 60.0;
-    }
+    let earliest = now + warmup.as_secs_f64().max(2.0);
+    let start = (earliest / 60.0).ceil() * 60.0;
     topo::control(lab, &format!("epoch {start:.3}"))?;
     let wait = start
         - std::time::SystemTime::now()

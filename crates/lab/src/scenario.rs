@@ -47,6 +47,11 @@ pub struct Scenario {
     pub sample: String,
     #[serde(default = "default_seed")]
     pub seed: u64,
+    /// How long each system runs before its traffic starts (e.g. `150s`; none by default): a
+    /// site's tunnel has been up a while when a call starts, and has learnt its links by then
+    /// (mpquic recognises a Starlink link after six to eight of its reconfigurations).
+    #[serde(default)]
+    pub warmup: Option<String>,
 }
 
 fn default_systems() -> Vec<String> {

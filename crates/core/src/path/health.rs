@@ -254,6 +254,16 @@ impl PathHealth {
         self.fates.drain(..)
     }
 
+    /// The connection is going away: the probes still unanswered never will be (their fates,
+    /// lost, go to `take_outcomes`).
+    pub fn abandon_probes(&mut self) {
+        for i in 0..PROBE_RING {
+            if let Some((_, at)) = self.sent_at[i].take() {
+                self.note_fate(at, None);
+            }
+        }
+    }
+
     fn note_fate(&mut self, sent: Instant, rtt: Option<Duration>) {
         if self.fates.len() == FATES_MAX {
             self.fates.remove(0);

@@ -454,6 +454,8 @@ impl PathSet {
                 to: from,
             };
         }
+        self.close_health(id);
+        let p = &mut self.paths[id.index()];
         let mut h = PathHealth::new(self.health_cfg, now);
         if self.quiet {
             h.set_quiet(true, now);
@@ -480,6 +482,7 @@ impl PathSet {
 
     /// The path's connection is gone.
     pub fn disconnected(&mut self, id: PathId) -> Transition {
+        self.close_health(id);
         let p = &mut self.paths[id.index()];
         let from = p.state();
         if let Some(rtt) = p.health.as_ref().and_then(PathHealth::srtt) {
@@ -490,6 +493,26 @@ impl PathSet {
             path: id,
             from,
             to: None,
+        }
+    }
+
+    /// `id`'s connection goes away: what its probes showed so far stays with the link (the
+    /// probes it lost in a burst that took it down are the burst's evidence).
+    fn close_health(&mut self, id: PathId) {
+        let p = &mut self.paths[id.index()];
+        if let Some(h) = p.health.as_mut() {
+            h.abandon_probes();
+            Self::observe_probes(p);
+        }
+    }
+
+    /// Hand path `p`'s probe fates to its detector, when it recognises its link.
+    fn observe_probes(p: &mut Path) {
+        let detect = p.spec.detect_link && p.spec.link == reconfig::LinkKind::Other;
+        if let Some(h) = p.health.as_mut() {
+            for o in h.take_outcomes().filter(|_| detect) {
+                p.detector.observe(o);
+            }
         }
     }
 
@@ -505,12 +528,10 @@ impl PathSet {
         for (i, p) in self.paths.iter_mut().enumerate() {
             p.throughput.sample(now, &p.counters);
             let id = PathId(i as u16);
-            if let (Some(h), Some(clock)) = (p.health.as_mut(), self.wall_clock) {
-                let detect = p.spec.detect_link && p.spec.link == reconfig::LinkKind::Other;
-                for o in h.take_outcomes().filter(|_| detect) {
-                    p.detector.observe(o);
-                }
-                if detect && p.detector.poll(now, &clock) {
+            Self::observe_probes(p);
+            let detect = p.spec.detect_link && p.spec.link == reconfig::LinkKind::Other;
+            if let Some(clock) = self.wall_clock.filter(|_| detect) {
+                if p.detector.poll(now, &clock) {
                     recognised.push((id, p.detector.detected()));
                 }
             }
