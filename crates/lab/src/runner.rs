@@ -210,16 +210,34 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
     })?;
 
     let warmup = scn.warmup.as_deref().map(parse_duration).transpose()?;
-    if scn.replays_recordings() {
+    // A site's background traffic while the system warms up: a ping every 50 ms through it
+    // (a tunnel that carries nothing probes its paths slower and learns less of them).
+    let background = match warmup {
+        Some(_) => Some(
+            ns_cmd(&src_ns, &["ping", "-n", "-q", "-i", "0.05", &dst_addr])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()?,
+        ),
+        None => None,
+    };
+    let waited = if scn.replays_recordings() {
         step("start at the wall clock's next minute", || {
             wait_for_minute(&name, warmup.unwrap_or_default())
-        })?;
+        })
     } else if let Some(w) = warmup {
         step("warm up", || {
             std::thread::sleep(w);
             Ok(())
-        })?;
+        })
+    } else {
+        Ok(())
+    };
+    if let Some(mut ping) = background {
+        let _ = ping.kill();
+        let _ = ping.wait();
     }
+    waited?;
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
     // ping -D stamps replies with the wall clock; this converts them to run time.

@@ -47,9 +47,10 @@ pub struct Scenario {
     pub sample: String,
     #[serde(default = "default_seed")]
     pub seed: u64,
-    /// How long each system runs before its traffic starts (e.g. `150s`; none by default): a
-    /// site's tunnel has been up a while when a call starts, and has learnt its links by then
-    /// (mpquic recognises a Starlink link after six to eight of its reconfigurations).
+    /// How long each system runs before its traffic starts (e.g. `150s`; none by default),
+    /// with a ping every 50 ms through it meanwhile: a site's tunnel has been up a while, with
+    /// some traffic, when a call starts, and has learnt its links by then (mpquic recognises a
+    /// Starlink link at its fourth to eighth reconfiguration with traffic).
     #[serde(default)]
     pub warmup: Option<String>,
 }
