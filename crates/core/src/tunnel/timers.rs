@@ -168,7 +168,8 @@ impl TunnelCore {
             }
             let bound = ackwatch::bound(rtt, h.rttvar(), h.loss()).min(h.down_after());
             let quiet_for = w.silent_for(now);
-            if quiet_for > bound && paths.iter().any(|(o, p)| o != id && p.is_up()) {
+            let judged = reconfig::judged_silence(paths, id, now, quiet_for);
+            if judged > bound && paths.iter().any(|(o, p)| o != id && p.is_up()) {
                 w.silenced();
                 // The wait is known to a poll's step (a third of the bound): what was sent
                 // that much before it began may be lost too.

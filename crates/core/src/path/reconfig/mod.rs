@@ -132,6 +132,13 @@ impl WallClock {
         Some(now + Duration::from_nanos(left as u64))
     }
 
+    /// How long ago the last window around a boundary ended (`None`: `now` is in one).
+    pub fn since_window_end(&self, now: Instant) -> Option<Duration> {
+        let into = self.past_window_start(now);
+        let past = into.checked_sub(WINDOW.as_nanos())?;
+        Some(Duration::from_nanos(past as u64))
+    }
+
     /// How far `t` is past the start of the last window (`BEFORE` before a boundary), in ns.
     fn past_window_start(&self, t: Instant) -> u128 {
         let period = PERIOD.as_nanos();
@@ -144,13 +151,29 @@ const WINDOW: Duration = BEFORE.saturating_add(AFTER);
 
 /// Until when path `id`, a link that reconfigures, is in the window around a boundary (`None`:
 /// it is not, or not such a link). A silence there is the reconfiguration's loss burst (up to
-/// 200 ms in the recordings): the ACK watch judges it once the window has passed, whole. Judged
-/// at once, a 150 ms burst on a 20 ms path took the path down 86 ms into it, and its
-/// connection was closed and dialled again (a QUIC connection's congestion state lost every
-/// 15 s); a real outage that begins at a boundary is found at the window's end instead, at
-/// most `AFTER` later.
+/// 200 ms in the recordings): the ACK watch judges it once the window has passed, and then
+/// only what came after it (`judged_silence`). Judged at once, a 150 ms burst on a 20 ms path
+/// took the path down 86 ms into it, and its connection was closed and dialled again (a QUIC
+/// connection's congestion state lost every 15 s); a real outage that begins at a boundary
+/// is found a bound after the window's end instead, at most `AFTER` later than elsewhere.
 pub fn excused_until(paths: &PathSet, id: PathId, now: Instant) -> Option<Instant> {
     paths.reconfig_clock(id)?.window_end(now)
+}
+
+/// The part of a silence of `silent_for` on path `id` that the ACK watch judges: on a link
+/// that reconfigures, what came after the last window. Judged whole at the window's end, a
+/// 150 ms burst under a bulk download took the path down anyway: the sender's window was all
+/// in the burst, so nothing new went out until its probe timeout, and the first new ACK
+/// came 300 ms or more after the boundary, past the window. An outage that begins at a
+/// boundary is then found a bound after the window, instead of a bound after it began.
+pub fn judged_silence(paths: &PathSet, id: PathId, now: Instant, silent_for: Duration) -> Duration {
+    match paths
+        .reconfig_clock(id)
+        .and_then(|c| c.since_window_end(now))
+    {
+        Some(since) => silent_for.min(since),
+        None => silent_for,
+    }
 }
 
 /// The path for a copy of a packet routed to `first` (`len` bytes, `info` its headers), when
@@ -246,6 +269,18 @@ mod tests {
         }
         assert_eq!(c.window_end(at(12.3)), None);
         assert!(c.window_end(at(26.95)).is_some());
+    }
+
+    #[test]
+    fn a_window_ended_as_long_ago_as_it_says() {
+        let t0 = Instant::now();
+        let c = clock_at(t0, 1_800_000_000.0);
+        let at = |s: f64| t0 + Duration::from_secs_f64(s);
+        assert_eq!(c.since_window_end(at(12.1)), None);
+        let since = c.since_window_end(at(12.5)).unwrap();
+        assert!(since.abs_diff(Duration::from_millis(200)) < Duration::from_micros(1));
+        let since = c.since_window_end(at(20.0)).unwrap();
+        assert!(since.abs_diff(Duration::from_millis(7700)) < Duration::from_micros(1));
     }
 
     #[test]
