@@ -89,6 +89,19 @@ def test_run_smoke_scenario():
         assert mw["fetched"] > dw["fetched"] > 0, (dw, mw)
         assert mw["completion_ms"]["median"] <= mw["completion_ms"]["p95"] <= mw["completion_ms"]["max"]
         assert "web: " in md
+        # Inner TCP's stalls, from the receiver's own ACKs: direct's two flows stop for the
+        # black hole (3 s and the retransmission timer's back-off), the tunnel's fail over.
+        t0 = systems["direct"]["t0_unix"]
+        ds, ms = systems["direct"]["traffic"][1]["stalls"], systems["mpquic-failover"]["traffic"][1]["stalls"]
+        report(f"runner smoke: tcp longest stall direct {ds['longest_ms']} ms from "
+               f"{ds['longest_at_unix'] - t0:.2f} s ({ds['over_threshold']} of 200 ms or more), mpquic failover "
+               f"{ms['longest_ms']} ms ({ms['over_threshold']}); ACKs not captured {ds['capture_drops']} / "
+               f"{ms['capture_drops']}")
+        assert ds["flows"] == 2 and ms["flows"] == 2, (ds, ms)
+        assert ds["longest_ms"] > 2800 and 1.5 < ds["longest_at_unix"] - t0 < 2.3, ds
+        assert ds["over_threshold"] >= 2 and ds["capture_drops"] == 0, ds
+        assert ms["longest_ms"] < 2000, ms
+        assert "longest stall" in md
         assert "## mpquic-failover (ok)" in md and "unsupported" in md
         # Another VPN from commands (bench/vpns/wireguard-go.yaml): single path, so the black hole
         # cuts it off like the direct baseline; its daemons' CPU and RSS are sampled.

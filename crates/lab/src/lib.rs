@@ -13,7 +13,9 @@
 //! - `nat`: a carrier-grade NAT on a path (`mpquic-lab nat`), mappings dropped on a rebind;
 //! - `flood`: spoofed unauthenticated traffic at a server (`mpquic-lab flood`);
 //! - `voice`, `web`: a voice-like call and web-like transfers for scenarios (`mpquic-lab voice`,
-//!   `mpquic-lab web`), with the figures each is judged by.
+//!   `mpquic-lab web`), with the figures each is judged by;
+//! - `stalls`: how long inner TCP flows go without progress, from the receiver's ACKs
+//!   (`mpquic-lab stalls`, beside each TCP transfer).
 
 pub mod bridge;
 pub mod flood;
@@ -26,6 +28,7 @@ pub mod plot;
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod stalls;
 pub mod sut;
 pub mod timing;
 pub mod topo;

@@ -169,6 +169,10 @@ enum Cmd {
         #[arg(long)]
         seconds: f64,
     },
+    /// Watch the TCP flows this namespace receives on PORT (either end) by their ACKs until
+    /// standard input closes, then print their stalls (JSON; run inside a lab namespace beside
+    /// a transfer: scenarios' TCP `iperf3` items).
+    Stalls { port: u16 },
     /// Unauthenticated traffic at a server's UDP port from spoofed sources (run it inside a lab
     /// namespace with `ip netns exec`); prints what it sent (JSON).
     Flood {
@@ -304,6 +308,7 @@ fn main() -> ExitCode {
             parallel,
             seconds,
         } => mpquic_lab::web::run(&role, &at, size, parallel, seconds).map(|v| println!("{v}")),
+        Cmd::Stalls { port } => mpquic_lab::stalls::run(port).map(|v| println!("{v}")),
         Cmd::Emu { name, seed } => emu(&name, seed),
         Cmd::Flood {
             to,

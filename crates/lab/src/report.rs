@@ -345,7 +345,11 @@ fn markdown(r: &Value, plots: &crate::plot::Plots) -> String {
                         t["sent_mbit"].as_f64().unwrap_or(0.0)
                     )
                 } else {
-                    format!("retransmits {}", t["retransmits"])
+                    format!(
+                        "retransmits {}{}",
+                        t["retransmits"],
+                        stalls_text(&t["stalls"], s["t0_unix"].as_f64())
+                    )
                 };
                 format!(
                     "{:.1} Mbit/s ({} {} stream(s){}), {extra}",
@@ -427,4 +431,46 @@ fn markdown(r: &Value, plots: &crate::plot::Plots) -> String {
         }
     }
     o
+}
+
+/// A TCP transfer's stalls (`stalls.rs`) for its report line: the longest, and those over the
+/// threshold with when they began (seconds into the run, with the run's start on the wall
+/// clock), or nothing where they were not watched.
+fn stalls_text(st: &Value, t0_unix: Option<f64>) -> String {
+    if let Some(e) = st.get("error") {
+        return format!("; stalls not watched: {}", e.as_str().unwrap_or(""));
+    }
+    let Some(longest) = st["longest_ms"].as_f64() else {
+        return String::new();
+    };
+    let at = |unix: f64| t0_unix.map_or(format!("{unix:.1}"), |t0| format!("{:.1} s", unix - t0));
+    let listed: Vec<String> = st["stalls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .take(12)
+        .map(|x| {
+            format!(
+                "{:.0} ms at {}",
+                x[1].as_f64().unwrap_or(0.0),
+                at(x[0].as_f64().unwrap_or(0.0))
+            )
+        })
+        .collect();
+    let drops = st["capture_drops"].as_u64().unwrap_or(0);
+    format!(
+        "; longest stall {longest:.0} ms, {} of {} ms or more{}{}",
+        st["over_threshold"],
+        st["threshold_ms"],
+        if listed.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", listed.join(", "))
+        },
+        if drops > 0 {
+            format!(" ({drops} ACKs not captured)")
+        } else {
+            String::new()
+        }
+    )
 }

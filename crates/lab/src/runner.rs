@@ -388,6 +388,8 @@ fn spawn_lab(ns: &str, launch: &[&str], args: &[&str]) -> std::io::Result<std::p
     argv.push(exe.as_str());
     argv.extend_from_slice(args);
     ns_cmd(ns, &argv)
+        // A side that runs until told (`stalls`) ends when its standard input closes.
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -847,7 +849,20 @@ fn iperf3(
     if let Some(cc) = &t.tcp_congestion {
         args.extend(["-C", cc]);
     }
+    // The receiver's ACKs say how long the flows stalled (`stalls.rs`); not under kernel
+    // MPTCP, whose TCP ACKs are per subflow.
+    let watch = (t.protocol == "tcp" && from.launch.is_empty()).then(|| {
+        let receiver = if t.reverse { from.ns } else { from.dst_ns };
+        spawn_lab(receiver, &[], &["stalls", &port])
+    });
     let out = ns_cmd(from.ns, &args).output();
+    let stalls = match watch {
+        None => Value::Null,
+        Some(w) => match w.map_err(anyhow::Error::from).and_then(lab_output) {
+            Ok(v) => v,
+            Err(e) => json!({"error": format!("{e:#}")}),
+        },
+    };
     let v: Value = out
         .ok()
         .and_then(|o| serde_json::from_slice(&o.stdout).ok())
@@ -886,5 +901,6 @@ fn iperf3(
             _ => None,
         },
         "intervals_mbit": intervals,
+        "stalls": stalls,
     })
 }
