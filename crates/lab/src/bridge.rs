@@ -78,45 +78,12 @@ impl RawSocket {
     }
 
     fn setopt(&self, level: i32, name: i32, v: i32) -> io::Result<()> {
-        // SAFETY: int option on our socket.
-        let rc = unsafe {
-            libc::setsockopt(
-                self.fd.as_raw_fd(),
-                level,
-                name,
-                (&v as *const i32).cast(),
-                std::mem::size_of::<i32>() as u32,
-            )
-        };
-        if rc < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
+        crate::packet_ring::setopt(self.fd.as_raw_fd(), level, name, &v)
     }
 
     /// Frames the kernel dropped for this socket since the last call (its ring was full).
     fn take_drops(&self) -> u64 {
-        let mut st = libc::tpacket_stats {
-            tp_packets: 0,
-            tp_drops: 0,
-        };
-        let mut len = std::mem::size_of::<libc::tpacket_stats>() as libc::socklen_t;
-        // SAFETY: PACKET_STATISTICS fills a tpacket_stats of `len` bytes (and resets it).
-        let rc = unsafe {
-            libc::getsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_PACKET,
-                libc::PACKET_STATISTICS,
-                (&mut st as *mut libc::tpacket_stats).cast(),
-                &mut len,
-            )
-        };
-        if rc == 0 {
-            u64::from(st.tp_drops)
-        } else {
-            0
-        }
+        crate::packet_ring::take_drops(self.fd.as_raw_fd())
     }
 
     fn send(&self, frame: &[u8]) -> bool {

@@ -45,14 +45,14 @@ impl RxRing {
         let block = BLOCK.max(frame_size);
         let frames = FRAMES.div_ceil(block / frame_size) * (block / frame_size);
         let version = libc::tpacket_versions::TPACKET_V2 as i32;
-        setopt(fd, libc::PACKET_VERSION, &version)?;
+        setopt(fd, libc::SOL_PACKET, libc::PACKET_VERSION, &version)?;
         let req = libc::tpacket_req {
             tp_block_size: block as u32,
             tp_block_nr: (frames * frame_size / block) as u32,
             tp_frame_size: frame_size as u32,
             tp_frame_nr: frames as u32,
         };
-        setopt(fd, libc::PACKET_RX_RING, &req)?;
+        setopt(fd, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)?;
         let len = frames * frame_size;
         // SAFETY: maps the ring the kernel just allocated for this socket; checked below.
         let map = unsafe {
@@ -117,12 +117,13 @@ impl Drop for RxRing {
     }
 }
 
-fn setopt<T>(fd: RawFd, name: i32, v: &T) -> io::Result<()> {
+/// `setsockopt` of `v` (the option's type) on a socket (here and the lab's other packet sockets).
+pub fn setopt<T>(fd: RawFd, level: i32, name: i32, v: &T) -> io::Result<()> {
     // SAFETY: `v` is the option's type for `name` and lives across the call.
     let rc = unsafe {
         libc::setsockopt(
             fd,
-            libc::SOL_PACKET,
+            level,
             name,
             (v as *const T).cast(),
             std::mem::size_of::<T>() as u32,
@@ -132,5 +133,29 @@ fn setopt<T>(fd: RawFd, name: i32, v: &T) -> io::Result<()> {
         Err(io::Error::last_os_error())
     } else {
         Ok(())
+    }
+}
+
+/// Packets a packet socket dropped since the last call (its ring or buffer was full).
+pub fn take_drops(fd: RawFd) -> u64 {
+    let mut st = libc::tpacket_stats {
+        tp_packets: 0,
+        tp_drops: 0,
+    };
+    let mut len = std::mem::size_of::<libc::tpacket_stats>() as libc::socklen_t;
+    // SAFETY: PACKET_STATISTICS fills a tpacket_stats of `len` bytes (and resets it).
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_PACKET,
+            libc::PACKET_STATISTICS,
+            (&mut st as *mut libc::tpacket_stats).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        u64::from(st.tp_drops)
+    } else {
+        0
     }
 }

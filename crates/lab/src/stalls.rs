@@ -24,6 +24,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
+use crate::packet_ring::{setopt, take_drops};
+
 /// A stall at least this long is listed (the longest an inner flow may stall across a
 /// reconfiguration or a capacity dip, by the figure the product is held to).
 pub const STALL_MS: u64 = 200;
@@ -207,7 +209,7 @@ pub fn run(port: u16) -> Result<Value> {
         }
     }
     let mut v = watch.report();
-    v["capture_drops"] = json!(drops(fd));
+    v["capture_drops"] = json!(take_drops(fd));
     Ok(v)
 }
 
@@ -254,10 +256,25 @@ fn open() -> io::Result<OwnedFd> {
         len: prog.len() as u16,
         filter: prog.as_ptr() as *mut libc::sock_filter,
     };
-    setopt(&sock, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)?;
-    setopt(&sock, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, &1i32)?;
+    setopt(
+        sock.as_raw_fd(),
+        libc::SOL_SOCKET,
+        libc::SO_ATTACH_FILTER,
+        &fprog,
+    )?;
+    setopt(
+        sock.as_raw_fd(),
+        libc::SOL_SOCKET,
+        libc::SO_TIMESTAMPNS,
+        &1i32,
+    )?;
     // Room for seconds of ACKs should this process be descheduled for a while.
-    setopt(&sock, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &(8i32 << 20))?;
+    setopt(
+        sock.as_raw_fd(),
+        libc::SOL_SOCKET,
+        libc::SO_RCVBUFFORCE,
+        &(8i32 << 20),
+    )?;
     // Frames queued before the filter was attached are not filtered: let them go.
     let mut b = [0u8; 1];
     while recv_stamped(sock.as_raw_fd(), &mut b).is_some() {}
@@ -301,49 +318,6 @@ fn recv_stamped(fd: i32, buf: &mut [u8]) -> Option<(usize, u64)> {
             .map_or(0, |d| d.as_nanos() as u64);
     }
     Some(((n as usize).min(buf.len()), at_ns))
-}
-
-/// Packets the socket dropped (its buffer full): a report with drops may miss ACK moves, so
-/// it says how many.
-fn drops(fd: i32) -> u64 {
-    let mut st = libc::tpacket_stats {
-        tp_packets: 0,
-        tp_drops: 0,
-    };
-    let mut len = std::mem::size_of::<libc::tpacket_stats>() as libc::socklen_t;
-    // SAFETY: PACKET_STATISTICS fills a tpacket_stats of `len` bytes.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_PACKET,
-            libc::PACKET_STATISTICS,
-            (&mut st as *mut libc::tpacket_stats).cast(),
-            &mut len,
-        )
-    };
-    if rc == 0 {
-        u64::from(st.tp_drops)
-    } else {
-        0
-    }
-}
-
-fn setopt<T>(sock: &OwnedFd, level: i32, name: i32, v: &T) -> io::Result<()> {
-    // SAFETY: `v` is the option's type for `name` and lives across the call.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            level,
-            name,
-            (v as *const T).cast(),
-            std::mem::size_of::<T>() as u32,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
 }
 
 #[cfg(test)]
