@@ -446,16 +446,31 @@ mod tests {
         let later = t0 + Duration::from_secs(2);
         let mut changes = Vec::new();
         let mut probes = Vec::new();
+        // A packet on a (the primary) now and then: it is the path's last sent when it dies.
+        let t = tcp4([10, 0, 0, 1], [10, 0, 0, 2], 1000, 80, None);
+        let info = PacketInfo::parse(&t);
+        let mut down_at = None;
         for ms in (100..=2000).step_by(100) {
             let now = t0 + Duration::from_millis(ms);
+            if ms % 300 == 0 && r.paths().get(a).is_up() {
+                let routed = r.route(0, info.as_ref(), t.len(), now);
+                assert_eq!(routed.map(|x| x.path), Some(a));
+            }
             r.poll(now, &mut probes, &mut changes);
             for p in probes.drain(..).filter(|p| p.path == b) {
                 r.on_probe_reply(p.path, p.seq, None, now);
+            }
+            if !r.paths().get(a).is_up() {
+                down_at.get_or_insert(now);
             }
         }
         assert!(!r.paths().get(a).is_up() && r.paths().get(b).is_up());
         // a could hand over to b; b, alone up, has nobody to keep copies for.
         assert!(r.can_hand_over(a) && !r.can_hand_over(b));
+        // Long after, nothing a sent is in question any more: it keeps its connection.
+        assert_eq!(r.hand_over_since(a, later), None);
+        // As it went down, what it sent in its silence and a round trip before goes again.
+        let later = down_at.expect("a went down");
         let since = r.hand_over_since(a, later).expect("b is up");
         let back = later - since;
         assert!(
