@@ -747,15 +747,15 @@ impl PathSet {
         (h.state() == PathState::Up).then(|| now.saturating_duration_since(h.since()))
     }
 
-    /// Reliable mode, `id` just went down: the moment from which what it sent may not have
-    /// arrived, when another path is up to carry it again and it did send something since
-    /// (`None`: no other path is up, so the dead path's stream is the best hope for those
-    /// packets, see `reliable.rs`; or it carried nothing in that time). The shell closes the
-    /// path's connection only then: a path that carried nothing has nothing to deliver late,
-    /// and keeps its connection for when its probes are answered again. A failover's backup
-    /// over LTE (whose delivery stops for up to 0.9 s in the recordings) went down at each
-    /// such gap, and closed, waited out a new handshake (a second, its first packet lost in
-    /// the gap) each time: 11-14 times in four minutes.
+    /// `id` just went down: the moment from which what it sent may not have arrived, when
+    /// another path is up to carry it again and it did send something since (`None`: no other
+    /// path is up, so the dead path's stream is the best hope for those packets, see
+    /// `reliable.rs`; or it carried nothing in that time). Only then does the shell close the
+    /// path's connection (and, in reliable mode, send those packets again): a path that carried
+    /// nothing has nothing to deliver late, and keeps its connection for when its probes are
+    /// answered again. Closed, a failover's backup over LTE (whose delivery stops for up to
+    /// 0.9 s in the recordings) waited out a new handshake at each such gap, often a second
+    /// with its first packet lost in the gap.
     pub fn hand_over_since(&self, id: PathId, now: Instant) -> Option<Instant> {
         let p = self.paths.get(id.index())?;
         let h = p.health.as_ref()?;
