@@ -60,6 +60,10 @@ struct Flow<'a> {
     pending: (Vec<u64>, Option<Instant>),
     /// Also pace at the controller's `pacing_rate` (reliable mode's stream writer does).
     own_pacing: bool,
+    /// Packets acknowledged after a later one before an older one counts as lost: RFC 9002's 3,
+    /// or, on a path that reorders, what the engine's loss detection learns it needs
+    /// (`vendor/quinn-proto`, `reordering.rs`), taken here as learned from the start.
+    packet_threshold: u64,
 }
 
 impl Flow<'_> {
@@ -113,11 +117,11 @@ impl Flow<'_> {
         if !acked_any {
             return;
         }
-        // Packet threshold 3 (RFC 9002): older packets still outstanding are lost.
+        // Older packets still outstanding by the packet threshold are lost.
         let largest = self.largest_acked.unwrap();
         let lost: Vec<(u64, Instant)> = self
             .outstanding
-            .range(..largest.saturating_sub(2))
+            .range(..largest.saturating_sub(self.packet_threshold - 1))
             .map(|(s, t)| (*s, *t))
             .collect();
         if let Some(&(_, last_sent)) = lost.last() {
@@ -174,6 +178,9 @@ fn run_shared(
         LinkSpec::parse(&format!("delay={}us{jitter}", one_way.as_micros())).unwrap(),
         seed + 1,
     );
+    let spec = LinkSpec::parse(path).unwrap();
+    let reorders = spec.reorder > 0.0 || (!spec.keep_order && !spec.jitter.is_zero());
+    let packet_threshold = if reorders { 1000 } else { 3 };
     let end = t0 + Duration::from_secs(secs);
     let mut now = t0;
     let mut flows: Vec<Flow> = ctls
@@ -191,6 +198,7 @@ fn run_shared(
             rtts: Vec::new(),
             pending: (Vec::new(), None),
             own_pacing,
+            packet_threshold,
         })
         .collect();
     let mut arrived = Vec::new();
@@ -554,6 +562,32 @@ fn paced_bbr_fills_a_jittery_path() {
             r.goodput_mbit, r.rtt_min_ms, r.rtt_median_ms
         );
         assert!(r.goodput_mbit >= 0.9 * rate, "{path}: {r:?}");
+    }
+}
+
+/// A link that reorders (a share of the packets skip its delay and overtake the rest): the
+/// packets they overtook are acknowledged after them. Those acknowledgements must still give
+/// delivery-rate samples, and the overtakers' short RTTs must not end a draining phase. When an
+/// acknowledgement dropped the send records of every packet sent before it, each overtaker
+/// left a round trip without samples, rounds went uncounted and the estimate sank with the few
+/// samples left: 28.2 of 50 Mbit/s at 5% (estimate 17.7), 190 of 200 at 2% (estimate 94).
+#[test]
+fn bbr_fills_a_link_that_reorders() {
+    for path in [
+        "rate=50mbit,delay=30ms,reorder=5%,queue=100ms",
+        "rate=200mbit,delay=10ms,reorder=2%,queue=100ms",
+        "rate=20mbit,delay=40ms,reorder=2%,queue=200ms",
+    ] {
+        let rate = LinkSpec::parse(path).unwrap().rate_bps.unwrap() as f64 / 1e6;
+        let mut model = bbr();
+        let r = run_shared(vec![&mut model], path, 20, 5, None, true, Acks::default()).remove(0);
+        let estimate = model.bandwidth() as f64 * 8e-6;
+        println!(
+            "{path}: paced bbr {:.1} Mbit/s (estimate {estimate:.1}), RTT median {:.1} ms",
+            r.goodput_mbit, r.rtt_median_ms
+        );
+        assert!(r.goodput_mbit >= 0.9 * rate, "{path}: {r:?}");
+        assert!(estimate >= 0.9 * rate, "{path}: estimate {estimate:.1}");
     }
 }
 

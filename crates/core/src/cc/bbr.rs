@@ -606,7 +606,13 @@ impl Controller for Bbr {
         let in_drain = self.state == State::ProbeBw
             && self.cycle_gain(self.cycle) < 1.0
             && self.cycle_start.is_some_and(|start| sent >= start);
-        if in_drain && !self.standing(rtt) {
+        // A sample shorter than the minimum itself (an outlier: a packet or an ACK that
+        // overtook the rest on a link that reorders) says nothing of our queue: taken as "the
+        // queue is gone", each draining phase ended at once and the queue an estimate inflated
+        // by reordering builds was never drained. A sample at the minimum that is far below the
+        // recent median is a queue that did drain.
+        let overtook = outlier && self.min_rtt.get().is_some_and(|m| rtt < m);
+        if in_drain && !overtook && !self.standing(rtt) {
             self.queue_gone = true;
         }
         if self.probe_rtt_until.is_some() && !outlier {

@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 /// Send records kept (one per send instant); older ones are forgotten (their acknowledgements,
 /// if any ever come, give no sample).
 const MAX_RECORDS: usize = 16_384;
+/// How far before an acknowledged packet's send the records of packets it may have overtaken
+/// are kept.
+const REORDER_HORIZON: Duration = Duration::from_millis(500);
 
 /// What the connection had delivered and lost when a packet left.
 #[derive(Debug, Clone, Copy)]
@@ -106,9 +109,15 @@ impl Delivery {
         self.delivered_time = Some(now);
         let at = self.records.0.partition_point(|r| r.sent < sent);
         let rec = *self.records.0.get(at).filter(|r| r.sent == sent)?;
-        // Records before this one belong to packets acknowledged or lost by now.
-        self.records.0.drain(..at);
-        self.first_sent_time = Some(rec.sent);
+        // Records well before this one belong to packets acknowledged or lost by now; those
+        // just before it may be of packets this one overtook on a link that reorders, whose
+        // acknowledgements are still to come and should still give samples.
+        let keep_from = rec.sent.checked_sub(REORDER_HORIZON);
+        let old = keep_from.map_or(0, |k| self.records.0.partition_point(|r| r.sent < k));
+        self.records.0.drain(..old);
+        // The newest packet acknowledged so far starts the next send interval (an overtaken
+        // packet acknowledged late does not move it back).
+        self.first_sent_time = Some(self.first_sent_time.map_or(rec.sent, |f| f.max(rec.sent)));
         let send_elapsed = rec.sent.saturating_duration_since(rec.first_sent_time);
         let ack_elapsed = now.saturating_duration_since(rec.delivered_time);
         let interval = send_elapsed.max(ack_elapsed);
