@@ -10,8 +10,11 @@ use std::time::{Duration, Instant};
 /// if any ever come, give no sample).
 const MAX_RECORDS: usize = 16_384;
 /// How far before an acknowledged packet's send the records of packets it may have overtaken
-/// are kept.
-const REORDER_HORIZON: Duration = Duration::from_millis(500);
+/// are kept: the minimum RTT (a packet overtakes others by less than a round trip), at most
+/// this. Without a minimum yet, none are (every earlier record is taken as acknowledged). A
+/// fixed 500 ms kept half a second of records on every fast path: up to `MAX_RECORDS` (~1.2 MB
+/// per connection) where the records in flight are a few hundred.
+const MAX_REORDER_HORIZON: Duration = Duration::from_millis(500);
 
 /// What the connection had delivered and lost when a packet left.
 #[derive(Debug, Clone, Copy)]
@@ -112,7 +115,8 @@ impl Delivery {
         // Records well before this one belong to packets acknowledged or lost by now; those
         // just before it may be of packets this one overtook on a link that reorders, whose
         // acknowledgements are still to come and should still give samples.
-        let keep_from = rec.sent.checked_sub(REORDER_HORIZON);
+        let horizon = min_rtt.unwrap_or_default().min(MAX_REORDER_HORIZON);
+        let keep_from = rec.sent.checked_sub(horizon);
         let old = keep_from.map_or(0, |k| self.records.0.partition_point(|r| r.sent < k));
         self.records.0.drain(..old);
         // The newest packet acknowledged so far starts the next send interval (an overtaken
@@ -139,5 +143,31 @@ impl Delivery {
             lost: self.lost - rec.lost,
             new_round,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a fast path acknowledged in order, the records kept are those in flight and a
+    /// minimum RTT's worth before them, not half a second's (16k records, ~1.2 MB).
+    #[test]
+    fn a_fast_in_order_path_keeps_a_round_trip_of_records() {
+        let t0 = Instant::now();
+        let mut d = Delivery::default();
+        let rtt = Duration::from_millis(1);
+        let step = Duration::from_micros(10);
+        let mut most = 0;
+        for i in 0..100_000u32 {
+            let now = t0 + step * i;
+            d.on_sent(now, 1400, 1400 * 100);
+            if let Some(sent) = now.checked_sub(rtt).filter(|s| *s >= t0) {
+                d.on_ack(now, sent, 1400, Some(rtt));
+            }
+            most = most.max(d.records.0.len());
+        }
+        // 100 in flight, 100 acknowledged within the last minimum RTT.
+        assert!(most <= 250, "{most} records kept");
     }
 }
