@@ -17,6 +17,7 @@ what is above it waited inside the tunnel.
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -126,6 +127,7 @@ def main():
         lab.wait()
     cli_rows = read(os.path.join(work, "cli.pcap"))
     srv_rows = read(os.path.join(work, "srv.pcap"))
+    shutil.rmtree(work)
     sent, got = first(cli_rows, ifc, "Out", True), first(srv_rows, ifs, "In", True)
     acked, back = first(srv_rows, ifs, "Out", False), first(cli_rows, ifc, "In", False)
     up = [(got[s] - t) * 1000 for s, t in sent.items() if s in got]
