@@ -110,4 +110,8 @@ pub trait Controller: Debug + Send + Sync {
     /// Keep the bottleneck's queue short for traffic of higher classes sharing the path
     /// (`Bbr::yielding`); a controller without such a mode ignores it.
     fn set_yielding(&mut self, _yielding: bool) {}
+    /// The sender had nothing waiting to be sent (its queue was empty) at some point since the
+    /// last `on_end_acks`: what it sends is what its traffic offers, not what the path takes. A
+    /// controller that does not tell such rounds apart ignores it.
+    fn on_idle(&mut self) {}
 }

@@ -29,7 +29,7 @@ use tracing::info;
 
 use crate::config::{Congestion, TransportMode};
 use crate::io::tun::Tun;
-use crate::transport::{LaneCarry, LaneSend, PathTransport};
+use crate::transport::{LaneCarry, LaneSend, PathTransport, TunnelBacklog};
 
 mod receive;
 mod send;
@@ -113,6 +113,8 @@ pub struct Tunnel {
     pub peer: String,
     /// The lanes, in priority order (one without classes).
     lanes: Vec<Lane>,
+    /// What waits for each of its paths (`Transport::join_tunnel`).
+    backlog: TunnelBacklog,
     /// Server: each packet delivered from the client marks its flow's answers with its lane
     /// (`classify::FlowClasses`); `None` on the client and for a session without classes.
     marks: Option<Mutex<FlowClasses>>,
@@ -209,6 +211,7 @@ impl Tunnel {
         Arc::new(Tunnel {
             peer,
             lanes,
+            backlog: TunnelBacklog::default(),
             marks: marks.then(|| Mutex::new(FlowClasses::default())),
             tun,
             mode,
@@ -358,6 +361,7 @@ impl Tunnel {
             if self.lanes.len() > 1 {
                 transport.set_yielding();
             }
+            transport.join_tunnel(&self.backlog);
             let rtt = s.core.router().paths().get(path).srtt();
             (
                 generation,

@@ -25,14 +25,16 @@ enum Factory {
 }
 
 impl Factory {
-    /// A controller for a connection (or a pipe group) whose yield switch is `yielding`, and
-    /// which tells its backlog window (`cc::Controller::backlog_window`) through `backlog`
+    /// A controller for a connection (or a pipe group) whose yield switch is `yielding`, which
+    /// hears through `idle` that its sender's queue emptied (`WindowMeter::on_idle`), and which
+    /// tells its backlog window (`cc::Controller::backlog_window`) through `backlog`
     /// (the engine's controllers do not: 0).
     fn build(
         &self,
         now: std::time::Instant,
         mtu: u16,
         yielding: &Arc<AtomicBool>,
+        idle: &Arc<AtomicBool>,
         backlog: &Arc<AtomicU64>,
     ) -> Box<dyn quinn::congestion::Controller> {
         match self {
@@ -42,6 +44,7 @@ impl Factory {
                 heard_at: None,
                 yielding: yielding.clone(),
                 yields: false,
+                idle: idle.clone(),
                 backlog: backlog.clone(),
             }),
         }
@@ -75,9 +78,13 @@ impl quinn::congestion::ControllerFactory for Tracked {
         current_mtu: u16,
     ) -> Box<dyn quinn::congestion::Controller> {
         let meter = Arc::new(WindowMeter::default());
-        let inner = self
-            .0
-            .build(now, current_mtu, &meter.yielding, &meter.backlog);
+        let inner = self.0.build(
+            now,
+            current_mtu,
+            &meter.yielding,
+            &meter.idle,
+            &meter.backlog,
+        );
         meter.window.store(inner.window(), Ordering::Relaxed);
         Box::new(TrackedController {
             inner,
@@ -99,6 +106,8 @@ pub struct WindowMeter {
     group: OnceLock<(Arc<PipeGroup>, usize)>,
     /// The controller yields (`set_yielding`); read by it at every ACK frame.
     yielding: Arc<AtomicBool>,
+    /// The sender's queue emptied since the controller's last ACK frame (`on_idle`).
+    idle: Arc<AtomicBool>,
     /// Packets the peer has newly acknowledged (`acked`).
     acked: AtomicU64,
     /// The controller's backlog window (`backlog_window`); 0: it gives none.
@@ -136,6 +145,13 @@ impl WindowMeter {
         if let Some((g, _)) = self.group.get() {
             g.yielding.store(yielding, Ordering::Relaxed);
         }
+    }
+
+    /// The path's sender found nothing waiting to be sent: its traffic offers less than the
+    /// controller lets out (`cc::Controller::on_idle`), heard at the next ACK frame. A member of
+    /// a pipe group does not tell the group (the others may still have a backlog).
+    pub fn on_idle(&self) {
+        self.idle.store(true, Ordering::Relaxed);
     }
 
     /// Packets the peer has newly acknowledged so far: the proof that a path still delivers
@@ -227,7 +243,8 @@ impl PipeGroup {
         // A member's window is its part of the group's, which a probe's dip moves with the
         // others' traffic: members size their backlog by their window alone.
         let backlog = Arc::new(AtomicU64::new(0));
-        let inner = factory(cc).build(std::time::Instant::now(), mtu, &yielding, &backlog);
+        let idle = Arc::new(AtomicBool::new(false));
+        let inner = factory(cc).build(std::time::Instant::now(), mtu, &yielding, &idle, &backlog);
         let total = WindowMeter::default();
         total.publish(inner.window(), 0, inner.metrics().pacing_rate);
         Arc::new(PipeGroup {
@@ -433,6 +450,9 @@ struct Adapter {
     /// told.
     yielding: Arc<AtomicBool>,
     yields: bool,
+    /// The connection's sender found its queue empty since the last ACK frame
+    /// (`WindowMeter::on_idle`).
+    idle: Arc<AtomicBool>,
     /// Where `inner`'s backlog window is told (`WindowMeter::backlog_window`), after every
     /// event that may change it.
     backlog: Arc<AtomicU64>,
@@ -489,6 +509,9 @@ impl quinn::congestion::Controller for Adapter {
             self.yields = yielding;
             self.inner.set_yielding(yielding);
         }
+        if self.idle.swap(false, Ordering::Relaxed) {
+            self.inner.on_idle();
+        }
         self.inner.on_end_acks(at, in_flight);
         self.tell_backlog();
     }
@@ -529,6 +552,7 @@ impl quinn::congestion::Controller for Adapter {
             heard_at: None,
             yielding: self.yielding.clone(),
             yields: self.yields,
+            idle: self.idle.clone(),
             backlog: self.backlog.clone(),
         })
     }
@@ -610,6 +634,7 @@ mod tests {
             heard_at: None,
             yielding: meter.yielding.clone(),
             yields: false,
+            idle: meter.idle.clone(),
             backlog: meter.backlog.clone(),
         };
         let now = Instant::now();
@@ -641,6 +666,7 @@ mod tests {
             heard_at: None,
             yielding: Arc::default(),
             yields: false,
+            idle: Arc::default(),
             backlog: Arc::default(),
         };
         let sent = Instant::now();

@@ -11,7 +11,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 pub use super::admit::Refused;
 use super::{
     stream_rx, BoxFuture, Closed, LaneCarry, LaneSend, PathTransport, Sink, TransportStats,
+    TunnelBacklog,
 };
 use crate::config::{PathConfig, TransportMode};
 use crate::io::batch::PacketBatch;
@@ -100,6 +101,8 @@ pub struct QuicTransport {
     meter: Option<Arc<controller::WindowMeter>>,
     /// `rate_limit` in bits/s, 0 for none (`set_rate_cap`): the writer's pacer keeps under it.
     rate_cap: Arc<AtomicU64>,
+    /// The tunnel's paths' backlogs, once the tunnel has told it (`Transport::join_tunnel`).
+    tunnel: Arc<OnceLock<TunnelBacklog>>,
     /// CONNECT-IP (`transport/masque`): the HTTP Datagram prefix (the request's quarter stream
     /// ID, context 0) in front of every datagram each way. Empty on the native protocol.
     prefix: Vec<u8>,
@@ -195,6 +198,7 @@ impl QuicTransport {
             endpoint,
             link_payload,
             rate_cap: Arc::default(),
+            tunnel: Arc::default(),
             prefix,
         })
     }
@@ -385,6 +389,11 @@ impl PathTransport for QuicTransport {
         }
     }
 
+    fn join_tunnel(&self, backlog: &TunnelBacklog) {
+        backlog.join(&self.waiting);
+        let _ = self.tunnel.set(backlog.clone());
+    }
+
     fn set_rate_cap(&self, bits_per_s: Option<u64>) {
         self.rate_cap
             .store(bits_per_s.unwrap_or(0), Ordering::Relaxed);
@@ -570,6 +579,7 @@ impl PathTransport for QuicTransport {
             hand_over: self.hand_over.clone(),
             meter: self.meter.clone(),
             rate_cap: self.rate_cap.clone(),
+            tunnel: self.tunnel.clone(),
         };
         tokio::spawn(path_writer(writer));
     }

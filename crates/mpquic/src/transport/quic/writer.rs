@@ -15,7 +15,7 @@ use mpquic_core::DropReason;
 use tokio::sync::mpsc;
 
 use super::{controller, settings, Frame, Queued, STREAM_HEADER};
-use crate::transport::{stream_rx, Dropped, LaneCarry, Sink};
+use crate::transport::{stream_rx, Dropped, LaneCarry, Sink, TunnelBacklog};
 
 /// What QUIC's datagram buffer may hold of a path's packets (`engine_room`), and how long the
 /// writer waits for it to drain below that (the timer's granularity).
@@ -146,6 +146,9 @@ pub(super) struct Writer {
     pub(super) meter: Option<Arc<controller::WindowMeter>>,
     /// `rate_limit` (bits/s, 0: none).
     pub(super) rate_cap: Arc<AtomicU64>,
+    /// The tunnel's paths' backlogs (`Transport::join_tunnel`): whether the traffic offers
+    /// less than the paths take when this writer's queue empties.
+    pub(super) tunnel: Arc<std::sync::OnceLock<TunnelBacklog>>,
 }
 
 /// A path's send side, in every mode. Frames from `send_batch` wait in a `SendQueue` per lane
@@ -180,6 +183,7 @@ pub(super) async fn path_writer(w: Writer) {
         hand_over,
         meter,
         rate_cap,
+        tunnel,
     } = w;
     let mut streams = LaneStreams::new(send);
     // What goes on the streams this turn, by stream (`LaneStreams::slot`: each lane's sparse
@@ -212,6 +216,15 @@ pub(super) async fn path_writer(w: Writer) {
                 .unwrap_or_else(|e| e.into_inner())
                 .chunks
                 .is_empty();
+            // Its traffic offers less than the path takes: the pacer may save up for the burst
+            // that ends the quiet spell, and the controller hears that the round was
+            // application-limited (`Pacer::idle`, `WindowMeter::on_idle`).
+            if tunnel.get().is_some_and(TunnelBacklog::empty) {
+                pacer.idle(Instant::now(), conn.rtt());
+                if let Some(m) = meter.as_deref() {
+                    m.on_idle();
+                }
+            }
             let next = tokio::select! {
                 next = rx.recv() => next,
                 _ = conn.closed() => None,
