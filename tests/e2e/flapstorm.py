@@ -57,10 +57,13 @@ def snapshot(pid):
 
 def holdings(lab, key, pid):
     """`snapshot(pid)` of instance `key` (server or clientN) plus what its status counts: runtime
-    tasks, and for the server its sessions."""
+    tasks, the peer's streams its paths read (two tasks each while they last: a lane's stream
+    opens with its first packet, so a reconnected path may read one more or one fewer than the
+    connection it replaced), and for the server its sessions."""
     out = snapshot(pid)
     st = lab.status(key)
     out["tasks"] = st["process"]["tasks"]
+    out["streams_in"] = sum(p.get("streams_in") or 0 for t in st["tunnels"] for p in t["paths"])
     out["heap_in_use_kib"] = st["process"].get("heap_in_use_bytes", 0) // 1024
     if key == "server":
         out["sessions"] = len(st["tunnels"])
@@ -234,6 +237,12 @@ def restarts(lab, n):
             "server_sessions": after["sessions"]}
 
 
+def own_tasks(h):
+    """The runtime tasks of `holdings` `h` that are not a stream's (each stream read is two
+    tasks, `stream_rx`)."""
+    return h.get("tasks", 0) - 2 * h.get("streams_in", 0)
+
+
 def differences(who, b, a, rss_slack_kib):
     """What process `who` holds after (`a`) that it did not before (`b`), two `holdings`: fds,
     threads, runtime tasks, or RSS beyond the slack; as readable lines."""
@@ -242,8 +251,9 @@ def differences(who, b, a, rss_slack_kib):
         out.append(f"{who}: fds {b['fds']} -> {a['fds']} ({b['fd_kinds']} -> {a['fd_kinds']})")
     if a["threads"] != b["threads"]:
         out.append(f"{who}: threads {b['threads']} -> {a['threads']}")
-    if a.get("tasks") != b.get("tasks"):
-        out.append(f"{who}: runtime tasks {b.get('tasks')} -> {a.get('tasks')}")
+    if own_tasks(a) != own_tasks(b):
+        out.append(f"{who}: runtime tasks {b.get('tasks')} -> {a.get('tasks')} (streams read "
+                   f"{b.get('streams_in')} -> {a.get('streams_in')})")
     if a["rss_kib"] > b["rss_kib"] + rss_slack_kib:
         out.append(f"{who}: RSS {b['rss_kib']} -> {a['rss_kib']} KiB")
     return out
@@ -276,7 +286,9 @@ def summary(label, r):
     b, a = r["before"], r["after"]
     return (f"{label}: {r['holes']} holes in {r['seconds']} s, upload {r['upload_mbit'] or 0:.1f} Mbit/s; "
             f"client fds {b['client']['fds']}->{a['client']['fds']} threads {b['client']['threads']}->{a['client']['threads']} "
+            f"tasks {b['client']['tasks']}->{a['client']['tasks']} (streams read {b['client']['streams_in']}->{a['client']['streams_in']}) "
             f"RSS {b['client']['rss_kib'] / 1024:.1f}->{a['client']['rss_kib'] / 1024:.1f} MiB; "
             f"server fds {b['server']['fds']}->{a['server']['fds']} threads {b['server']['threads']}->{a['server']['threads']} "
+            f"tasks {b['server']['tasks']}->{a['server']['tasks']} (streams read {b['server']['streams_in']}->{a['server']['streams_in']}) "
             f"RSS {b['server']['rss_kib'] / 1024:.1f}->{a['server']['rss_kib'] / 1024:.1f} MiB; "
             f"all up {r['all_up_after_s']} s after; pings per path {r['pings_answered']}")

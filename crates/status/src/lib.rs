@@ -57,6 +57,10 @@ pub struct PathStatus {
     /// the path shows no head-of-line waits).
     #[serde(default)]
     pub playout_ms: Option<f64>,
+    /// Reliable mode: the peer's streams the receiver reads (a lane's opens with its first
+    /// packet; each is held until it or the connection ends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streams_in: Option<u64>,
     /// `transport_mode: auto`: how the path carries inner packets now (`datagram`, `stream`)
     /// and why (`carry_why`: `loss`, `quiet`, `single`: not bonded and at a rate the stream
     /// carries as well, `clean`), the loss that choice follows (%), the times it went to its

@@ -245,6 +245,11 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Gauge(|p| p.playout_ms),
     ),
     (
+        "mpquic_path_streams_in",
+        "Reliable mode: the peer's streams the path's receiver reads (a class's stream opens with its first packet)",
+        PathValue::Gauge(|p| p.streams_in.map(|n| n as f64)),
+    ),
+    (
         "mpquic_path_on_stream",
         "transport_mode auto: 1 while the path carries inner packets on its stream (losing, quiet, or alone at a rate the stream carries as well: status carry_why), 0 as datagrams (clean)",
         PathValue::Gauge(|p| p.carry.as_deref().map(|c| if c == "stream" { 1.0 } else { 0.0 })),
@@ -913,6 +918,7 @@ mod tests {
             cwnd_bytes: Some(1),
             pacing_mbit: Some(1.0),
             playout_ms: Some(1.0),
+            streams_in: Some(1),
             probe_interval_ms: Some(1.0),
             fec_parity: Some(1.0),
             fec_loss_pct: Some(1.0),

@@ -100,6 +100,8 @@ pub struct TransportStats {
     pub link_payload: Option<u16>,
     /// Reliable mode: the delay the receiver holds the path's packets to (`stream_rx`).
     pub playout: Option<Duration>,
+    /// Reliable mode: the peer's streams the receiver reads (`stream_rx::streams`).
+    pub streams_in: Option<u64>,
     /// Packets the peer has newly acknowledged (the tunnel core's ACK watch); `None` where
     /// data is not acknowledged (stripe).
     pub acks: Option<u64>,

@@ -55,6 +55,8 @@ pub struct SharedPlayout {
     playout: Mutex<Playout>,
     /// The delay it holds packets to, for status (`delay`).
     delay_us: AtomicU64,
+    /// The peer's streams being read (`run`), for status (`streams`).
+    streams: AtomicU64,
 }
 
 /// Read `recv` until it ends, handing packets to `sink` through the connection's `playout`;
@@ -66,6 +68,16 @@ pub async fn run(
     shared: Arc<SharedPlayout>,
 ) {
     let (tx, mut rx) = mpsc::channel(READ_AHEAD);
+    // Counted while read: each stream is two tasks (this one and its reader) the connection
+    // holds until the stream or the connection ends.
+    struct Reading(Arc<SharedPlayout>);
+    impl Drop for Reading {
+        fn drop(&mut self) {
+            self.0.streams.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+    shared.streams.fetch_add(1, Ordering::Relaxed);
+    let _reading = Reading(shared.clone());
     tokio::spawn(read_frames(recv, conn, tx));
     let mut held = Held::default();
     loop {
@@ -231,6 +243,12 @@ async fn read_frames(
 /// The playout delay a path's receiver holds packets to, for status.
 pub fn delay(shared: &SharedPlayout) -> Duration {
     Duration::from_micros(shared.delay_us.load(Ordering::Relaxed))
+}
+
+/// The peer's streams a path's receiver reads now, for status: a lane's stream opens when its
+/// first packet goes (`LaneStreams`), so a connection holds from one to two per class.
+pub fn streams(shared: &SharedPlayout) -> u64 {
+    shared.streams.load(Ordering::Relaxed)
 }
 
 #[cfg(test)]

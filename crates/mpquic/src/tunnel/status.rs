@@ -97,6 +97,7 @@ impl Tunnel {
                     ps.cwnd_bytes = st.cwnd;
                     ps.pacing_mbit = st.pacing_rate.map(|r| r as f64 / 1e6);
                     ps.playout_ms = st.playout.map(ms);
+                    ps.streams_in = st.streams_in;
                     ps.quic_sent_packets = st.sent_packets;
                     ps.udp_payload = st.udp_payload.map(u64::from);
                     ps.quic_lost_packets = st.lost_packets;

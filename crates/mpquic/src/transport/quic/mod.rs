@@ -440,6 +440,7 @@ impl PathTransport for QuicTransport {
             max_datagram: self.conn.max_datagram_size(),
             link_payload: self.link_payload,
             playout: self.has_stream.then(|| stream_rx::delay(&self.playout)),
+            streams_in: self.has_stream.then(|| stream_rx::streams(&self.playout)),
             acks: self.meter.as_ref().map(|m| m.acked()),
             wire_bytes: Some(on_the_link(&st, self.conn.remote_address())),
             peer_moves: self.peer_moves(),

@@ -247,6 +247,7 @@ impl PathTransport for QuicPipes {
             max_datagram: all.iter().filter_map(|s| s.max_datagram).min(),
             link_payload: all.iter().find_map(|s| s.link_payload),
             playout: all.iter().filter_map(|s| s.playout).max(),
+            streams_in: all.iter().map(|s| s.streams_in).sum(),
             // Any pipe's ACKs show the path alive.
             acks: all.iter().map(|s| s.acks).sum(),
             wire_bytes: all.iter().map(|s| s.wire_bytes).sum(),

@@ -776,6 +776,7 @@ impl PathTransport for StripeTransport {
             // The stripe sockets' bytes are not counted (`data_budget` is refused there).
             wire_bytes: None,
             playout: None,
+            streams_in: q.streams_in,
             // Stripe packets are acknowledged by their own feedback, not by QUIC's ACKs.
             acks: None,
             // The pipes' and the QUIC connection's (it rides the same NAT).
