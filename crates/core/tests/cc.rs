@@ -707,6 +707,22 @@ fn bbr_fills_a_link_that_reorders() {
     }
 }
 
+/// Whether the path reorders, as the controller tells the sender (`Controller::reorders`: no
+/// burst saved at its rate after a quiet spell, no window room for an idle sender): yes on a
+/// link that reorders, no on one whose delay varies but keeps order, nor on a clean one.
+#[test]
+fn bbr_tells_a_link_that_reorders_from_one_that_keeps_order() {
+    for (path, reorders) in [
+        ("rate=50mbit,delay=30ms,reorder=2%,queue=100ms", true),
+        ("rate=50mbit,delay=30ms,jitter=15ms,queue=100ms", false),
+        ("rate=50mbit,delay=30ms,queue=100ms", false),
+    ] {
+        let mut model = bbr();
+        run_shared(vec![&mut model], path, 5, 5, None, true, Acks::default());
+        assert_eq!(model.reorders(), reorders, "{path}");
+    }
+}
+
 /// A path whose RTT doubles and that starts losing at the same time (a radio link that moves to
 /// a worse cell, a lossy Starlink slot): the RTT rose by less than the window can explain
 /// (`BEYOND_WINDOW`), so only the draining phases tell it from our own queue

@@ -114,4 +114,11 @@ pub trait Controller: Debug + Send + Sync {
     /// last `on_end_acks`: what it sends is what its traffic offers, not what the path takes. A
     /// controller that does not tell such rounds apart ignores it.
     fn on_idle(&mut self) {}
+    /// Packets have lately been acknowledged out of the order they were sent in: the path
+    /// reorders, and its delivery-rate samples may run high (`Bbr::reorders`). The sender then
+    /// does not save up for bursts after a quiet spell (`Pacer::idle`). A controller that does
+    /// not watch for it says no.
+    fn reorders(&self) -> bool {
+        false
+    }
 }

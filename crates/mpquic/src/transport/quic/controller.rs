@@ -28,7 +28,7 @@ impl Factory {
     /// A controller for a connection (or a pipe group) whose yield switch is `yielding`, which
     /// hears through `idle` that its sender's queue emptied (`WindowMeter::on_idle`), and which
     /// tells its backlog window (`cc::Controller::backlog_window`) through `backlog`
-    /// (the engine's controllers do not: 0).
+    /// (the engine's controllers do not: 0) and whether the path reorders through `reorders`.
     fn build(
         &self,
         now: std::time::Instant,
@@ -36,6 +36,7 @@ impl Factory {
         yielding: &Arc<AtomicBool>,
         idle: &Arc<AtomicBool>,
         backlog: &Arc<AtomicU64>,
+        reorders: &Arc<AtomicBool>,
     ) -> Box<dyn quinn::congestion::Controller> {
         match self {
             Factory::Engine(f) => f.clone().build(now, mtu),
@@ -46,6 +47,7 @@ impl Factory {
                 yields: false,
                 idle: idle.clone(),
                 backlog: backlog.clone(),
+                reorders: reorders.clone(),
             }),
         }
     }
@@ -84,6 +86,7 @@ impl quinn::congestion::ControllerFactory for Tracked {
             &meter.yielding,
             &meter.idle,
             &meter.backlog,
+            &meter.reorders,
         );
         meter.window.store(inner.window(), Ordering::Relaxed);
         Box::new(TrackedController {
@@ -112,6 +115,8 @@ pub struct WindowMeter {
     acked: AtomicU64,
     /// The controller's backlog window (`backlog_window`); 0: it gives none.
     backlog: Arc<AtomicU64>,
+    /// The controller has seen the path reorder lately (`reorders`).
+    reorders: Arc<AtomicBool>,
 }
 
 impl WindowMeter {
@@ -130,6 +135,13 @@ impl WindowMeter {
     pub fn backlog_window(&self) -> u64 {
         let window = self.window.load(Ordering::Relaxed);
         window.max(self.backlog.load(Ordering::Relaxed))
+    }
+
+    /// The controller (one of ours) has lately seen packets acknowledged out of send order
+    /// (`cc::Controller::reorders`): its rate may run high, and the sender does not save up
+    /// for bursts at it (`Pacer::idle`). In a pipe group: the group's controller.
+    pub fn reorders(&self) -> bool {
+        self.reorders.load(Ordering::Relaxed)
     }
 
     /// The rate (bits/s) the controller paces at, when it gives one (ours do).
@@ -244,8 +256,15 @@ impl PipeGroup {
         // others' traffic: members size their backlog by their window alone.
         let backlog = Arc::new(AtomicU64::new(0));
         let idle = Arc::new(AtomicBool::new(false));
-        let inner = factory(cc).build(std::time::Instant::now(), mtu, &yielding, &idle, &backlog);
         let total = WindowMeter::default();
+        let inner = factory(cc).build(
+            std::time::Instant::now(),
+            mtu,
+            &yielding,
+            &idle,
+            &backlog,
+            &total.reorders,
+        );
         total.publish(inner.window(), 0, inner.metrics().pacing_rate);
         Arc::new(PipeGroup {
             state: Mutex::new(GroupState {
@@ -293,6 +312,9 @@ impl PipeGroup {
         drop(st);
         self.total.publish(group_window, total, group_pacing);
         meter.publish(window, mine, pacing);
+        meter
+            .reorders
+            .store(self.total.reorders(), Ordering::Relaxed);
         r
     }
 }
@@ -456,6 +478,9 @@ struct Adapter {
     /// Where `inner`'s backlog window is told (`WindowMeter::backlog_window`), after every
     /// event that may change it.
     backlog: Arc<AtomicU64>,
+    /// Where `inner` tells whether the path reorders (`WindowMeter::reorders`), after each ACK
+    /// frame.
+    reorders: Arc<AtomicBool>,
 }
 
 impl Adapter {
@@ -514,6 +539,8 @@ impl quinn::congestion::Controller for Adapter {
         }
         self.inner.on_end_acks(at, in_flight);
         self.tell_backlog();
+        self.reorders
+            .store(self.inner.reorders(), Ordering::Relaxed);
     }
 
     fn on_congestion_event(
@@ -554,6 +581,7 @@ impl quinn::congestion::Controller for Adapter {
             yields: self.yields,
             idle: self.idle.clone(),
             backlog: self.backlog.clone(),
+            reorders: self.reorders.clone(),
         })
     }
 
@@ -636,6 +664,7 @@ mod tests {
             yields: false,
             idle: meter.idle.clone(),
             backlog: meter.backlog.clone(),
+            reorders: meter.reorders.clone(),
         };
         let now = Instant::now();
         a.on_end_acks(now, 0, false, None);
@@ -668,6 +697,7 @@ mod tests {
             yields: false,
             idle: Arc::default(),
             backlog: Arc::default(),
+            reorders: Arc::default(),
         };
         let sent = Instant::now();
         a.on_sent(sent, 1200, 1);

@@ -219,8 +219,12 @@ pub(super) async fn path_writer(w: Writer) {
             // Its traffic offers less than the path takes: the pacer may save up for the burst
             // that ends the quiet spell, and the controller hears that the round was
             // application-limited (`Pacer::idle`, `WindowMeter::on_idle`).
+            // Not on a path that reorders: the rate the bucket would save at may run high
+            // there (`WindowMeter::reorders`).
             if tunnel.get().is_some_and(TunnelBacklog::empty) {
-                pacer.idle(Instant::now(), conn.rtt());
+                if !meter.as_deref().is_some_and(|m| m.reorders()) {
+                    pacer.idle(Instant::now(), conn.rtt());
+                }
                 if let Some(m) = meter.as_deref() {
                     m.on_idle();
                 }
