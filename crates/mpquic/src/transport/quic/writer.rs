@@ -217,15 +217,15 @@ pub(super) async fn path_writer(w: Writer) {
                 .chunks
                 .is_empty();
             // Its traffic offers less than the path takes: the pacer may save up for the burst
-            // that ends the quiet spell, and the controller hears that the round was
-            // application-limited (`Pacer::idle`, `WindowMeter::on_idle`).
-            // Not on a path that reorders: the rate the bucket would save at may run high
-            // there (`WindowMeter::reorders`).
+            // that ends the quiet spell (not on a path that reorders, where the rate it would
+            // save at may run high), and the controller hears that the round was
+            // application-limited (`Pacer::idle`, `WindowMeter::reorders`, `on_idle`).
             if tunnel.get().is_some_and(TunnelBacklog::empty) {
-                if !meter.as_deref().is_some_and(|m| m.reorders()) {
+                let meter = meter.as_deref();
+                if !meter.is_some_and(controller::WindowMeter::reorders) {
                     pacer.idle(Instant::now(), conn.rtt());
                 }
-                if let Some(m) = meter.as_deref() {
+                if let Some(m) = meter {
                     m.on_idle();
                 }
             }
