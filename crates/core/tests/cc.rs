@@ -25,12 +25,18 @@ struct Pkt {
     seq: u64,
 }
 
-/// An ACK frame: the packets of one flow it acknowledges.
+/// An ACK frame: the packets of one flow it acknowledges, as ranges of sequence numbers
+/// (inclusive), in the order the sender takes them.
 #[derive(Clone, Debug)]
 struct Ack {
     flow: usize,
-    seqs: Vec<u64>,
+    ranges: Vec<(u64, u64)>,
 }
+
+/// How far below the largest received packet a cumulative ACK (`Acks::cumulative`) still names
+/// the packets received: QUIC's receiver repeats its ranges until the sender has acknowledged
+/// the ACK; a few round trips of packets at these rates.
+const CUMULATIVE_SPAN: u64 = 5_000;
 
 /// QUIC's default: an ACK after every second ack-eliciting packet, or after this delay.
 const MAX_ACK_DELAY: Duration = Duration::from_millis(25);
@@ -87,8 +93,10 @@ struct Flow<'a> {
     last_refill: Instant,
     delivered: u64,
     rtts: Vec<Duration>,
-    /// The receiver's unacknowledged packets and when the first of them arrived.
+    /// The receiver's unacknowledged packets and when the first of them arrived; with
+    /// cumulative ACKs, every packet it received (`CUMULATIVE_SPAN`), as sorted ranges.
     pending: (Vec<u64>, Option<Instant>),
+    received: Vec<(u64, u64)>,
     /// Also pace at the controller's `pacing_rate` (reliable mode's stream writer does).
     own_pacing: bool,
     /// The traffic's offer, when not a backlog; when its next block comes; the offered packets
@@ -156,8 +164,12 @@ impl Flow<'_> {
         self.offer.is_none() || filling || !self.queue.is_empty()
     }
 
-    fn on_ack(&mut self, now: Instant, seqs: Vec<u64>) {
+    fn on_ack(&mut self, now: Instant, ranges: Vec<(u64, u64)>) {
         let mut acked_any = false;
+        let seqs: Vec<u64> = ranges
+            .into_iter()
+            .flat_map(|(a, b)| self.outstanding.range(a..=b).map(|(s, _)| *s))
+            .collect();
         for seq in seqs {
             let Some(sent) = self.outstanding.remove(&seq) else {
                 continue;
@@ -207,9 +219,34 @@ fn run(ctl: &mut dyn Controller, path: &str, secs: u64, seed: u64) -> Run {
 /// with that much uniform jitter, kept in order, as a busy host or a radio uplink returns them.
 /// Jittered ACKs make some delivery-rate samples too high, and the model's bandwidth is the
 /// largest sample of ten rounds: it comes out above the link's rate, as it does in the lab.
+/// `reorder`: that share of the ACKs skips the return link's delay. `cumulative`: each ACK
+/// names every packet received lately, as QUIC's ACK ranges do, not only those since the last
+/// ACK: one that overtakes the others brings the news of all of them at once.
 #[derive(Clone, Copy, Default)]
 struct Acks {
     jitter: Option<Duration>,
+    reorder: f64,
+    cumulative: bool,
+}
+
+/// `seq` into sorted, disjoint inclusive ranges; those wholly more than `CUMULATIVE_SPAN` below
+/// the largest are forgotten.
+fn add_to_ranges(ranges: &mut Vec<(u64, u64)>, seq: u64) {
+    let at = ranges.partition_point(|r| r.1 + 1 < seq);
+    match ranges.get_mut(at) {
+        Some(r) if r.0 <= seq + 1 => {
+            r.0 = r.0.min(seq);
+            r.1 = r.1.max(seq);
+            if ranges.get(at + 1).is_some_and(|n| n.0 <= ranges[at].1 + 1) {
+                ranges[at].1 = ranges[at].1.max(ranges[at + 1].1);
+                ranges.remove(at + 1);
+            }
+        }
+        _ => ranges.insert(at, (seq, seq)),
+    }
+    let largest = ranges.last().map_or(0, |r| r.1);
+    let keep = ranges.partition_point(|r| r.1 + CUMULATIVE_SPAN < largest);
+    ranges.drain(..keep);
 }
 
 /// Flows through one bottleneck (`path`), each acknowledged over a clean return link of the
@@ -231,8 +268,10 @@ fn run_shared(
     let jitter = acks
         .jitter
         .map_or(String::new(), |j| format!(",jitter={}us", j.as_micros()));
+    let reorder = format!(",reorder={}%", acks.reorder * 100.0);
+    let cumulative = acks.cumulative;
     let mut down: Link<Ack> = Link::new(
-        LinkSpec::parse(&format!("delay={}us{jitter}", one_way.as_micros())).unwrap(),
+        LinkSpec::parse(&format!("delay={}us{jitter}{reorder}", one_way.as_micros())).unwrap(),
         seed + 1,
     );
     let spec = LinkSpec::parse(path).unwrap();
@@ -254,6 +293,7 @@ fn run_shared(
             delivered: 0,
             rtts: Vec::new(),
             pending: (Vec::new(), None),
+            received: Vec::new(),
             own_pacing: sender.own_pacing,
             offer: sender.offer,
             next_offer: t0 + sender.offer.map_or(Duration::ZERO, |o| o.fill),
@@ -278,17 +318,25 @@ fn run_shared(
             f.delivered += MSS;
             f.pending.0.push(p.seq);
             f.pending.1.get_or_insert(now);
+            if cumulative {
+                add_to_ranges(&mut f.received, p.seq);
+            }
         }
         for (id, f) in flows.iter_mut().enumerate() {
             if f.pending.0.len() >= 2 || f.pending.1.is_some_and(|t| now >= t + MAX_ACK_DELAY) {
                 let seqs = std::mem::take(&mut f.pending.0);
                 f.pending.1 = None;
-                down.push(now, Ack { flow: id, seqs }, 60, 0);
+                let ranges = if cumulative {
+                    f.received.clone()
+                } else {
+                    seqs.into_iter().map(|s| (s, s)).collect()
+                };
+                down.push(now, Ack { flow: id, ranges }, 60, 0);
             }
         }
         down.poll(now, &mut acks);
         for a in acks.drain(..) {
-            flows[a.flow].on_ack(now, a.seqs);
+            flows[a.flow].on_ack(now, a.ranges);
         }
         // Next event: a delivery, a pacer's next packet, a receiver's ACK timer.
         let flow_events = flows.iter().flat_map(|f| {
@@ -591,6 +639,7 @@ fn paced_bbr_drains_the_queue_its_inflated_estimate_builds() {
         for jitter_ms in [1, 2] {
             let acks = Acks {
                 jitter: Some(Duration::from_millis(jitter_ms)),
+                ..Acks::default()
             };
             let mut model = bbr();
             let r = run_shared(vec![&mut model], path, 30, 3, None, true, acks).remove(0);
@@ -623,6 +672,7 @@ fn paced_bbr_fills_a_jittery_path() {
         let rate: f64 = LinkSpec::parse(path).unwrap().rate_bps.unwrap() as f64 / 1e6;
         let acks = Acks {
             jitter: Some(Duration::from_millis(jitter)),
+            ..Acks::default()
         };
         let r = run_shared(vec![&mut bbr()], path, 30, 5, None, true, acks).remove(0);
         println!(
@@ -670,6 +720,7 @@ fn an_application_limited_flow_does_not_wait_for_the_window_on_a_jittery_path() 
         };
         let acks = Acks {
             jitter: Some(Duration::from_millis(jitter)),
+            ..Acks::default()
         };
         let r = run_shared(vec![&mut bbr()], path, 30, 5, None, sender, acks).remove(0);
         println!(
@@ -704,6 +755,39 @@ fn bbr_fills_a_link_that_reorders() {
         );
         assert!(r.goodput_mbit >= 0.9 * rate, "{path}: {r:?}");
         assert!(estimate >= 0.9 * rate, "{path}: estimate {estimate:.1}");
+    }
+}
+
+/// ACKs that overtake each other on the way back (2% of them skip the return link's delay),
+/// each naming every packet received lately as QUIC's ACK ranges do: one that overtook brings
+/// the news of all the packets since the last at once, early. Taken at its arrival, its
+/// delivery-rate sample ran above the link by up to RTT / (RTT - how early), and paced at it
+/// the next round's samples did too: estimates of 66.6 / 277.4 / 26.3 / 57.3 Mbit/s on these
+/// links (1.15-1.39x), the path's queue standing. Dated to when it would typically have come
+/// back: 55.0 / 201.2 / 22.0 / 51.9.
+#[test]
+fn bbr_estimate_holds_when_acks_overtake_each_other() {
+    for path in [
+        "rate=50mbit,delay=30ms,reorder=2%,queue=100ms",
+        "rate=200mbit,delay=10ms,reorder=2%,queue=100ms",
+        "rate=20mbit,delay=40ms,reorder=2%,queue=200ms",
+        "rate=50mbit,delay=30ms,queue=100ms",
+    ] {
+        let rate = LinkSpec::parse(path).unwrap().rate_bps.unwrap() as f64 / 1e6;
+        let acks = Acks {
+            reorder: 0.02,
+            cumulative: true,
+            ..Acks::default()
+        };
+        let mut model = bbr();
+        let r = run_shared(vec![&mut model], path, 20, 5, None, true, acks).remove(0);
+        let estimate = model.bandwidth() as f64 * 8e-6;
+        println!(
+            "{path}, 2% of the ACKs overtake: paced bbr {:.1} Mbit/s (estimate {estimate:.1}), RTT median {:.1} ms",
+            r.goodput_mbit, r.rtt_median_ms
+        );
+        assert!(r.goodput_mbit >= 0.9 * rate, "{path}: {r:?}");
+        assert!(estimate <= 1.12 * rate, "{path}: estimate {estimate:.1}");
     }
 }
 
