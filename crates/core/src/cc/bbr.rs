@@ -229,8 +229,7 @@ pub struct Bbr {
     probe_rtt_until: Option<Instant>,
     probe_rtt_min: Option<Duration>,
     /// The RTT samples of the ACK being processed and the recent ACKs' (which say whether a
-    /// sample far below the others is the path's or an outlier: `AckRtts`; their median also
-    /// dates the news of an ACK that came back sooner than them: `Delivery::on_ack`).
+    /// sample far below the others is the path's or an outlier: `AckRtts`).
     ack_rtts: AckRtts,
     /// Acknowledged bytes since the last `on_end_acks` (window growth).
     acked: u64,
@@ -696,10 +695,7 @@ impl Controller for Bbr {
         if self.probe_rtt_until.is_some() && !outlier {
             self.probe_rtt_min = Some(self.probe_rtt_min.map_or(rtt, |m| m.min(rtt)));
         }
-        let Some(sample) =
-            self.delivery
-                .on_ack(now, sent, bytes, self.min_rtt.get(), self.ack_rtts.median())
-        else {
+        let Some(sample) = self.delivery.on_ack(now, sent, bytes, self.min_rtt.get()) else {
             return;
         };
         if in_drain {

@@ -520,11 +520,7 @@ impl Controller for Bbr3 {
         if self.probe_rtt_until.is_some() {
             self.probe_rtt_min = Some(self.probe_rtt_min.map_or(rtt, |m| m.min(rtt)));
         }
-        let Some(s) = self
-            .delivery
-            // BBRv3's samples as its draft defines them (it keeps no recent ACKs' RTT).
-            .on_ack(now, sent, bytes, self.min_rtt.get(), None)
-        else {
+        let Some(s) = self.delivery.on_ack(now, sent, bytes, self.min_rtt.get()) else {
             return;
         };
         if s.new_round {

@@ -100,16 +100,13 @@ impl Delivery {
     }
 
     /// A packet of `bytes` sent at `sent` was acknowledged at `now`. `min_rtt`: intervals
-    /// shorter than it give no rate. `typical_rtt`: the recent acknowledgements' RTT, which
-    /// dates the news of one that came back sooner (`AckRtts::median`). None if its send is no
-    /// longer recorded.
+    /// shorter than it give no rate. None if its send is no longer recorded.
     pub fn on_ack(
         &mut self,
         now: Instant,
         sent: Instant,
         bytes: u64,
         min_rtt: Option<Duration>,
-        typical_rtt: Option<Duration>,
     ) -> Option<Sample> {
         self.delivered += bytes;
         self.delivered_time = Some(now);
@@ -126,17 +123,7 @@ impl Delivery {
         // packet acknowledged late does not move it back).
         self.first_sent_time = Some(self.first_sent_time.map_or(rec.sent, |f| f.max(rec.sent)));
         let send_elapsed = rec.sent.saturating_duration_since(rec.first_sent_time);
-        // An acknowledgement that came back sooner than the recent ones (it overtook them on the
-        // way back) brings the news of every packet received since the last one at once:
-        // QUIC's ACK frames repeat all the ranges received. Its interval, cut short by how
-        // early it came, made the rate look higher than the path's by up to RTT / (RTT - that):
-        // on a 50 Mbit/s link that reorders 2% both ways the estimate ran at 81-110 Mbit/s in
-        // the lab, 1.3-1.4x in virtual time (`tests/cc.rs`), its queue overflowed, and each
-        // such sample paced the next round faster. Its news is dated to when it would have
-        // come back at the recent ACKs' typical RTT. A sample that comes back late is left as
-        // it is (its rate is lower than the path's, and the estimate is their maximum).
-        let ack_at = typical_rtt.map_or(now, |t| now.max(sent + t));
-        let ack_elapsed = ack_at.saturating_duration_since(rec.delivered_time);
+        let ack_elapsed = now.saturating_duration_since(rec.delivered_time);
         let interval = send_elapsed.max(ack_elapsed);
         let delivered = self.delivered - rec.delivered;
         let rate = if interval.is_zero() || min_rtt.is_some_and(|m| interval < m) {
@@ -176,7 +163,7 @@ mod tests {
             let now = t0 + step * i;
             d.on_sent(now, 1400, 1400 * 100);
             if let Some(sent) = now.checked_sub(rtt).filter(|s| *s >= t0) {
-                d.on_ack(now, sent, 1400, Some(rtt), None);
+                d.on_ack(now, sent, 1400, Some(rtt));
             }
             most = most.max(d.records.0.len());
         }

@@ -117,11 +117,6 @@ impl AckRtts {
         self.median = Some(lower_median(&mut sorted[..self.len]));
     }
 
-    /// The recent ACKs' median sample.
-    pub fn median(&self) -> Option<Duration> {
-        self.median
-    }
-
     /// Whether `sample` is an outlier for a path whose minimum RTT is `min` (none yet: the
     /// first samples are what there is): more than a quarter below the recent ACKs' median.
     pub fn outlier(&self, sample: Duration, min: Option<Duration>) -> bool {
