@@ -2,7 +2,8 @@
 //! (quinn) does it (pacing at 1.25 x window / smoothed RTT, packet-threshold loss detection), a
 //! bottleneck from the lab's link model (rate, drop-tail queue, delay, random loss), and a
 //! receiver that acknowledges every second packet or after 25 ms, as QUIC's default does, over a
-//! clean return link. Seconds of traffic run in milliseconds, identically each time.
+//! clean return link (or one with jitter or reordering, its ACKs naming every range received as
+//! QUIC's do: `Acks`). Seconds of traffic run in milliseconds, identically each time.
 //!
 //! A loss-based NewReno runs through the same harness beside our controller, so the lossy-link
 //! tests can fail: it is what a controller that reads loss as congestion gets.
