@@ -94,9 +94,10 @@ struct Flow<'a> {
     last_refill: Instant,
     delivered: u64,
     rtts: Vec<Duration>,
-    /// The receiver's unacknowledged packets and when the first of them arrived; with
-    /// cumulative ACKs, every packet it received (`CUMULATIVE_SPAN`), as sorted ranges.
+    /// The receiver's unacknowledged packets and when the first of them arrived.
     pending: (Vec<u64>, Option<Instant>),
+    /// With cumulative ACKs, every packet the receiver has lately received
+    /// (`CUMULATIVE_SPAN`), as sorted ranges.
     received: Vec<(u64, u64)>,
     /// Also pace at the controller's `pacing_rate` (reliable mode's stream writer does).
     own_pacing: bool,
@@ -250,9 +251,9 @@ fn add_to_ranges(ranges: &mut Vec<(u64, u64)>, seq: u64) {
     ranges.drain(..keep);
 }
 
-/// Flows through one bottleneck (`path`), each acknowledged over a clean return link of the
-/// same delay; they start together. `change`: at that time the bottleneck becomes another spec
-/// (a route change).
+/// Flows through one bottleneck (`path`), each acknowledged over a return link of the same
+/// delay (clean unless `acks` says otherwise); they start together. `change`: at that time the
+/// bottleneck becomes another spec (a route change).
 fn run_shared(
     ctls: Vec<&mut dyn Controller>,
     path: &str,
@@ -763,12 +764,13 @@ fn bbr_fills_a_link_that_reorders() {
 /// delay), each naming every packet received lately as QUIC's ACK ranges do, over links that
 /// also reorder the data: one ACK that overtook brings the news of all the packets since the
 /// last at once, early, and the estimate runs above the link (here 1.02-1.39x: 50.8-66.6 on
-/// the 50 Mbit/s links, 277 on 200) with a queue standing. The path must still be filled. Dating each sample to
-/// when it would have come back at the recent ACKs' median RTT brought the estimates to
-/// 1.0-1.1x with 2% of the ACKs overtaking, but where 5% do, most news comes by the early ones
-/// and the dated samples all ran low: estimates 16-25 and 31-42 Mbit/s carried. Holding a
-/// sample above the estimate to the larger of its dated rate and the estimate kept the path
-/// filled but most of the inflation too (63.7 and 238.6 against 66.6 and 277.4).
+/// the 50 Mbit/s links, 277 on 200) with a queue standing. The path must still be filled.
+/// Dating each sample to when it would have come back at the recent ACKs' median RTT brought
+/// the estimates to 1.0-1.1x with 2% of the ACKs overtaking, but where 5% do, most news comes
+/// by the early ones and the dated samples all ran low: estimates 16-25 and 31-42 Mbit/s
+/// carried. Holding a sample above the estimate to the larger of its dated rate and the
+/// estimate kept the path filled but most of the inflation too (63.7 and 238.6 against 66.6
+/// and 277.4). docs/BENCHMARKS.md (26f) has the other tries.
 #[test]
 fn bbr_fills_a_path_whose_acks_overtake_each_other() {
     for (path, ack_reorder) in [
