@@ -232,7 +232,9 @@ struct Acks {
 }
 
 /// `seq` into sorted, disjoint inclusive ranges; those wholly more than `CUMULATIVE_SPAN` below
-/// the largest are forgotten.
+/// the largest are forgotten. QUIC's ACK ranges, which this models, are not the stripe
+/// transport's feedback (`stripe::feedback::Feedback`: 2,048 packets and 64 runs at most), so
+/// that picture is not reused here.
 fn add_to_ranges(ranges: &mut Vec<(u64, u64)>, seq: u64) {
     let at = ranges.partition_point(|r| r.1 + 1 < seq);
     match ranges.get_mut(at) {
