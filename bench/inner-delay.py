@@ -89,7 +89,7 @@ def main():
     ap.add_argument("--after", type=float, default=4.0, help="seconds after the lab is up")
     ap.add_argument("--secs", type=float, default=4.0, help="seconds captured")
     ap.add_argument("--bins", type=float, default=0,
-                    help="also print the data's delay per bin of this many ms from the flow's first segment")
+                    help="also print the data's and the ACKs' delay per bin of this many ms from the flow's first segment")
     a = ap.parse_args()
     scenario = yaml.safe_load(open(a.scenario))
     scenario["systems"] = [a.system]
@@ -140,14 +140,16 @@ def main():
     print(f"  ACKs, server -> client: {spread(down)}")
     if a.bins and sent:
         start = min(sent.values())
-        bins = {}
-        for s, t in sent.items():
-            if s in got:
-                bins.setdefault(int((t - start) * 1000 // a.bins), []).append((got[s] - t) * 1000)
-        backs = {}
-        for s, t in acked.items():
-            if s in back:
-                backs.setdefault(int((t - start) * 1000 // a.bins), []).append((back[s] - t) * 1000)
+
+        def binned(left, arrived):
+            # One-way delays (ms) grouped by when they left, in bins of a.bins ms from `start`.
+            out = {}
+            for k, t in left.items():
+                if k in arrived:
+                    out.setdefault(int((t - start) * 1000 // a.bins), []).append((arrived[k] - t) * 1000)
+            return out
+
+        bins, backs = binned(sent, got), binned(acked, back)
         for b in sorted(set(bins) | set(backs)):
             print(f"  {b * a.bins:6.0f} ms: data {spread(bins.get(b, []))}")
             print(f"  {'':6}     ACKs {spread(backs.get(b, []))}")
