@@ -887,7 +887,9 @@ fn iperf3(
     json!({
         "label": label, "kind": "iperf3", "protocol": t.protocol, "streams": t.streams, "reverse": t.reverse,
         "rate": rate,
-        "tcp_congestion": v["start"]["tcp_congestion"],
+        // iperf3 names the sending side's algorithm at the end (null for UDP); the scenario's
+        // `tcp_congestion` when an older iperf3 does not.
+        "tcp_congestion": end["sender_tcp_congestion"].as_str().or(t.tcp_congestion.as_deref()),
         "start_s": start.as_secs_f64(),
         "mbit": recv["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6,
         "retransmits": end["sum_sent"]["retransmits"],
