@@ -213,10 +213,11 @@ pub trait PathTransport: Send + Sync + 'static {
     /// (`Router::can_hand_over`): a transport that keeps copies for `abandon` keeps them only
     /// while someone could take them.
     fn set_hand_over(&self, _possible: bool) {}
-    /// The path's loss as its probes see it (`PathHealth::loss`): the link's own loss, not the
-    /// overflow a congestion controller causes at a queue, which a connection's loss counts
-    /// too. `auto` decides by it how a packet that is not TCP goes (`quic::writer`).
-    fn set_path_loss(&self, _loss: f64) {}
+    /// The path's loss and smoothed RTT as its probes see them (`PathHealth::loss`, `srtt`):
+    /// the link's own loss, not the overflow a congestion controller causes at a queue, which
+    /// a connection's loss counts too. `auto` decides by them how a packet that is not TCP
+    /// goes (`quic::writer::non_tcp_on_stream`).
+    fn set_path_probes(&self, _loss: f64, _srtt: Option<std::time::Duration>) {}
     /// The path carries traffic classes: its congestion controller keeps the bottleneck's
     /// queue short for the higher classes (`mpquic_core::cc::Bbr::yielding`). A transport or
     /// controller without that mode ignores it.

@@ -77,7 +77,10 @@ impl Tunnel {
                 if let Some(l) = link(id) {
                     l.transport.set_hand_over(core.router().can_hand_over(id));
                     let health = core.router().paths().get(id).health.as_ref();
-                    l.transport.set_path_loss(health.map_or(0.0, |h| h.loss()));
+                    l.transport.set_path_probes(
+                        health.map_or(0.0, |h| h.loss()),
+                        health.and_then(|h| h.srtt()),
+                    );
                 }
             }
             next

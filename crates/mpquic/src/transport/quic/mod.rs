@@ -10,7 +10,7 @@
 //! path's datagrams or stream frames), `pipes` (UDP pipes that share one controller).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -87,8 +87,9 @@ pub struct QuicTransport {
     /// stream only while it says so. Reliable mode: always the stream.
     adaptive: bool,
     on_stream: Arc<AtomicBool>,
-    /// The path's loss as its probes see it, in millionths (`set_path_loss`).
-    path_loss: Arc<AtomicU32>,
+    /// `auto`: whether a packet that is not TCP rides the stream while the path is on it
+    /// (`set_path_probes`, `writer::non_tcp_on_stream`).
+    stream_for_non_tcp: Arc<AtomicBool>,
     /// Taken by `start`: the hello stream (reliable mode carries the packets on it), and the
     /// writer's queue.
     start: std::sync::Mutex<Option<StartParts>>,
@@ -189,7 +190,7 @@ impl QuicTransport {
             playout: Arc::default(),
             adaptive: mode == TransportMode::Auto,
             on_stream: Arc::new(AtomicBool::new(mode == TransportMode::Reliable)),
-            path_loss: Arc::new(AtomicU32::new(0)),
+            stream_for_non_tcp: Arc::new(AtomicBool::new(false)),
             start: std::sync::Mutex::new(Some(StartParts {
                 send,
                 recv,
@@ -247,7 +248,7 @@ impl QuicTransport {
     fn datagram_at_once(&self, facts: &crate::io::batch::Facts) -> bool {
         self.flows.is_idle(facts.flow)
             && self.stream_now()
-            && writer::datagram_beside_stream(self.adaptive, facts.tcp, &self.path_loss)
+            && writer::datagram_beside_stream(self.adaptive, facts.tcp, &self.stream_for_non_tcp)
     }
 
     /// Bytes waiting to be sent: for the writer, and in QUIC's datagram queue.
@@ -406,9 +407,9 @@ impl PathTransport for QuicTransport {
         }
     }
 
-    fn set_path_loss(&self, loss: f64) {
-        let ppm = (loss.clamp(0.0, 1.0) * 1e6) as u32;
-        self.path_loss.store(ppm, Ordering::Relaxed);
+    fn set_path_probes(&self, loss: f64, srtt: Option<Duration>) {
+        self.stream_for_non_tcp
+            .store(writer::non_tcp_on_stream(loss, srtt), Ordering::Relaxed);
     }
 
     /// A path with no other up keeps no copies: at a fast stream's rate they are `RECENT_BYTES`
@@ -575,7 +576,7 @@ impl PathTransport for QuicTransport {
             flows: self.flows.clone(),
             on_stream: self.has_stream.then(|| self.on_stream.clone()),
             adaptive: self.adaptive,
-            path_loss: self.path_loss.clone(),
+            stream_for_non_tcp: self.stream_for_non_tcp.clone(),
             recent: self.recent.clone(),
             hand_over: self.hand_over.clone(),
             meter: self.meter.clone(),

@@ -215,9 +215,9 @@ impl PathTransport for QuicPipes {
         }
     }
 
-    fn set_path_loss(&self, loss: f64) {
+    fn set_path_probes(&self, loss: f64, srtt: Option<std::time::Duration>) {
         for p in self.pipes.read().unwrap_or_else(|e| e.into_inner()).iter() {
-            p.set_path_loss(loss);
+            p.set_path_probes(loss, srtt);
         }
     }
 
