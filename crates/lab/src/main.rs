@@ -279,6 +279,7 @@ fn main() -> ExitCode {
                 classes: None,
                 path_yaml: None,
                 lane: None,
+                paths: None,
             },
         ),
         Cmd::Route {

@@ -103,6 +103,11 @@ pub struct MpquicOpts {
     /// `tcp_lane_listen` on the lane port.
     #[serde(default)]
     pub lane: Option<bool>,
+    /// The paths (1-based) the client is configured with; absent: every path. The others stay
+    /// in the lab, unused: mpquic over some of the links, in the same run and at the same time
+    /// into it as the systems over all of them (what bonding compares with).
+    #[serde(default)]
+    pub paths: Option<Vec<usize>>,
 }
 
 impl Default for MpquicOpts {
@@ -121,6 +126,7 @@ impl Default for MpquicOpts {
             classes: None,
             path_yaml: None,
             lane: None,
+            paths: None,
         }
     }
 }
@@ -141,6 +147,8 @@ pub struct Variant {
     pub classes: Option<serde_yaml_ng::Value>,
     pub path_yaml: Option<Vec<String>>,
     pub lane: Option<bool>,
+    pub paths: Option<Vec<usize>>,
+    pub weights: Option<Vec<u32>>,
     #[serde(default)]
     pub requires: Vec<String>,
 }
@@ -531,6 +539,8 @@ impl Scenario {
                         o.classes = v.classes.clone().or(o.classes);
                         o.path_yaml = v.path_yaml.clone().or(o.path_yaml);
                         o.lane = v.lane.or(o.lane);
+                        o.paths = v.paths.clone().or(o.paths);
+                        o.weights = v.weights.clone().or(o.weights);
                         o.requires.extend(v.requires.iter().cloned());
                         out.push((format!("mpquic-{}", v.label), System::Mpquic(o)));
                     }
@@ -600,6 +610,29 @@ mod tests {
         assert_eq!(at, vec![15000, 15200, 20000, 30000, 30200]);
         assert_eq!(t[2].dir, "down");
         assert!(s.mpquic.unsupported().is_empty());
+    }
+
+    #[test]
+    fn variants_override_the_common_options() {
+        let s: Scenario = serde_yaml_ng::from_str(
+            "name: x\npaths: [\"delay=5ms\", \"delay=20ms\"]\nsystems: [mpquic]\nmpquic: {priorities: [1, 1]}\nmpquic_variants:\n- {label: default}\n- {label: alone-2, paths: [2], policy: wlb}\ntraffic:\n- {kind: ping, duration: 1s}\n",
+        )
+        .unwrap();
+        let got: Vec<(String, Option<Vec<usize>>, String)> = s
+            .systems()
+            .into_iter()
+            .map(|(name, sys)| match sys {
+                System::Mpquic(o) => (name, o.paths, o.policy),
+                _ => panic!("only mpquic here"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("mpquic-default".into(), None, "failover".into()),
+                ("mpquic-alone-2".into(), Some(vec![2]), "wlb".into()),
+            ]
+        );
     }
 
     #[test]
