@@ -525,6 +525,16 @@ def sent_interval(ping, asked):
     return ping["interval"] or asked
 
 
+def stop_ping_counted(lab, key, interval):
+    """Stop the pings started as `key` and count them: (parsed ping, pings lost, duplicate
+    replies). The last ping may still have been on its way when ping was stopped."""
+    lab.stop(key, sig=signal.SIGINT)
+    text = lab.log(key)
+    ping = parse_ping(text)
+    lost = len(ping_gaps(ping, interval, unanswered_tail=0.1)[0])
+    return ping, lost, text.count("DUP!")
+
+
 def ping_gaps(ping, asked, unanswered_tail=0.0):
     """`gaps` of a parsed ping run at the interval ping really sent at (`sent_interval`); the
     pings of its last `unanswered_tail` seconds (still in flight when ping was stopped) are not

@@ -62,12 +62,7 @@ def test_a_call_rides_through_a_starlink_reconfiguration(make_lab):
     time.sleep(max(0.0, b + BURST - time.time()))
     lab.unblock(0)
     time.sleep(1.5)
-    lab.stop("ping", sig=signal.SIGINT)
-    text = lab.log("ping")
-    ping = labctl.parse_ping(text)
-    # The last ping may still have been on its way when ping was stopped.
-    lost = len(labctl.ping_gaps(ping, INTERVAL, unanswered_tail=0.1)[0])
-    dups = text.count("DUP!")
+    ping, lost, dups = labctl.stop_ping_counted(lab, "ping", INTERVAL)
     dropped = blackholed(lab)
     statuses = {k: lab.status(k)["tunnels"][0] for k in ("client0", "server")}
     connects_after = wan1_connects(lab)

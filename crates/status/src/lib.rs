@@ -187,6 +187,10 @@ pub struct PathStatus {
     /// (`link: starlink`).
     #[serde(default)]
     pub reconfig_copies: u64,
+    /// Small real-time packets sent on it that were also copied to another path while it was
+    /// losing data.
+    #[serde(default)]
+    pub loss_copies: u64,
     /// Probes that met one of its reconfigurations on their way, and were not counted in
     /// `probe_loss_pct` or the round trip (`link: starlink`).
     #[serde(default)]
@@ -493,6 +497,12 @@ impl PathStatus {
                 "{}{how}: {} packets copied to another path across its reconfigurations, {} \
                  probes not counted there",
                 self.link, self.reconfig_copies, self.probes_across_reconfig
+            ));
+        }
+        if self.loss_copies > 0 {
+            parts.push(format!(
+                "{} small packets copied to another path while it lost data",
+                self.loss_copies
             ));
         }
         if let Some(cap) = self.rate_limit_mbit {

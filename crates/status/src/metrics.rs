@@ -285,6 +285,11 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Counter(|p| p.reconfig_copies),
     ),
     (
+        "mpquic_path_loss_copies",
+        "Small real-time packets sent on the path that were also copied to another path while it was losing data",
+        PathValue::Counter(|p| p.loss_copies),
+    ),
+    (
         "mpquic_path_probes_across_reconfig",
         "Probes that met one of the path's reconfigurations on their way, not counted in its loss or round trip (link: starlink)",
         PathValue::Counter(|p| p.probes_across_reconfig),

@@ -4,18 +4,21 @@
 //! client and the server drive their bonds with the same code.
 //!
 //! Beside the bond: `scheduler` (the policies), `flow` (the flow table that pins flows to
-//! paths), `router` (one tunnel's path set and the lanes that schedule over it).
+//! paths), `copies` (second copies of small real-time packets where one path would lose them),
+//! `router` (one tunnel's path set and the lanes that schedule over it).
 
+pub mod copies;
 pub mod flow;
 pub mod router;
 pub mod scheduler;
 
 use std::time::{Duration, Instant};
 
+use crate::bond::copies::{Copies, Why};
 use crate::bond::scheduler::{Policy, Scheduler};
 use crate::drops::{DropReason, Drops};
 use crate::packet::PacketInfo;
-use crate::path::{reconfig, PathId, PathSet, Transition};
+use crate::path::{PathId, PathSet, Transition};
 use crate::reorder::reseq::Sequencer;
 
 /// How often the scheduler's housekeeping (flow expiry) runs.
@@ -41,6 +44,9 @@ pub struct Bond {
     /// Drops not attributable to one path (no path, malformed input...).
     pub drops: Drops,
     last_housekeeping: Option<Instant>,
+    /// Second copies of small real-time packets (not under the per-packet policies, which
+    /// spread every packet already and number them all).
+    copies: Copies,
 }
 
 impl Bond {
@@ -50,6 +56,7 @@ impl Bond {
             sequencer: None,
             drops: Drops::default(),
             last_housekeeping: None,
+            copies: Copies::default(),
         }
     }
 
@@ -94,18 +101,25 @@ impl Bond {
             return None;
         };
         paths.count_tx(path, len, now);
-        let also = self.scheduler.also(paths, path).or_else(|| {
-            let copy = reconfig::copy_path(paths, path, info, len, now);
-            if copy.is_some() {
-                paths.count_reconfig_copy(path);
+        let also = match self.scheduler.also(paths, path) {
+            Some(second) => {
+                paths.count_tx(second, len, now);
+                Some(second)
             }
-            copy
-        });
-        if let Some(a) = also {
-            paths.count_tx(a, len, now);
-        }
+            None => {
+                let copy = match self.policy().per_packet() {
+                    true => copies::near_boundary_path(paths, path, info, len, now)
+                        .map(|p| (p, Why::Reconfig)),
+                    false => self.copies.path(paths, path, info, len, now),
+                };
+                copy.map(|(second, why)| {
+                    paths.count_copy(path, second, why, len);
+                    second
+                })
+            }
+        };
         // A per-packet policy numbers every packet; any other numbers the packets it copies
-        // (`reconfig`), so that the receiver's resequencer keeps the first copy only.
+        // (`copies`), so that the receiver keeps the first copy only.
         let numbered = self.policy().per_packet() || also.is_some();
         let seq = numbered.then(|| {
             let slot = Sequencer::slot(info.map(PacketInfo::flow_hash));

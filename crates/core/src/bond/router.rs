@@ -27,9 +27,10 @@ const RETIRED_SLOTS: usize = 4;
 #[derive(Debug)]
 pub struct Lane {
     bond: Bond,
-    /// Puts the peer's per-packet bonded flows of this class back in order (whatever our own
-    /// policy is: the peer's client chose the policy for both directions, but a mixed state
-    /// during a change must not lose packets). Per lane, because each lane's bond numbers its
+    /// Puts the peer's per-packet bonded flows of this class back in order; under the other
+    /// policies, whose numbered packets are copies only (`copies`), keeps each one's first copy
+    /// and hands it on at once (the client chose the policy for both directions, and a change
+    /// between the two kinds needs a restart). Per lane, because each lane's bond numbers its
     /// own flows.
     reseq: Resequencer,
     /// Inner packets of this lane sent (routed to a path, copies not counted) and delivered.
@@ -48,7 +49,7 @@ impl Lane {
     fn new(policy: Policy) -> Lane {
         Lane {
             bond: Bond::new(policy),
-            reseq: Resequencer::default(),
+            reseq: Resequencer::copies_only(!policy.per_packet()),
             counters: LaneCounters::default(),
         }
     }

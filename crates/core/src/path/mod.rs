@@ -83,6 +83,17 @@ pub struct PathCounters {
     /// Packets routed to this path that were copied to another across its reconfigurations
     /// (`reconfig`).
     pub reconfig_copies: u64,
+    /// ... and copied to another while this path was losing data (`bond::copies`).
+    pub loss_copies: u64,
+}
+
+/// Why a packet routed to a path was copied to another (`bond::copies`), as its counters say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyReason {
+    /// Around the path's reconfiguration (`reconfig`).
+    Reconfig,
+    /// While the path was losing data.
+    Loss,
 }
 
 /// A path's recent throughput (bits/s each way), from its counters over windows of at least
@@ -187,6 +198,10 @@ pub struct Path {
     pub recognised: bool,
     /// When an inner packet was last routed to it (`count_tx`).
     pub last_tx: Option<Instant>,
+    /// When its connection last declared a packet lost (not one found spurious), and its
+    /// count of lost packets then (`PathSet::on_data_counters`).
+    pub last_data_loss: Option<Instant>,
+    data_lost: u64,
 }
 
 impl Path {
@@ -206,7 +221,7 @@ impl Path {
     }
     /// Which paths carry first: 0 the primaries, 1 the backups, 2 the paths whose budget is
     /// used up (`candidates`).
-    fn tier(&self) -> u8 {
+    pub(crate) fn tier(&self) -> u8 {
         match (self.used_up, self.spec.role) {
             (true, _) => 2,
             (false, Role::Primary) => 0,
@@ -388,6 +403,8 @@ impl PathSet {
             detector: Default::default(),
             recognised: false,
             last_tx: None,
+            last_data_loss: None,
+            data_lost: 0,
         });
         Some(PathId((self.paths.len() - 1) as u16))
     }
@@ -677,8 +694,22 @@ impl PathSet {
         sent: u64,
         lost: u64,
     ) -> Option<Transition> {
+        if let Some(p) = self.paths.get_mut(id.index()) {
+            // A new connection counts from zero: a lower count is its first.
+            if lost > p.data_lost {
+                p.last_data_loss = Some(now);
+            }
+            p.data_lost = lost;
+        }
         let t = self.health_event(id, |h| h.on_data_counters(now, sent, lost));
         self.count_stall(id, t)
+    }
+
+    /// Whether `id`'s connection declared a packet lost within `within` of `now`.
+    pub fn lost_data_within(&self, id: PathId, now: Instant, within: Duration) -> bool {
+        (self.paths.get(id.index()))
+            .and_then(|p| p.last_data_loss)
+            .is_some_and(|t| now.saturating_duration_since(t) < within)
     }
 
     /// `id` stopped acknowledging its data: down now (`PathHealth::declare_down`).
@@ -701,9 +732,20 @@ impl PathSet {
         self.note_activity(now);
     }
 
-    /// A packet routed to `id` was copied to another path across `id`'s reconfiguration.
-    pub fn count_reconfig_copy(&mut self, id: PathId) {
-        self.paths[id.index()].counters.reconfig_copies += 1;
+    /// A packet of `len` bytes routed to `first` was copied to `second` (`bond::copies`), for
+    /// `why`. The copy counts in `second`'s traffic but not as its own: a path that carries
+    /// copies alone has nothing to hand over when it goes down (the originals went on
+    /// `first`), so it keeps its connection (`hand_over_since`).
+    pub fn count_copy(&mut self, first: PathId, second: PathId, why: CopyReason, len: usize) {
+        let c = &mut self.paths[first.index()].counters;
+        match why {
+            CopyReason::Reconfig => c.reconfig_copies += 1,
+            CopyReason::Loss => c.loss_copies += 1,
+        }
+        let p = &mut self.paths[second.index()];
+        p.load.backlog += len as u64;
+        p.counters.tx_packets += 1;
+        p.counters.tx_bytes += len as u64;
     }
 
     /// Count a packet received from the peer on `id`.

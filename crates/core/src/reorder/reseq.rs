@@ -288,6 +288,12 @@ pub struct Resequencer {
     active: [bool; TRACKED_PATHS],
     /// When each path last delivered a flow's packet below one it had delivered before.
     reordered_at: [Option<Instant>; TRACKED_PATHS],
+    /// Every numbered packet is a copy of a small real-time one (`bond::copies`; the policies
+    /// that do not spread a flow): the first copy is handed on as it comes, out of order or
+    /// not, and the second dropped. Held in order instead, a copy lost on one path kept the
+    /// packets behind it waiting for the other path's copy, which a link in a capacity dip
+    /// (LTE stops for up to a second) delivers late or never: one loss made several late.
+    copies_only: bool,
     pub counters: ReseqCounters,
 }
 
@@ -301,12 +307,22 @@ impl Default for Resequencer {
             ready: VecDeque::new(),
             active: [true; TRACKED_PATHS],
             reordered_at: [None; TRACKED_PATHS],
+            copies_only: false,
             counters: ReseqCounters::default(),
         }
     }
 }
 
 impl Resequencer {
+    /// A resequencer whose packets are all copies (`copies_only`: `true`), or one that puts
+    /// per-packet bonded flows back in order.
+    pub fn copies_only(copies_only: bool) -> Resequencer {
+        Resequencer {
+            copies_only,
+            ..Resequencer::default()
+        }
+    }
+
     /// The paths (by index) the peer may send on: those that are up. A missing packet is
     /// given up at once when every one of them has delivered a later packet of its flow.
     pub fn set_active(&mut self, up: impl Iterator<Item = usize>) {
@@ -354,6 +370,22 @@ impl Resequencer {
         }
         flow.last_seen = now;
         let ext = flow.extend(seq);
+        if self.copies_only {
+            return if ext >= flow.next {
+                // The newest number yet: on at once, whatever is missing before it.
+                flow.skip_to(ext);
+                flow.advance(true);
+                Verdict::Deliver
+            } else if ext + WINDOW >= flow.next && flow.bit(ext) {
+                self.counters.duplicates += 1;
+                Verdict::Duplicate
+            } else {
+                if ext + WINDOW >= flow.next {
+                    flow.set_bit(ext, true);
+                }
+                Verdict::Deliver
+            };
+        }
         if !flow.anchored && start {
             // The start of a flow whose later packets came first (held for it); any held
             // below it belong to an earlier run of the slot and go on now.
@@ -615,6 +647,27 @@ mod tests {
         let mut r = Resequencer::default();
         r.set_active(0..2);
         r
+    }
+
+    /// Copies only (the policies that number copies, not flows): the first copy of each
+    /// number goes on as it comes, ahead of a missing one or behind it, and the second is
+    /// dropped; nothing is held.
+    #[test]
+    fn copies_go_on_at_once_and_their_second_is_dropped() {
+        let t = Instant::now();
+        let mut r = Resequencer::copies_only(true);
+        assert_eq!(start(&mut r, t, 0, FIRST), vec![FIRST]);
+        // 11 lost on path 0: 12 goes on at once, 11's copy from path 1 after it.
+        assert_eq!(feed(&mut r, t + MS, 0, 12), vec![12]);
+        assert_eq!(feed(&mut r, t + 2 * MS, 1, 10), Vec::<u32>::new());
+        assert_eq!(feed(&mut r, t + 3 * MS, 1, 11), vec![11]);
+        assert_eq!(feed(&mut r, t + 4 * MS, 1, 12), Vec::<u32>::new());
+        assert_eq!(r.holding(), 0);
+        assert_eq!(r.counters.duplicates, 2);
+        // Far ahead (a long pause in copies): on at once too, and its copy dropped.
+        assert_eq!(feed(&mut r, t + 5 * MS, 0, 50_000), vec![50_000]);
+        assert_eq!(feed(&mut r, t + 6 * MS, 1, 50_000), Vec::<u32>::new());
+        assert_eq!(r.next_deadline(), None);
     }
 
     #[test]

@@ -103,6 +103,8 @@ impl TunnelCore {
         let mut opened = false;
         let lane_header = u8::try_from(lane).ok().and_then(wire::encode_classed);
         let protect = self.protects(lane);
+        let copies_carry =
+            (self.router.lanes().get(lane)).is_some_and(|l| l.bond().policy().per_packet());
         for &i in which {
             let len = batch.packet(i).len();
             let Some(route) = self.router.route(lane, infos[i].as_ref(), len, now) else {
@@ -117,11 +119,18 @@ impl TunnelCore {
             if let Some(h) = &lane_header {
                 batch.push_header(i, h);
             }
-            // `redundant`, or a Starlink path's reconfiguration (`path::reconfig`): a copy for
-            // the second path, numbered the same (the receiver keeps the first to arrive), in
-            // that path's own FEC groups.
+            // `redundant`, or a small packet's copy (`bond::copies`): a copy for the second
+            // path, numbered the same (the receiver keeps the first to arrive), in that path's
+            // own FEC groups.
             if let Some(also) = route.also.filter(|a| numbered && connected(*a)) {
-                opened |= self.on_sent(also, now);
+                // Only `redundant`'s second path carries the traffic as much as the first:
+                // one that carries copies alone (`bond::copies`) is judged by its probes, not
+                // by its ACKs. Its copies lost in a dip of its own link cost nothing, and the
+                // ACK watch took it down for them and dialled it again (LTE beside a lossy
+                // Starlink path: 4 connections in 2 minutes, against 1).
+                if copies_carry {
+                    opened |= self.on_sent(also, now);
+                }
                 let mut copy = batch.headed(i).to_vec();
                 let mut repairs = Vec::new();
                 let (header, o) = match protect {

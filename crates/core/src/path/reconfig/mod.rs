@@ -6,8 +6,9 @@
 //! bursts of 50-200 ms). A path configured as Starlink (`link: starlink`) therefore expects a
 //! change at each boundary of the wall clock, and the bond sends a copy of each small packet that
 //! is not TCP (a call, a game, DNS, a ping) on another path for `BEFORE` before to `AFTER` after
-//! it (`copy_path`): a call rides through the burst instead of losing it. TCP is left alone: it
-//! recovers for itself, and a copy of a bulk flow would cost a second link's capacity.
+//! it (`near_boundary`, `bond::copies`): a call rides through the burst instead of losing it. TCP
+//! is left alone: it recovers for itself, and a copy of a bulk flow would cost a second link's
+//! capacity.
 //!
 //! The core has no wall clock (it runs on an injected `Instant`): the shell gives it where the
 //! wall clock stood at some instant (`WallClock`), again now and then, as the two clocks drift.
@@ -19,7 +20,6 @@ pub mod detect;
 
 use std::time::{Duration, Instant};
 
-use crate::packet::{PacketInfo, PROTO_TCP};
 use crate::path::{PathId, PathSet};
 
 /// What kind of link a path runs over, as far as the tunnel treats it differently.
@@ -176,28 +176,12 @@ pub fn judged_silence(paths: &PathSet, id: PathId, now: Instant, silent_for: Dur
     }
 }
 
-/// The path for a copy of a packet routed to `first` (`len` bytes, `info` its headers), when
-/// `first` is about to reconfigure or just did: another path that is up, a link of another kind
-/// first (two dishes reconfigure together), then the better tier and the shorter RTT.
-pub fn copy_path(
-    paths: &PathSet,
-    first: PathId,
-    info: Option<&PacketInfo>,
-    len: usize,
-    now: Instant,
-) -> Option<PathId> {
-    if len > COPY_MAX_LEN
-        || info.is_none_or(|i| i.proto == PROTO_TCP)
-        || !paths.reconfig_clock(first)?.near_boundary(now)
-    {
-        return None;
-    }
-    let kind = paths.get(first).link();
+/// Whether path `id`, a link that reconfigures, is near a boundary now (`WallClock::near_boundary`):
+/// the bond copies its small packets to another path then (`bond::copies`).
+pub fn near_boundary(paths: &PathSet, id: PathId, now: Instant) -> bool {
     paths
-        .iter()
-        .filter(|&(id, p)| id != first && p.is_up() && !p.retired)
-        .min_by_key(|(_, p)| (p.link() == kind, p.tier(), p.srtt()))
-        .map(|(id, _)| id)
+        .reconfig_clock(id)
+        .is_some_and(|c| c.near_boundary(now))
 }
 
 #[cfg(test)]
