@@ -186,7 +186,10 @@ fn client_yaml(lab: &LabState, c: usize, m: &MpquicOpts, pki: &str, me: &Instanc
         extra = m.extra_yaml,
     );
     for path in lab.client_paths(c) {
-        if m.paths.as_ref().is_some_and(|only| !only.contains(&path.client_path)) {
+        if m.paths
+            .as_ref()
+            .is_some_and(|only| !only.contains(&path.client_path))
+        {
             continue;
         }
         let i = path.client_path - 1;
