@@ -12,7 +12,13 @@
 //!   more), and the call's packets queued beside the bulk are lost with it: over Starlink + LTE,
 //!   one upload made 10% of a call's packets bad in two seconds (scenario 27g) where the other
 //!   link had room for every one of them. The copies follow the first loss a round trip late
-//!   (the connection declares it then) and stop a second after the last.
+//!   (the connection declares it when a later packet is acknowledged), plus up to the core's
+//!   poll interval (it reads the connections' counters at its polls: every probe interval
+//!   under traffic), and stop a second after the last.
+//!
+//! The receiver drops a second copy by its number among the last `reseq::WINDOW` (1024) of
+//! its flow slot: at `RATE` copies a second, a second copy more than two seconds behind the
+//! first would pass as new (a duplicate handed on; RTP and ping take those).
 //!
 //! Only packets of up to `reconfig::COPY_MAX_LEN` bytes that are not TCP are copied: TCP
 //! recovers for itself, and a copy of a bulk flow would cost the second link its capacity.
