@@ -29,9 +29,12 @@ const HOUSEKEEPING: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Route {
     pub path: PathId,
-    /// A second path for a copy of the packet: `redundant`'s, or across a Starlink path's
-    /// reconfiguration (`path::reconfig`).
+    /// A second path for a copy of the packet: `redundant`'s, or a small packet's copy
+    /// (`copies`: around a Starlink path's reconfiguration, or while `path` loses).
     pub also: Option<PathId>,
+    /// `also` carries the traffic as much as `path` (`redundant`), rather than a copy alone:
+    /// only then does it count as having data in flight there (its ACK watch, its hand-over).
+    pub also_carries: bool,
     pub seq: Option<(u16, u32)>,
 }
 
@@ -101,7 +104,8 @@ impl Bond {
             return None;
         };
         paths.count_tx(path, len, now);
-        let also = match self.scheduler.also(paths, path) {
+        let redundant = self.scheduler.also(paths, path);
+        let also = match redundant {
             Some(second) => {
                 paths.count_tx(second, len, now);
                 Some(second)
@@ -125,7 +129,12 @@ impl Bond {
             let slot = Sequencer::slot(info.map(PacketInfo::flow_hash));
             (self.sequencer.get_or_insert_with(Sequencer::default)).next(slot, now)
         });
-        Some(Route { path, also, seq })
+        Some(Route {
+            path,
+            also,
+            also_carries: redundant.is_some(),
+            seq,
+        })
     }
 
     /// A path changed state: placements on a path that is no longer up are forgotten.

@@ -724,12 +724,17 @@ impl PathSet {
 
     /// Count a packet of `len` bytes sent on `id`.
     pub fn count_tx(&mut self, id: PathId, len: usize, now: Instant) {
-        self.paths[id.index()].load.backlog += len as u64;
+        self.count_bytes(id, len);
         self.paths[id.index()].last_tx = Some(now);
-        let c = &mut self.paths[id.index()].counters;
-        c.tx_packets += 1;
-        c.tx_bytes += len as u64;
         self.note_activity(now);
+    }
+
+    /// `len` bytes more routed to `id`: its backlog and counters (`count_tx`, `count_copy`).
+    fn count_bytes(&mut self, id: PathId, len: usize) {
+        let p = &mut self.paths[id.index()];
+        p.load.backlog += len as u64;
+        p.counters.tx_packets += 1;
+        p.counters.tx_bytes += len as u64;
     }
 
     /// A packet of `len` bytes routed to `first` was copied to `second` (`bond::copies`), for
@@ -742,10 +747,7 @@ impl PathSet {
             CopyReason::Reconfig => c.reconfig_copies += 1,
             CopyReason::Loss => c.loss_copies += 1,
         }
-        let p = &mut self.paths[second.index()];
-        p.load.backlog += len as u64;
-        p.counters.tx_packets += 1;
-        p.counters.tx_bytes += len as u64;
+        self.count_bytes(second, len);
     }
 
     /// Count a packet received from the peer on `id`.

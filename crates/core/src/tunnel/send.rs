@@ -103,8 +103,6 @@ impl TunnelCore {
         let mut opened = false;
         let lane_header = u8::try_from(lane).ok().and_then(wire::encode_classed);
         let protect = self.protects(lane);
-        let copies_carry =
-            (self.router.lanes().get(lane)).is_some_and(|l| l.bond().policy().per_packet());
         for &i in which {
             let len = batch.packet(i).len();
             let Some(route) = self.router.route(lane, infos[i].as_ref(), len, now) else {
@@ -123,12 +121,11 @@ impl TunnelCore {
             // path, numbered the same (the receiver keeps the first to arrive), in that path's
             // own FEC groups.
             if let Some(also) = route.also.filter(|a| numbered && connected(*a)) {
-                // Only `redundant`'s second path carries the traffic as much as the first:
-                // one that carries copies alone (`bond::copies`) is judged by its probes, not
-                // by its ACKs. Its copies lost in a dip of its own link cost nothing, and the
-                // ACK watch took it down for them and dialled it again (LTE beside a lossy
+                // A path that carries copies alone (`bond::copies`) is judged by its probes,
+                // not by its ACKs: its copies lost in a dip of its own link cost nothing, and
+                // the ACK watch took it down for them and dialled it again (LTE beside a lossy
                 // Starlink path: 4 connections in 2 minutes, against 1).
-                if copies_carry {
+                if route.also_carries {
                     opened |= self.on_sent(also, now);
                 }
                 let mut copy = batch.headed(i).to_vec();
