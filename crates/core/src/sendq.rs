@@ -92,11 +92,14 @@ pub const SPARSE_AGE: Duration = Duration::from_secs(1);
 /// How long a flow may be silent before another in its slot counts as new.
 pub const FLOW_FORGET: Duration = Duration::from_secs(10);
 
-/// What `SparseLane` knows of the flows that share a slot.
-#[derive(Clone, Copy, Default)]
+/// Flows `SparseLane` tracks at most; a flow beyond them is bulk until some are forgotten.
+pub const LANE_FLOWS: usize = 4096;
+
+/// What `SparseLane` knows of a flow.
+#[derive(Clone, Copy)]
 struct FlowTimes {
-    first: Option<Instant>,
-    last: Option<Instant>,
+    first: Instant,
+    last: Instant,
     /// A packet of it left through the bulk queue.
     bulk: bool,
 }
@@ -116,18 +119,19 @@ struct FlowTimes {
 /// first packets stay with its later ones: a TCP flow whose handshake and first packets took
 /// the sparse stream on a lossy path measured its RTT without the bulk stream's waits, and
 /// inner cubic ran at 0.79x (10% loss, 60 Mbit/s, 30 ms: 24.9 against 31.6 Mbit/s, 8 runs
-/// each). Flows share a slot by hash (forgotten after `FLOW_FORGET` of silence): a collision
-/// keeps a sparse flow on the bulk stream, never a bulk flow off it.
+/// each).
+///
+/// Flows are told apart by their whole key (forgotten after `FLOW_FORGET` of silence), not
+/// by a slot of a 256-slot table: there, a call that shared a slot with any of 16 new TCP
+/// flows (1 call in 16, on random ports) rode the bulk stream from then on and waited behind
+/// its backlog whenever the path lost (the likely cause of a call's seconds 52-98% late
+/// beside 16 starting uploads over Starlink, while pings on the same path passed). At most
+/// `LANE_FLOWS` are tracked; one more is bulk until room is made.
+#[derive(Default)]
 pub struct SparseLane {
-    flows: [FlowTimes; FLOW_BUCKETS],
-}
-
-impl Default for SparseLane {
-    fn default() -> SparseLane {
-        SparseLane {
-            flows: [FlowTimes::default(); FLOW_BUCKETS],
-        }
-    }
+    flows: HashMap<u64, FlowTimes>,
+    /// When silent flows were last forgotten.
+    swept: Option<Instant>,
 }
 
 impl SparseLane {
@@ -137,17 +141,46 @@ impl SparseLane {
         let Some(f) = flow else {
             return false;
         };
-        let t = &mut self.flows[(f % FLOW_BUCKETS as u64) as usize];
-        let since = |at: Option<Instant>| at.map(|at| now.saturating_duration_since(at));
-        if since(t.last).is_none_or(|d| d >= FLOW_FORGET) {
+        let forgotten = |t: &FlowTimes| now.saturating_duration_since(t.last) >= FLOW_FORGET;
+        // Sweep once per `FLOW_FORGET`, or once per `SPARSE_AGE` while full: the table stays
+        // bounded, and the sweep's work is spread over the packets of that time (not done for
+        // each packet of a flow it has no room for).
+        let full = self.flows.len() >= LANE_FLOWS && !self.flows.contains_key(&f);
+        let every = if full { SPARSE_AGE } else { FLOW_FORGET };
+        if self
+            .swept
+            .is_none_or(|at| now.saturating_duration_since(at) >= every)
+        {
+            self.flows.retain(|_, t| !forgotten(t));
+            self.swept = Some(now);
+        }
+        if self.flows.len() >= LANE_FLOWS && !self.flows.contains_key(&f) {
+            return false;
+        }
+        let t = self.flows.entry(f).or_insert(FlowTimes {
+            first: now,
+            last: now,
+            bulk: false,
+        });
+        if forgotten(t) {
             *t = FlowTimes {
-                first: Some(now),
-                ..FlowTimes::default()
+                first: now,
+                last: now,
+                bulk: false,
             };
         }
-        t.last = Some(now);
+        t.last = now;
         t.bulk |= !left_sparse;
-        !t.bulk && since(t.first).is_some_and(|d| d >= SPARSE_AGE)
+        !t.bulk && now.saturating_duration_since(t.first) >= SPARSE_AGE
+    }
+
+    /// Flows tracked now.
+    pub fn len(&self) -> usize {
+        self.flows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.flows.is_empty()
     }
 }
 
@@ -442,7 +475,7 @@ mod tests {
     }
 
     /// A flow takes the sparse stream once it has been seen for `SPARSE_AGE`, sparse
-    /// throughout; one that was ever bulk stays on the bulk stream until its slot is forgotten
+    /// throughout; one that was ever bulk stays on the bulk stream until it is forgotten
     /// (`FLOW_FORGET` of silence); a packet without a flow key is bulk.
     #[test]
     fn only_a_flow_that_was_always_sparse_takes_the_sparse_stream() {
@@ -468,6 +501,40 @@ mod tests {
         // ... until it was silent for `FLOW_FORGET`.
         assert!(!lane.on_stream_sparse(t0 + ms(19_000), Some(1), true));
         assert!(lane.on_stream_sparse(t0 + ms(20_000), Some(1), true));
+    }
+
+    /// A call beside 16 bulk flows keeps the sparse stream whatever their keys, even one equal
+    /// to its own in its low bits; the table is bounded, a flow beyond it bulk, and room is
+    /// made once flows have been silent for `FLOW_FORGET`.
+    #[test]
+    fn a_sparse_flow_is_not_taken_for_a_bulk_one() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut lane = SparseLane::default();
+        let call = 0x1234_5678_9abc_de07_u64;
+        for i in 0..=50 {
+            let now = t0 + ms(20 * i);
+            // Bulk flows, one of them sharing the call's low 16 bits.
+            for b in 0..16u64 {
+                lane.on_stream_sparse(now, Some((call & 0xffff) | ((b + 1) << 16)), false);
+            }
+            let sparse = lane.on_stream_sparse(now, Some(call), true);
+            assert_eq!(sparse, now >= t0 + SPARSE_AGE, "{i}");
+        }
+        assert_eq!(lane.len(), 17);
+        // Full: a new flow is bulk, the ones tracked keep their stream.
+        let t1 = t0 + ms(2000);
+        for k in 0..(LANE_FLOWS as u64 - 17) {
+            lane.on_stream_sparse(t1, Some(1_000_000 + k), true);
+        }
+        assert_eq!(lane.len(), LANE_FLOWS);
+        assert!(!lane.on_stream_sparse(t1 + ms(1000), Some(7), true));
+        assert!(lane.on_stream_sparse(t1 + ms(1000), Some(call), true));
+        // The others silent for `FLOW_FORGET`: forgotten, and the new flow is tracked.
+        let t2 = t1 + FLOW_FORGET;
+        assert!(!lane.on_stream_sparse(t2, Some(7), true));
+        assert_eq!(lane.len(), 2);
+        assert!(lane.on_stream_sparse(t2 + SPARSE_AGE, Some(7), true));
     }
 
     /// The limit follows the path: raised, more may wait; lowered below what waits, nothing
