@@ -138,6 +138,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         }],
         routes: vec!["192.168.10.0/24".into()],
         rate_limit: Some(5_000_000),
+        metered: false,
         role: Some("backup".into()),
         counts: false,
         link: Some("starlink".into()),

@@ -77,6 +77,10 @@ pub struct Hello {
     /// The path's `rate_limit` (bits/s, each direction): the server paces its side under it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<u64>,
+    /// The path has a `data_budget`: the server moves no bulk flow onto it either
+    /// (`bond::spill`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub metered: bool,
     /// The path's role now (`backup`, `overflow`; absent: primary): the server sends on a
     /// backup only as the client would. Its probes say it from then on (`wire`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

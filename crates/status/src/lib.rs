@@ -90,6 +90,10 @@ pub struct PathStatus {
     #[serde(default)]
     pub rx_mbit: f64,
     pub flows: u64,
+    /// Bulk flows moved onto it while they ran, from the best path that could not carry them
+    /// all (`failover`: `mpquic_core::bond::spill`).
+    #[serde(default)]
+    pub flows_moved: u64,
     pub connects: u64,
     /// Times the client took the path out of use because it stopped acknowledging the data
     /// it carried (before its probes would have).
@@ -503,6 +507,12 @@ impl PathStatus {
             parts.push(format!(
                 "{} small packets copied to another path while it lost data",
                 self.loss_copies
+            ));
+        }
+        if self.flows_moved > 0 {
+            parts.push(format!(
+                "{} bulk flows moved onto it from the best path, {} on it now",
+                self.flows_moved, self.flows
             ));
         }
         if let Some(cap) = self.rate_limit_mbit {

@@ -290,6 +290,11 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Counter(|p| p.loss_copies),
     ),
     (
+        "mpquic_path_flows_moved",
+        "Bulk flows moved onto the path while they ran, from the best path that could not carry them all (failover)",
+        PathValue::Counter(|p| p.flows_moved),
+    ),
+    (
         "mpquic_path_probes_across_reconfig",
         "Probes that met one of the path's reconfigurations on their way, not counted in its loss or round trip (link: starlink)",
         PathValue::Counter(|p| p.probes_across_reconfig),

@@ -18,8 +18,22 @@ struct Node {
     key: u64,
     path: PathId,
     last_seen: Instant,
+    /// Bytes the flow sent since the last `mark_bulk`; whether it sent enough in the interval
+    /// before that (`warm`), and in the two before that (`bulk`: a flow that keeps sending,
+    /// `spill`).
+    bytes: u64,
+    warm: bool,
+    bulk: bool,
     prev: u32,
     next: u32,
+}
+
+/// What `lookup_sending` found of a flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    pub path: PathId,
+    pub idle: Duration,
+    pub bulk: bool,
 }
 
 #[derive(Debug)]
@@ -80,6 +94,43 @@ impl FlowTable {
         Some((path, idle))
     }
 
+    /// The path a flow is pinned to, how long it had been idle and whether it is a bulk
+    /// flow (`mark_bulk`); refreshes its idle timer and adds `len` bytes to what it sent.
+    pub fn lookup_sending(&mut self, key: u64, len: usize, now: Instant) -> Option<Seen> {
+        let i = *self.index.get(&key)?;
+        let n = &mut self.nodes[i as usize];
+        let seen = Seen {
+            path: n.path,
+            idle: now.saturating_duration_since(n.last_seen),
+            bulk: n.bulk,
+        };
+        n.last_seen = now;
+        n.bytes += len as u64;
+        self.move_to_tail(i);
+        Some(seen)
+    }
+
+    /// Marks as bulk the flows that sent at least `min_bytes` since the last call and in the
+    /// interval before it (and the others not: a short transfer is not bulk however fast),
+    /// starts counting again, and returns how many bulk flows each path has (indexed by
+    /// `PathId::index`). A scan of the table: call it once per interval.
+    pub fn mark_bulk(&mut self, min_bytes: u64) -> Vec<usize> {
+        let mut per_path = vec![0; self.per_path.len()];
+        let mut i = self.head;
+        while i != NIL {
+            let n = &mut self.nodes[i as usize];
+            let sent = n.bytes >= min_bytes;
+            n.bulk = sent && n.warm;
+            n.warm = sent;
+            n.bytes = 0;
+            if n.bulk {
+                per_path[n.path.index()] += 1;
+            }
+            i = n.next;
+        }
+        per_path
+    }
+
     pub fn assign(&mut self, key: u64, path: PathId, now: Instant) {
         if let Some(&i) = self.index.get(&key) {
             let old = self.nodes[i as usize].path;
@@ -96,6 +147,9 @@ impl FlowTable {
                 key,
                 path,
                 last_seen: now,
+                bytes: 0,
+                warm: false,
+                bulk: false,
                 prev: NIL,
                 next: NIL,
             };
@@ -247,5 +301,31 @@ mod tests {
         ft.assign(20, p[0], t0);
         assert_eq!(ft.lookup(2, t0), None);
         assert_eq!(ft.len(), 4);
+    }
+
+    #[test]
+    fn a_flow_is_bulk_after_two_intervals_of_sending() {
+        let p = ids(2);
+        let t0 = Instant::now();
+        let mut ft = FlowTable::new(Duration::from_secs(10), 8);
+        ft.assign(1, p[0], t0);
+        ft.assign(2, p[1], t0);
+        let send = |ft: &mut FlowTable, k: u64, n: usize| {
+            for _ in 0..n {
+                ft.lookup_sending(k, 1000, t0).unwrap();
+            }
+        };
+        send(&mut ft, 1, 20);
+        send(&mut ft, 2, 20);
+        assert_eq!(
+            ft.mark_bulk(10_000),
+            vec![0, 0],
+            "one interval is not enough"
+        );
+        send(&mut ft, 1, 20);
+        send(&mut ft, 2, 5);
+        assert_eq!(ft.mark_bulk(10_000), vec![1, 0]);
+        assert!(ft.lookup_sending(1, 0, t0).unwrap().bulk);
+        assert_eq!(ft.mark_bulk(10_000), vec![0, 0], "it stopped");
     }
 }

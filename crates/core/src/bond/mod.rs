@@ -4,13 +4,14 @@
 //! client and the server drive their bonds with the same code.
 //!
 //! Beside the bond: `scheduler` (the policies), `flow` (the flow table that pins flows to
-//! paths), `copies` (second copies of small real-time packets where one path would lose them),
+//! paths), `spill` (bulk flows shared out over paths of equal rank under `failover`), `copies` (second copies of small real-time packets where one path would lose them),
 //! `router` (one tunnel's path set and the lanes that schedule over it).
 
 pub mod copies;
 pub mod flow;
 pub mod router;
 pub mod scheduler;
+pub mod spill;
 
 use std::time::{Duration, Instant};
 
@@ -88,6 +89,11 @@ impl Bond {
     /// Flows the scheduler has placed on `path` (status).
     pub fn flows_on(&self, path: PathId) -> usize {
         self.scheduler.flows_on(path)
+    }
+
+    /// Flows the scheduler moved onto `path` while they ran (status; `spill`).
+    pub fn flows_moved_to(&self, path: PathId) -> u64 {
+        self.scheduler.flows_moved_to(path)
     }
 
     /// Choose the path for an inner packet of `len` bytes and count it as sent there. `None`

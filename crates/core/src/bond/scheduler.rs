@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::bond::flow::FlowTable;
+use crate::bond::spill::Spill;
 use crate::packet::PacketInfo;
 use crate::path::{Path, PathId, PathSet};
 use crate::reorder::reseq::MAX_WAIT;
@@ -12,7 +13,9 @@ use crate::reorder::reseq::MAX_WAIT;
 /// The policies a config can name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
-    /// All traffic on the best (lowest `priority`) path that is up.
+    /// All traffic on the best (lowest `priority`) path that is up, but bulk TCP flows beyond
+    /// one, which are shared with the other paths of that priority that are free to take
+    /// them (`spill`).
     Failover,
     /// Flows spread over the up paths of the best priority, in proportion to `weight`;
     /// a flow stays on its path (no reordering) until that path goes down.
@@ -67,7 +70,7 @@ impl Policy {
     /// A fresh scheduler implementing this policy.
     pub fn scheduler(self) -> Box<dyn Scheduler> {
         match self {
-            Policy::Failover => Box::new(Failover),
+            Policy::Failover => Box::new(Failover::default()),
             Policy::Balanced => Box::new(Balanced::new()),
             Policy::Wlb => Box::new(Wlb),
             Policy::MinRtt => Box::new(MinRtt),
@@ -98,6 +101,10 @@ pub trait Scheduler: std::fmt::Debug + Send {
     fn poll(&mut self, _now: Instant) {}
     /// Flows currently placed on `path` (status).
     fn flows_on(&self, _path: PathId) -> usize {
+        0
+    }
+    /// Flows moved onto `path` while they ran (status; `spill`).
+    fn flows_moved_to(&self, _path: PathId) -> u64 {
         0
     }
 }
@@ -137,8 +144,12 @@ fn best_by_priority(paths: &PathSet) -> Option<PathId> {
         .min_by_key(|&i| (paths.get(i).spec.priority, i))
 }
 
-#[derive(Debug)]
-pub struct Failover;
+/// Everything on the best path, except bulk TCP flows it cannot carry alone, which are
+/// shared out over the paths of its priority (`spill`).
+#[derive(Debug, Default)]
+pub struct Failover {
+    spill: Spill,
+}
 
 impl Scheduler for Failover {
     fn policy(&self) -> Policy {
@@ -147,11 +158,21 @@ impl Scheduler for Failover {
     fn pick(
         &mut self,
         paths: &PathSet,
-        _: Option<&PacketInfo>,
-        _: usize,
-        _: Instant,
+        info: Option<&PacketInfo>,
+        len: usize,
+        now: Instant,
     ) -> Option<PathId> {
-        best_by_priority(paths)
+        let home = best_by_priority(paths)?;
+        Some(self.spill.pick(paths, home, info, len, now))
+    }
+    fn release(&mut self, path: PathId) {
+        self.spill.release(path);
+    }
+    fn flows_on(&self, path: PathId) -> usize {
+        self.spill.flows_on(path)
+    }
+    fn flows_moved_to(&self, path: PathId) -> u64 {
+        self.spill.moved_to(path)
     }
 }
 

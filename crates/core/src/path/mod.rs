@@ -61,6 +61,9 @@ pub struct PathSpec {
     pub role: Role,
     /// `rate_limit` (bits/s each way; the transport paces under it): shown, not scheduled by.
     pub rate_limit: Option<u64>,
+    /// The link is paid by the byte (a `data_budget` on the client; on the server, what the
+    /// client's hello says): bulk flows are not moved onto it (`bond::spill`).
+    pub metered: bool,
     /// `link` (the client's configuration; on the server, what the client's hello says): a
     /// Starlink path gets copies of small packets across its reconfigurations (`reconfig`).
     pub link: reconfig::LinkKind,

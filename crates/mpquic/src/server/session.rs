@@ -135,6 +135,7 @@ impl Server {
             weight: h.weight.max(1),
             role,
             rate_limit: h.rate_limit,
+            metered: h.metered,
             // A value this build does not know is nothing known (a newer client's).
             link: (h.link.as_deref())
                 .and_then(LinkKind::parse)

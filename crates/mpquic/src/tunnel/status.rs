@@ -53,6 +53,9 @@ impl Tunnel {
                     flows: (router.lanes().iter())
                         .map(|l| l.bond().flows_on(id) as u64)
                         .sum(),
+                    flows_moved: (router.lanes().iter())
+                        .map(|l| l.bond().flows_moved_to(id))
+                        .sum(),
                     connects: p.connects,
                     drops: p
                         .drops

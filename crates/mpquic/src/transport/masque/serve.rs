@@ -311,6 +311,7 @@ impl Driver {
             classes: Vec::new(),
             routes: Vec::new(),
             rate_limit: None,
+            metered: false,
             role: None,
             counts: false,
             link: None,
