@@ -3,7 +3,7 @@
 //! and report.md. A failing step removes the lab and says which step failed. The systems are
 //! started by `sut`, report.md and plots are written by `report` and `plot`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -263,6 +263,14 @@ fn run_system(scn: &Scenario, system: &str, sys: &System, dir: &Path) -> Result<
                 )
                 .collect(),
             tunnel_if: tunnel_if.clone(),
+            status_sockets: if matches!(sys, System::Mpquic(_)) {
+                ["client1", "server"]
+                    .iter()
+                    .map(|who| (who.to_string(), mpquic_conf::socket(dir, who)))
+                    .collect()
+            } else {
+                Vec::new()
+            },
         };
         std::thread::spawn(move || sample(&what, t0, sample_every, &stop))
     };
@@ -652,6 +660,51 @@ struct Sampled {
     npaths: usize,
     pids: Named,
     tunnel_if: Option<String>,
+    /// mpquic's control sockets (client, server), whose paths' state is sampled too.
+    status_sockets: Vec<(String, PathBuf)>,
+}
+
+/// What each path of an mpquic side says of itself now (`mpquic status --json`): its
+/// controller's view (RTTs, window, pacing rate), where its traffic goes and what it lost, so
+/// a second that went wrong in a run can be read against what the tunnel believed then.
+fn path_states(socket: &Path) -> Value {
+    let Some(status) = Command::new(mpquic_conf::mpquic_bin())
+        .args(["status", "--json", "--socket"])
+        .arg(socket)
+        .output()
+        .ok()
+        .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
+    else {
+        return Value::Null;
+    };
+    let keys = [
+        "name",
+        "state",
+        "carry",
+        "srtt_ms",
+        "quic_rtt_ms",
+        "min_rtt_ms",
+        "cwnd_bytes",
+        "pacing_mbit",
+        "probe_loss_pct",
+        "quic_lost_packets",
+        "flows",
+        "flows_moved",
+    ];
+    let paths: Vec<Value> = status["tunnels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|t| t["paths"].as_array().cloned().unwrap_or_default())
+        .map(|p| {
+            keys.iter()
+                .filter(|k| !p[**k].is_null())
+                .map(|k| (k.to_string(), p[*k].clone()))
+                .collect::<serde_json::Map<_, _>>()
+                .into()
+        })
+        .collect();
+    Value::Array(paths)
 }
 
 /// Interface counters of wan1..N and of the tunnel in the client namespace, the emulator's
@@ -663,6 +716,7 @@ fn sample(what: &Sampled, t0: Instant, every: Duration, stop: &AtomicBool) -> Ve
         npaths,
         pids,
         tunnel_if,
+        status_sockets,
     } = what;
     let tick = 100.0;
     let mut out = Vec::new();
@@ -734,7 +788,15 @@ fn sample(what: &Sampled, t0: Instant, every: Duration, stop: &AtomicBool) -> Ve
                 json!({"up": d(&p["up"]), "down": d(&p["down"])})
             })
             .collect();
-        out.push(json!({"t_s": t0.elapsed().as_secs_f64(), "paths": paths, "tunnel_if": tunnel, "emulator": emu, "procs": procs}));
+        let mut row = json!({"t_s": t0.elapsed().as_secs_f64(), "paths": paths, "tunnel_if": tunnel, "emulator": emu, "procs": procs});
+        if !status_sockets.is_empty() {
+            row["mpquic_paths"] = status_sockets
+                .iter()
+                .map(|(who, socket)| (who.clone(), path_states(socket)))
+                .collect::<serde_json::Map<_, _>>()
+                .into();
+        }
+        out.push(row);
         std::thread::sleep(every);
     }
     out
