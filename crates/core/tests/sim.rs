@@ -1070,8 +1070,12 @@ proptest! {
     /// A clean busy path bonded with another under `auto` carries datagrams after its first
     /// second; loss that starts then moves it to its stream at the first loss, so at most the
     /// packets in flight before that loss was known are lost: the link's share of what the path
-    /// sent in the round trip until a later packet's ACK declared it (bounded here at three
-    /// times the expected share, plus a few).
+    /// sent until a later packet's ACK declared it, bounded here at three times the share of two
+    /// round trips, plus a few. Two, not one: what was already on the link when its loss began
+    /// and QUIC's time threshold (9/8 of the RTT) come on top of the round trip: over 40
+    /// seeds each the losses' median was about twice one round trip's share (12 of 5.9 at 5%
+    /// and 27 ms one way, at most 20; 33 of 17.7 at 15%; 7 of 3.2 at 2% and 38 ms), and a
+    /// bound on one round trip failed now and then (22 lost, bound 21).
     #[test]
     fn auto_moves_a_path_to_its_stream_at_its_first_loss(
         loss in 0.01f64..0.2,
@@ -1090,8 +1094,8 @@ proptest! {
         sim.send_seqs(Side::Client, 8, 8000..16000, gap);
         sim.run_until(sim.now + Duration::from_secs(1));
         let seen = received_once(&sim, 8)?;
-        // Half the flow on this path: 2000 packets/s, for a round trip and a poll's step.
-        let exposed = 2000.0 * (2 * delay + 5) as f64 / 1000.0;
+        // Half the flow on this path: 2000 packets/s, for two round trips and a poll's step.
+        let exposed = 2000.0 * (4 * delay + 5) as f64 / 1000.0;
         let bound = (3.0 * loss * exposed).ceil() as usize + 3;
         prop_assert!(16000 - seen.len() <= bound, "lost {} packets (bound {})", 16000 - seen.len(), bound);
         prop_assert_eq!(carry(&sim, Side::Client), Carry::Stream);
