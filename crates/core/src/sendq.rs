@@ -89,7 +89,7 @@ impl WaitingFlows {
 /// How long a flow must have been seen, sparse throughout, before its packets take the sparse
 /// stream (`SparseLane`).
 pub const SPARSE_AGE: Duration = Duration::from_secs(1);
-/// How long a flow may be silent before another in its slot counts as new.
+/// How long a flow may be silent before it is forgotten (and counts as new if it comes back).
 pub const FLOW_FORGET: Duration = Duration::from_secs(10);
 
 /// Flows `SparseLane` tracks at most; a flow beyond them is bulk until some are forgotten.
@@ -142,33 +142,37 @@ impl SparseLane {
             return false;
         };
         let forgotten = |t: &FlowTimes| now.saturating_duration_since(t.last) >= FLOW_FORGET;
-        // Sweep once per `FLOW_FORGET`, or once per `SPARSE_AGE` while full: the table stays
-        // bounded, and the sweep's work is spread over the packets of that time (not done for
-        // each packet of a flow it has no room for).
-        let full = self.flows.len() >= LANE_FLOWS && !self.flows.contains_key(&f);
-        let every = if full { SPARSE_AGE } else { FLOW_FORGET };
-        if self
-            .swept
-            .is_none_or(|at| now.saturating_duration_since(at) >= every)
-        {
-            self.flows.retain(|_, t| !forgotten(t));
-            self.swept = Some(now);
-        }
-        if self.flows.len() >= LANE_FLOWS && !self.flows.contains_key(&f) {
-            return false;
-        }
-        let t = self.flows.entry(f).or_insert(FlowTimes {
+        let fresh = FlowTimes {
             first: now,
             last: now,
             bulk: false,
-        });
-        if forgotten(t) {
-            *t = FlowTimes {
-                first: now,
-                last: now,
-                bulk: false,
-            };
-        }
+        };
+        let t = match self.flows.get_mut(&f) {
+            Some(t) => {
+                if forgotten(t) {
+                    *t = fresh;
+                }
+                t
+            }
+            None => {
+                // A new flow: silent ones are forgotten once per `FLOW_FORGET`, or once per
+                // `SPARSE_AGE` while the table is full (not for each packet of a flow it has
+                // no room for); a known flow's packet costs one lookup.
+                let full = self.flows.len() >= LANE_FLOWS;
+                let every = if full { SPARSE_AGE } else { FLOW_FORGET };
+                if self
+                    .swept
+                    .is_none_or(|at| now.saturating_duration_since(at) >= every)
+                {
+                    self.flows.retain(|_, t| !forgotten(t));
+                    self.swept = Some(now);
+                }
+                if self.flows.len() >= LANE_FLOWS {
+                    return false;
+                }
+                self.flows.entry(f).or_insert(fresh)
+            }
+        };
         t.last = now;
         t.bulk |= !left_sparse;
         !t.bulk && now.saturating_duration_since(t.first) >= SPARSE_AGE

@@ -77,8 +77,7 @@ pub struct Spill {
     /// How long a moved flow's pause must be for it to return to the best path.
     settle: Duration,
     shunned: Vec<(PathId, Instant)>,
-    /// Flows moved so far, and by the path moved to (status).
-    pub moves: u64,
+    /// Flows moved so far, by the path moved to (status).
     moved_to: Vec<u64>,
 }
 
@@ -91,7 +90,6 @@ impl Default for Spill {
             pending: None,
             settle: RETURN_PAUSE,
             shunned: Vec::new(),
-            moves: 0,
             moved_to: Vec::new(),
         }
     }
@@ -136,7 +134,6 @@ impl Spill {
                 if let Some(m) = self.pending.as_mut() {
                     if seen.bulk && m.from == seen.path && m.left > 0 && usable(m.to) {
                         m.left -= 1;
-                        self.moves += 1;
                         let to = m.to.index();
                         if self.moved_to.len() <= to {
                             self.moved_to.resize(to + 1, 0);
@@ -329,7 +326,7 @@ mod tests {
             now += STEP;
         }
         let count = |p: PathId| on.iter().filter(|&&x| x == p).count();
-        ([count(a), count(b)], spill.moves)
+        ([count(a), count(b)], spill.moved_to.iter().sum())
     }
 
     fn b(priority: u32) -> PathSpec {

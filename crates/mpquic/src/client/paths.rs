@@ -347,7 +347,7 @@ impl Client {
                 .map(|p| p.to_string())
                 .collect(),
             rate_limit: p.rate_limit,
-            metered: p.data_budget.is_some(),
+            metered: p.metered(),
             // Backup while its budget is used up, whatever its configured role.
             role: Some(self.tunnel.role(id))
                 .filter(|r| *r != mpquic_core::Role::Primary)
@@ -504,7 +504,7 @@ pub(super) fn spec_of(p: &PathConfig) -> PathSpec {
         weight: p.weight,
         role: p.role,
         rate_limit: p.rate_limit,
-        metered: p.data_budget.is_some(),
+        metered: p.metered(),
         link: p.link,
         detect_link: p.detect_link,
     }

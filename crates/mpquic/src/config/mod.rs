@@ -283,6 +283,14 @@ pub struct PathConfig {
     pub detect_link: bool,
 }
 
+impl PathConfig {
+    /// A path with a `data_budget` is paid by the byte: no bulk flow is moved onto it
+    /// (`mpquic_core::bond::spill`), and its hello tells the server so.
+    pub fn metered(&self) -> bool {
+        self.data_budget.is_some()
+    }
+}
+
 /// How a path carries the tunnel's datagrams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PathKind {
