@@ -111,7 +111,9 @@ struct FlowTimes {
 /// the same stream waited behind it, two round trips in all).
 ///
 /// A packet goes on the sparse stream when it left the send queue through its sparse queue and
-/// its flow has been seen for `SPARSE_AGE` without ever leaving through the bulk queue. A flow
+/// its flow has been seen for `SPARSE_AGE` without ever leaving through the bulk queue (seen
+/// on the path, its packets that went as datagrams included: the writer tells it those while
+/// the path is on its stream). A flow
 /// is on one stream for its life, so its packets never overtake each other across the two:
 /// a TCP flow that paused and took the sparse stream overtook its own packets still waiting
 /// for retransmissions in the bulk one, and packets that pass a path whose bulk does not
@@ -178,6 +180,16 @@ impl SparseLane {
         !t.bulk && now.saturating_duration_since(t.first) >= SPARSE_AGE
     }
 
+    /// Whether a packet of `flow` that leaves through its sparse queue now would go on the
+    /// sparse stream (`on_stream_sparse`, without recording it).
+    pub fn takes_sparse(&self, now: Instant, flow: Option<u64>) -> bool {
+        flow.and_then(|f| self.flows.get(&f)).is_some_and(|t| {
+            !t.bulk
+                && now.saturating_duration_since(t.last) < FLOW_FORGET
+                && now.saturating_duration_since(t.first) >= SPARSE_AGE
+        })
+    }
+
     /// Flows tracked now.
     pub fn len(&self) -> usize {
         self.flows.len()
@@ -236,6 +248,11 @@ impl<T> SendQueue<T> {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Whether a sparse flow's packet waits (it leaves before anything bulk).
+    pub fn has_sparse(&self) -> bool {
+        !self.sparse.is_empty()
     }
 
     /// Queue `item` of `flow` (`None`: a packet without a flow key, treated as bulk). When the
@@ -386,6 +403,11 @@ impl<T> RankedQueues<T> {
         self.queues.iter().all(SendQueue::is_empty)
     }
 
+    /// Whether a sparse flow's packet waits in any rank.
+    pub fn has_sparse(&self) -> bool {
+        self.queues.iter().any(SendQueue::has_sparse)
+    }
+
     /// Everything still queued (the transport failed).
     pub fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
         self.queues.iter_mut().flat_map(SendQueue::drain)
@@ -493,13 +515,20 @@ mod tests {
                 "{i}"
             );
         }
+        // `takes_sparse` says so beforehand, without recording anything.
+        assert!(!lane.takes_sparse(t0 + ms(999), Some(7)));
+        assert!(lane.takes_sparse(t0 + ms(1000), Some(7)));
         assert!(lane.on_stream_sparse(t0 + ms(1000), Some(7), true));
         assert!(lane.on_stream_sparse(t0 + ms(5000), Some(7), true));
         assert!(!lane.on_stream_sparse(t0 + ms(1000), None, true));
+        assert!(!lane.takes_sparse(t0 + ms(5000), None));
+        assert!(!lane.takes_sparse(t0 + ms(5000), Some(8)));
+        assert!(!lane.takes_sparse(t0 + ms(15_000), Some(7)));
         // Forgotten after 10 s of silence: a new flow again.
         assert!(!lane.on_stream_sparse(t0 + ms(15_000), Some(7), true));
         // A flow that was bulk once, then slows down or pauses: bulk for good.
         assert!(!lane.on_stream_sparse(t0, Some(1), false));
+        assert!(!lane.takes_sparse(t0 + ms(2000), Some(1)));
         assert!(!lane.on_stream_sparse(t0 + ms(2000), Some(1), true));
         assert!(!lane.on_stream_sparse(t0 + ms(9000), Some(1), true));
         // ... until it was silent for `FLOW_FORGET`.

@@ -126,19 +126,133 @@ impl Recent {
             if at < since {
                 continue;
             }
-            let mut rest = chunk;
-            while let Some(h) = rest.first_chunk::<STREAM_HEADER>() {
-                let (n, _) = mpquic_core::reorder::reassembly::parse_header(h);
-                if n == 0 || rest.len() < STREAM_HEADER + n {
-                    break;
-                }
-                out.push(rest.slice(STREAM_HEADER..STREAM_HEADER + n));
-                rest = rest.slice(STREAM_HEADER + n..);
-            }
+            out.extend(packets(chunk));
         }
         self.bytes = 0;
         out
     }
+}
+
+/// The packets of a chunk (a run of frames as written), as views.
+fn packets(mut rest: Bytes) -> impl Iterator<Item = Bytes> {
+    std::iter::from_fn(move || {
+        let (n, _) = mpquic_core::reorder::reassembly::parse_header(rest.first_chunk()?);
+        if n == 0 || rest.len() < STREAM_HEADER + n {
+            return None;
+        }
+        let packet = rest.slice(STREAM_HEADER..STREAM_HEADER + n);
+        rest = rest.slice(STREAM_HEADER + n..);
+        Some(packet)
+    })
+}
+
+/// Chunks a writer has taken for its streams and not yet wholly written, by stream
+/// (`LaneStreams::slot`), in order: a bulk stream's write that waits for room in the send
+/// window gives way when a sparse packet arrives (`write_out`), and the rest is written next
+/// turn, after the sparse packet.
+#[derive(Default)]
+struct Unwritten {
+    /// Per slot: its chunks, and how much of the first is written.
+    slots: Vec<(VecDeque<Bytes>, usize)>,
+    /// Not yet written, in all slots.
+    bytes: usize,
+}
+
+/// Unwritten bytes up to which a bulk write still gives way to sparse packets; beyond, it
+/// waits for its room as before (which bounds what waits here to about two turns' chunks).
+const GIVE_WAY_BYTES: usize = 2 * STREAM_BATCH;
+
+impl Unwritten {
+    fn push(&mut self, slot: usize, chunk: Bytes) {
+        if self.slots.len() <= slot {
+            self.slots.resize_with(slot + 1, Default::default);
+        }
+        self.bytes += chunk.len();
+        self.slots[slot].0.push_back(chunk);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    fn has(&self, slot: usize) -> bool {
+        self.slots.get(slot).is_some_and(|s| !s.0.is_empty())
+    }
+
+    /// Everything unwritten is lost with the stream: counted, and let go. (It no longer
+    /// counted as waiting once taken from the queue.)
+    fn lose(&mut self, sink: &dyn Sink) {
+        let mut lost = Dropped::default();
+        for (chunks, _) in &mut self.slots {
+            for chunk in chunks.drain(..) {
+                packets(chunk).for_each(|p| lost.add(p.len()));
+            }
+        }
+        self.bytes = 0;
+        lost.report(sink, DropReason::SendFailed);
+    }
+}
+
+/// Write `slot`'s unwritten chunks to `send`, in order, handing each wholly written chunk to
+/// `done`. With `give_way` (a bulk stream's write, and little unwritten), a write that has to
+/// wait for room in the send window is abandoned (quinn's `write_chunks` writes nothing unless
+/// it completes) as soon as a packet arrives that joins the sparse queue and will pass the
+/// bulk stream (`GiveWay::passes`): it goes first, next turn. Waiting there, the writer held
+/// a call's packets until a whole chunk's worth of the bulk stream was acknowledged (64 KB
+/// is 100 ms at 5 Mbit/s), although the sparse stream has room of its own (`SPARSE_ROOM`);
+/// and a flow with more than `sendq::SPARSE_PACKETS` waiting meanwhile left through the bulk
+/// queue, which made it bulk for the sparse lane (`SparseLane`): on the bulk stream, behind
+/// its backlog, for as long as it kept sending.
+async fn write_out(
+    send: &mut quinn::SendStream,
+    unwritten: &mut Unwritten,
+    slot: usize,
+    give_way: Option<GiveWay<'_>>,
+    mut done: impl FnMut(Bytes),
+) -> Result<(), quinn::WriteError> {
+    let mut give_way = give_way;
+    // Until nothing more can arrive: then the write waits for its room.
+    let mut open = give_way.is_some();
+    let (chunks, at) = &mut unwritten.slots[slot];
+    while let Some(front) = chunks.front() {
+        let mut rest = [front.slice(*at..)];
+        let written = match give_way.as_mut() {
+            Some(w) if open => tokio::select! {
+                biased;
+                written = send.write_chunks(&mut rest) => written,
+                next = w.rx.recv() => {
+                    let Some(next) = next else {
+                        open = false;
+                        continue;
+                    };
+                    let passes = (w.passes)(&next);
+                    enqueue(w.queue, w.flows, w.refused, next);
+                    if passes && w.queue.has_sparse() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+            },
+            _ => send.write_chunks(&mut rest).await,
+        }?;
+        *at += written.bytes;
+        unwritten.bytes -= written.bytes;
+        if *at == front.len() {
+            *at = 0;
+            done(chunks.pop_front().expect("front checked"));
+        }
+    }
+    Ok(())
+}
+
+/// What a bulk write that gives way (`write_out`) takes arrivals into.
+struct GiveWay<'a> {
+    rx: &'a mut mpsc::Receiver<Queued>,
+    queue: &'a mut RankedQueues<Frame>,
+    flows: &'a WaitingFlows,
+    refused: &'a mut Dropped,
+    /// Whether an arrival would pass the bulk stream (it gives way only to such).
+    passes: &'a (dyn Fn(&Queued) -> bool + Sync),
 }
 
 /// What a path's writer task (`path_writer`) works with.
@@ -212,6 +326,7 @@ pub(super) async fn path_writer(w: Writer) {
         BytesMut::new(),
         BytesMut::with_capacity(STREAM_BATCH + 65_538),
     ];
+    let mut unwritten = Unwritten::default();
     let mut sparse_lane = SparseLane::default();
     let mut queue = RankedQueues::new(WRITER_QUEUE, mpquic_core::reliable::HANDOFF_TIME);
     let mut pacer = Pacer::default();
@@ -225,8 +340,8 @@ pub(super) async fn path_writer(w: Writer) {
         d.report(&*sink, reason);
     };
     loop {
-        // Take what has arrived; wait for something when nothing is queued.
-        if queue.is_empty() {
+        // Take what has arrived; wait for something when nothing is queued or unwritten.
+        if queue.is_empty() && unwritten.is_empty() {
             // Nothing waits to be written: a closed connection ends the writer here (its
             // queue's sender lives as long as the transport, which may outlive it), and what
             // it remembers goes once it is too old to hand over (a path that fell idle, a
@@ -272,11 +387,21 @@ pub(super) async fn path_writer(w: Writer) {
         if conn.close_reason().is_some() {
             close_queue(&mut rx, &mut queue, &flows, &mut refused);
             gone(&mut refused, DropReason::SendFailed);
+            unwritten.lose(&*sink);
             return;
         }
         let stream = on_stream
             .as_ref()
             .is_some_and(|s| s.load(Ordering::Relaxed));
+        // Whether a packet goes as a datagram rather than on a stream.
+        let as_datagram = |carry: LaneCarry, tcp: bool| match carry {
+            LaneCarry::Path => {
+                !stream || datagram_beside_stream(adaptive, tcp, &stream_for_non_tcp)
+            }
+            LaneCarry::Datagram => true,
+            // A connection without a stream (datagram mode) has no other way.
+            LaneCarry::Stream => on_stream.is_none(),
+        };
         let cap = Some(rate_cap.load(Ordering::Relaxed))
             .filter(|&c| c > 0)
             .map(|c| {
@@ -314,12 +439,12 @@ pub(super) async fn path_writer(w: Writer) {
         batches.iter_mut().for_each(BytesMut::clear);
         let mut batched = 0;
         let mut sent = 0;
-        let mut written = Dropped::default();
         // The send time, for the receiver's playout (`stream_rx`): when the frames enter the
         // stream, so the wait in our own queue is not taken for the path's. One clock read
         // serves the batch.
         let sent_us = stream_rx::clock_us();
-        while sent + batched < budget {
+        // While a bulk write waits for its room, only sparse packets join it (`write_out`).
+        while sent + batched < budget && (unwritten.is_empty() || queue.has_sparse()) {
             let Some((
                 Frame {
                     bytes: frame,
@@ -339,14 +464,14 @@ pub(super) async fn path_writer(w: Writer) {
             let len = frame.len() - STREAM_HEADER;
             waiting.fetch_sub(len as u64, Ordering::Relaxed);
             flows.sub(flow);
-            let datagram = match carry {
-                LaneCarry::Path => {
-                    !stream || datagram_beside_stream(adaptive, tcp, &stream_for_non_tcp)
-                }
-                LaneCarry::Datagram => true,
-                // A connection without a stream (datagram mode) has no other way.
-                LaneCarry::Stream => on_stream.is_none(),
-            };
+            let datagram = as_datagram(carry, tcp);
+            // While the path is on its stream, the sparse lane sees a flow's packets whichever
+            // way they go: a call or a ping that rode datagrams beside the stream takes the
+            // sparse stream as soon as the path's loss moves it onto the stream. Seen there
+            // first, it was a new flow and rode the bulk stream for its first second, behind
+            // the bulk's backlog (pings 46 -> 219 ms at once over a replayed Starlink link).
+            let seen =
+                (stream || !datagram).then(|| sparse_lane.on_stream_sparse(now, flow, left_sparse));
             if datagram {
                 match send_datagram(&conn, frame.slice(STREAM_HEADER..)) {
                     Ok(()) => {
@@ -375,8 +500,8 @@ pub(super) async fn path_writer(w: Writer) {
                     }
                 }
             }
-            written.add(len);
-            let sparse = sparse_lane.on_stream_sparse(now, flow, left_sparse);
+            let sparse =
+                seen.unwrap_or_else(|| sparse_lane.on_stream_sparse(now, flow, left_sparse));
             let slot = LaneStreams::slot(rank, sparse);
             if batches.len() <= slot {
                 batches.resize_with(slot + 1, BytesMut::new);
@@ -394,7 +519,7 @@ pub(super) async fn path_writer(w: Writer) {
         failed.0.report(&*sink, DropReason::QueueFull);
         failed.1.report(&*sink, DropReason::Oversized);
         failed.2.report(&*sink, DropReason::SendFailed);
-        if batched == 0 && sent == 0 {
+        if batched == 0 && sent == 0 && unwritten.is_empty() {
             continue;
         }
         let path = conn.stats().path;
@@ -402,7 +527,7 @@ pub(super) async fn path_writer(w: Writer) {
             sent + batched,
             path.current_mtu,
         ));
-        if batched == 0 {
+        if batched == 0 && unwritten.is_empty() {
             continue;
         }
         loss.on_counters(now, path.sent_packets, path.lost_packets);
@@ -418,32 +543,55 @@ pub(super) async fn path_writer(w: Writer) {
         let order = (0..batches.len())
             .step_by(2)
             .chain((1..batches.len()).step_by(2));
+        for (slot, batch) in batches.iter_mut().enumerate() {
+            if !batch.is_empty() {
+                unwritten.push(slot, batch.split().freeze());
+            }
+        }
         for slot in order {
-            if batches[slot].is_empty() {
+            if !unwritten.has(slot) {
                 continue;
             }
             let sparse = slot % 2 == 0;
             conn.set_send_window(window + if sparse { SPARSE_ROOM } else { 0 });
-            let chunk = batches[slot].split().freeze();
-            let written_ok = match streams.get(&conn, slot) {
-                Some(send) => send.write_chunk(chunk.clone()).await.is_ok(),
-                None => false,
+            // What passes a bulk write: a sparse flow's packet that goes as a datagram or on
+            // the sparse stream.
+            let passes = |&(_, lane, flow, tcp, _): &Queued| {
+                as_datagram(lane.carry, tcp) || sparse_lane.takes_sparse(Instant::now(), flow)
             };
-            if written_ok {
+            let give_way = (!sparse && unwritten.bytes <= GIVE_WAY_BYTES).then(|| GiveWay {
+                rx: &mut rx,
+                queue: &mut queue,
+                flows: &flows,
+                refused: &mut refused,
+                passes: &passes,
+            });
+            let keep = |chunk: Bytes| {
                 if hand_over.load(Ordering::Relaxed) {
                     recent
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .push(Instant::now(), chunk);
                 }
-            } else {
-                // Everything in this turn and everything still queued is lost with the
+            };
+            let written_ok = match streams.get(&conn, slot) {
+                Some(send) => write_out(send, &mut unwritten, slot, give_way, keep)
+                    .await
+                    .is_ok(),
+                None => false,
+            };
+            if !written_ok {
+                // Everything not yet written and everything still queued is lost with the
                 // stream; closing the queue makes later packets fail (and count) in
                 // `send_batch`.
                 close_queue(&mut rx, &mut queue, &flows, &mut refused);
                 gone(&mut refused, DropReason::SendFailed);
-                written.report(&*sink, DropReason::SendFailed);
+                unwritten.lose(&*sink);
                 return;
+            }
+            // A sparse packet arrived while a bulk write waited: it goes next turn.
+            if unwritten.has(slot) {
+                break;
             }
         }
     }
@@ -672,6 +820,7 @@ pub(super) fn send_datagram(conn: &quinn::Connection, pkt: Bytes) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::LaneSend;
 
     #[test]
     fn non_tcp_rides_the_stream_only_where_its_recovery_is_in_time() {
@@ -690,5 +839,152 @@ mod tests {
         assert!(datagram_beside_stream(true, false, &on));
         assert!(!datagram_beside_stream(true, true, &on));
         assert!(!datagram_beside_stream(false, false, &on));
+    }
+
+    /// A stream on a real QUIC connection over loopback whose peer takes `window` bytes of it
+    /// until it reads: a write beyond waits for room, as it does for the send window.
+    async fn narrow_stream(
+        window: u32,
+    ) -> (
+        [quinn::Endpoint; 2],
+        quinn::SendStream,
+        quinn::Connection,
+        tempfile::TempDir,
+    ) {
+        use crate::{pki, tls};
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        pki::init(d, false).unwrap();
+        pki::issue(d, "mpquic-server", pki::Kind::Server { sans: vec![] }).unwrap();
+        pki::issue(d, "site1", pki::Kind::Client).unwrap();
+        let crypto = tls::server_crypto(
+            &d.join("mpquic-server.crt"),
+            &d.join("mpquic-server.key"),
+            &d.join("ca.crt"),
+            false,
+            &[],
+            tls::Served::Native,
+        )
+        .unwrap();
+        let mut server = quinn::ServerConfig::with_crypto(Arc::new(
+            quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(crypto)).unwrap(),
+        ));
+        let mut transport = quinn::TransportConfig::default();
+        transport.stream_receive_window(window.into());
+        server.transport_config(Arc::new(transport));
+        let server = quinn::Endpoint::server(server, "127.0.0.1:0".parse().unwrap()).unwrap();
+        let crypto = tls::client_crypto(
+            Some(&d.join("ca.crt")),
+            false,
+            Some((&d.join("site1.crt"), &d.join("site1.key"))),
+            false,
+            tls::Served::Native,
+        )
+        .unwrap();
+        let mut client = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        client.set_default_client_config(quinn::ClientConfig::new(Arc::new(
+            quinn::crypto::rustls::QuicClientConfig::try_from(crypto).unwrap(),
+        )));
+        let addr = server.local_addr().unwrap();
+        let (conn, accepted) = tokio::join!(
+            async {
+                client
+                    .connect(addr, "mpquic-server")
+                    .unwrap()
+                    .await
+                    .unwrap()
+            },
+            async { server.accept().await.unwrap().await.unwrap() }
+        );
+        let send = conn.open_uni().await.unwrap();
+        ([server, client], send, accepted, dir)
+    }
+
+    /// A run of `n` frames of `len` bytes, numbered in their first bytes.
+    fn frames(n: u32, len: u16) -> Bytes {
+        let mut b = BytesMut::new();
+        for i in 0..n {
+            b.extend_from_slice(&stream_rx::header(len, 0));
+            let mut p = vec![0u8; usize::from(len)];
+            p[..4].copy_from_slice(&i.to_be_bytes());
+            b.extend_from_slice(&p);
+        }
+        b.freeze()
+    }
+
+    /// A bulk write that waits for room gives way to a packet of a flow that passes the bulk
+    /// stream, and to no other; what it had not written is written afterwards, once, in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiting_bulk_write_gives_way_to_a_sparse_packet_and_loses_nothing() {
+        const CALL: u64 = 7;
+        const BULK: u64 = 9;
+        let (_endpoints, mut send, peer, _dir) = narrow_stream(16 * 1024).await;
+        let chunk = frames(60, 1200);
+        let mut unwritten = Unwritten::default();
+        unwritten.push(1, chunk.clone());
+        let (tx, mut rx) = mpsc::channel(8);
+        let mut queue = RankedQueues::new(64, Duration::from_secs(1));
+        let flows = WaitingFlows::default();
+        let mut refused = Dropped::default();
+        let passes = |q: &Queued| q.2 == Some(CALL);
+        let packet = |flow| {
+            let lane = LaneSend {
+                rank: 0,
+                carry: LaneCarry::Path,
+            };
+            (Instant::now(), lane, Some(flow), false, frames(1, 200))
+        };
+        let mut written = Vec::new();
+        // A bulk flow's packet arrives: it joins the queue and the write goes on waiting (the
+        // peer reads nothing yet), until a packet of the call arrives.
+        tx.send(packet(BULK)).await.unwrap();
+        let call = tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            call.send(packet(CALL)).await.unwrap();
+        });
+        let started = Instant::now();
+        let give_way = GiveWay {
+            rx: &mut rx,
+            queue: &mut queue,
+            flows: &flows,
+            refused: &mut refused,
+            passes: &passes,
+        };
+        let r = tokio::time::timeout(
+            Duration::from_secs(10),
+            write_out(&mut send, &mut unwritten, 1, Some(give_way), |c| {
+                written.push(c)
+            }),
+        )
+        .await;
+        assert!(matches!(r, Ok(Ok(()))), "{r:?}");
+        assert!(
+            started.elapsed() >= Duration::from_millis(200),
+            "gave way to the bulk packet"
+        );
+        assert_eq!(queue.len(), 2, "both arrivals queued");
+        assert!(unwritten.has(1) && unwritten.bytes > 0 && unwritten.bytes < chunk.len());
+        assert!(written.is_empty(), "the chunk is not whole yet");
+        // The peer reads; the rest goes without giving way.
+        let reader = tokio::spawn(async move {
+            let mut recv = peer.accept_uni().await.unwrap();
+            recv.read_to_end(1 << 20).await.unwrap()
+        });
+        write_out(&mut send, &mut unwritten, 1, None, |c| written.push(c))
+            .await
+            .unwrap();
+        assert!(unwritten.is_empty() && !unwritten.has(1));
+        assert_eq!(
+            written,
+            vec![chunk.clone()],
+            "kept for a hand-over whole, once"
+        );
+        send.finish().unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(10), reader)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, chunk, "every byte once, in order");
     }
 }
