@@ -946,6 +946,25 @@ fn iperf3(
                 .collect()
         })
         .unwrap_or_default();
+    // The sending TCP's own view per interval, where iperf3 has it (an upload: the sender is
+    // the local end): retransmissions, and the first stream's window and smoothed RTT, so a
+    // slow second can be told apart as a small window, a long RTT or losses.
+    let sender: Vec<Value> = v["intervals"]
+        .as_array()
+        .filter(|_| t.protocol == "tcp" && !t.reverse)
+        .map(|a| {
+            a.iter()
+                .map(|i| {
+                    let s = &i["streams"][0];
+                    json!({
+                        "retransmits": i["sum"]["retransmits"],
+                        "cwnd_kib": s["snd_cwnd"].as_f64().map(|b| (b / 1024.0).round()),
+                        "rtt_ms": s["rtt"].as_f64().map(|us| (us / 100.0).round() / 10.0),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     json!({
         "label": label, "kind": "iperf3", "protocol": t.protocol, "streams": t.streams, "reverse": t.reverse,
         "rate": rate,
@@ -965,6 +984,7 @@ fn iperf3(
             _ => None,
         },
         "intervals_mbit": intervals,
+        "intervals_sender": sender,
         "stalls": stalls,
     })
 }
