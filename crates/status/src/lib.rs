@@ -195,6 +195,10 @@ pub struct PathStatus {
     /// losing data.
     #[serde(default)]
     pub loss_copies: u64,
+    /// Small real-time packets sent on it that were also copied to a spare path (up, a primary,
+    /// not metered) whatever it did.
+    #[serde(default)]
+    pub spare_copies: u64,
     /// Probes that met one of its reconfigurations on their way, and were not counted in
     /// `probe_loss_pct` or the round trip (`link: starlink`).
     #[serde(default)]
@@ -507,6 +511,12 @@ impl PathStatus {
             parts.push(format!(
                 "{} small packets copied to another path while it lost data",
                 self.loss_copies
+            ));
+        }
+        if self.spare_copies > 0 {
+            parts.push(format!(
+                "{} small packets copied to a spare path",
+                self.spare_copies
             ));
         }
         if self.flows_moved > 0 {

@@ -290,6 +290,11 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Counter(|p| p.loss_copies),
     ),
     (
+        "mpquic_path_spare_copies",
+        "Small real-time packets sent on the path that were also copied to a spare path (up, a primary, not metered)",
+        PathValue::Counter(|p| p.spare_copies),
+    ),
+    (
         "mpquic_path_flows_moved",
         "Bulk flows moved onto the path while they ran, from the best path that could not carry them all (failover)",
         PathValue::Counter(|p| p.flows_moved),

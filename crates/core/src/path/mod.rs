@@ -88,6 +88,8 @@ pub struct PathCounters {
     pub reconfig_copies: u64,
     /// ... and copied to another while this path was losing data (`bond::copies`).
     pub loss_copies: u64,
+    /// ... and copied to a spare path, whatever this one did (`bond::copies`).
+    pub spare_copies: u64,
 }
 
 /// Why a packet routed to a path was copied to another (`bond::copies`), as its counters say.
@@ -97,6 +99,8 @@ pub enum CopyReason {
     Reconfig,
     /// While the path was losing data.
     Loss,
+    /// On a spare path: up, a primary and not metered, whatever this one did.
+    Spare,
 }
 
 /// A path's recent throughput (bits/s each way), from its counters over windows of at least
@@ -749,6 +753,7 @@ impl PathSet {
         match why {
             CopyReason::Reconfig => c.reconfig_copies += 1,
             CopyReason::Loss => c.loss_copies += 1,
+            CopyReason::Spare => c.spare_copies += 1,
         }
         self.count_bytes(second, len);
     }
