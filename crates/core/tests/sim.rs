@@ -1196,8 +1196,8 @@ fn starlink_call(link: LinkKind, burst: Duration, seed: u64) -> (Sim, u32) {
 
 /// A call (50 packets/s each way, port 9) over two paths, wan1 (`wan1`, 30 ms one way)
 /// and wan2 (40 ms, metered: no copies on it all along, so what is copied is the
-/// reconfiguration's or the loss's), failover, for `secs`; wan1 loses everything for `burst` from each of
-/// `bursts`. The sim starts 5 s past a whole minute of the wall clock: Starlink's
+/// reconfiguration's or the loss's), failover, for `secs`; wan1 loses everything for `burst`
+/// from each of `bursts`. The sim starts 5 s past a whole minute of the wall clock: Starlink's
 /// reconfigurations fall at 7, 22, 37, 52 s... into it. Returns the sim and how many packets
 /// each side had sent by each of `bursts` (the last: in all).
 fn call_through_bursts(
