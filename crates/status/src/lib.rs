@@ -195,8 +195,8 @@ pub struct PathStatus {
     /// losing data.
     #[serde(default)]
     pub loss_copies: u64,
-    /// Small real-time packets sent on it that were also copied to a spare path (up, a primary,
-    /// not metered) whatever it did.
+    /// Small real-time packets sent on it that were also copied to a spare path (of the same
+    /// priority, a primary, not metered) whatever it did.
     #[serde(default)]
     pub spare_copies: u64,
     /// Probes that met one of its reconfigurations on their way, and were not counted in

@@ -291,7 +291,7 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
     ),
     (
         "mpquic_path_spare_copies",
-        "Small real-time packets sent on the path that were also copied to a spare path (up, a primary, not metered)",
+        "Small real-time packets sent on the path that were also copied to a spare path (of the same priority, a primary, not metered)",
         PathValue::Counter(|p| p.spare_copies),
     ),
     (

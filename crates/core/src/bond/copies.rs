@@ -74,7 +74,8 @@ pub use crate::path::CopyReason as Why;
 /// The bounds on copies: for loss a token bucket, on a spare path the flows admitted.
 #[derive(Debug, Default)]
 pub struct Copies {
-    all: Bucket,
+    tokens: f64,
+    at: Option<Instant>,
     spare: Spare,
 }
 
@@ -94,10 +95,9 @@ struct Spare {
 
 #[derive(Debug, Default, Clone, Copy)]
 struct FlowCount {
-    /// The window it was last counted in, its packets there and in the window before.
+    /// The window it was last counted in, its packets there, and whether it is copied there.
     window: Option<Instant>,
     count: u32,
-    before: u32,
     copied: bool,
 }
 
@@ -120,7 +120,6 @@ impl Spare {
                 Some(w) if Some(w) == window.checked_sub(WINDOW) => (f.count, f.copied),
                 _ => (0, false),
             };
-            f.before = before;
             f.count = 0;
             f.window = Some(window);
             // A flow copied in the window before stays copied (a call does not lose its
@@ -143,29 +142,6 @@ impl Spare {
         self.admitted = if next { self.copied_now } else { 0 };
         self.copied_now = 0;
         start
-    }
-}
-
-/// A token bucket.
-#[derive(Debug, Default, Clone, Copy)]
-struct Bucket {
-    tokens: f64,
-    at: Option<Instant>,
-}
-
-impl Bucket {
-    /// One token, if the bucket (refilled at `rate` a second up to `burst`) has one.
-    fn take(&mut self, now: Instant, rate: f64, burst: f64) -> bool {
-        let since = self
-            .at
-            .map_or(Duration::MAX, |t| now.saturating_duration_since(t));
-        self.tokens = (self.tokens + since.as_secs_f64().min(1.0) * rate).min(burst);
-        self.at = Some(now);
-        if self.tokens < 1.0 {
-            return false;
-        }
-        self.tokens -= 1.0;
-        true
     }
 }
 
@@ -194,9 +170,21 @@ impl Copies {
             return None;
         }
         let other = second_path(paths, first, |p| !p.used_up)?;
-        self.all
-            .take(now, RATE, BURST)
-            .then_some((other, Why::Loss))
+        self.take(now).then_some((other, Why::Loss))
+    }
+
+    /// One copy for loss, if the bucket has a token.
+    fn take(&mut self, now: Instant) -> bool {
+        let since = self
+            .at
+            .map_or(Duration::MAX, |t| now.saturating_duration_since(t));
+        self.tokens = (self.tokens + since.as_secs_f64().min(1.0) * RATE).min(BURST);
+        self.at = Some(now);
+        if self.tokens < 1.0 {
+            return false;
+        }
+        self.tokens -= 1.0;
+        true
     }
 }
 

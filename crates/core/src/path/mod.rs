@@ -99,7 +99,7 @@ pub enum CopyReason {
     Reconfig,
     /// While the path was losing data.
     Loss,
-    /// On a spare path: up, a primary and not metered, whatever this one did.
+    /// On a spare path (of the same priority, a primary, not metered), whatever this one did.
     Spare,
 }
 
