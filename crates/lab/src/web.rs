@@ -157,8 +157,24 @@ pub fn run(role: &str, at: &str, size: u64, parallel: usize, seconds: f64) -> Re
 }
 
 /// The figures web-like transfers are judged by, from `fetch`'s output: completed and failed
-/// fetches, objects a second, and the completion time's median, p95 and maximum.
+/// fetches, objects a second, the completion time's median, p95 and maximum, and each fetch
+/// as `[start_s, ms]` in the order they started (to line the slow ones up with a link's events:
+/// a Starlink reconfiguration, an LTE stall).
 pub fn judge(out: &Value, seconds: f64) -> Value {
+    let mut each: Vec<(f64, f64)> = out["fetches"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| Some((f[0].as_f64()?, f[1].as_f64()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    each.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let round = |x: f64, to: f64| (x * to).round() / to;
+    let each: Vec<Value> = each
+        .iter()
+        .map(|&(s, ms)| json!([round(s, 1e3), round(ms, 10.0)]))
+        .collect();
     let mut ms: Vec<f64> = out["fetches"]
         .as_array()
         .map(|a| a.iter().filter_map(|f| f[1].as_f64()).collect())
@@ -170,6 +186,7 @@ pub fn judge(out: &Value, seconds: f64) -> Value {
         "failed": failed,
         "failures": out["failed"].as_array().map(|a| a.iter().take(5).cloned().collect::<Vec<_>>()),
         "objects_per_s": if seconds > 0.0 { ms.len() as f64 / seconds } else { 0.0 },
+        "fetches": each,
         "completion_ms": if ms.is_empty() { json!(null) } else {
             json!({"median": pct(&ms, 0.5), "p95": pct(&ms, 0.95), "max": ms[ms.len() - 1]})
         },
@@ -196,6 +213,10 @@ mod tests {
         let j1 = judge(&one, 0.5);
         let j6 = judge(&six, 0.5);
         assert!(j1["fetched"].as_u64().unwrap() >= 5, "{j1}");
+        let each = j6["fetches"].as_array().unwrap();
+        assert_eq!(each.len() as u64, j6["fetched"].as_u64().unwrap(), "{j6}");
+        let starts: Vec<f64> = each.iter().map(|f| f[0].as_f64().unwrap()).collect();
+        assert!(starts.windows(2).all(|w| w[0] <= w[1]), "{j6}");
         assert!(
             j6["fetched"].as_u64().unwrap() >= j1["fetched"].as_u64().unwrap() / 2,
             "{j6}"
