@@ -170,15 +170,12 @@ pub fn judge(out: &Value, seconds: f64) -> Value {
         })
         .unwrap_or_default();
     each.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut ms: Vec<f64> = each.iter().map(|&(_, ms)| ms).collect();
     let round = |x: f64, to: f64| (x * to).round() / to;
     let each: Vec<Value> = each
         .iter()
         .map(|&(s, ms)| json!([round(s, 1e3), round(ms, 10.0)]))
         .collect();
-    let mut ms: Vec<f64> = out["fetches"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|f| f[1].as_f64()).collect())
-        .unwrap_or_default();
     ms.sort_by(f64::total_cmp);
     let failed = out["failed"].as_array().map_or(0, Vec::len);
     json!({
