@@ -153,9 +153,10 @@ def test_a_forged_packet_from_another_address_does_not_move_the_path(make_lab, t
     remote = server["remote"]
     port = 45017 if transport == "quic" else 46017
     # A genuine client packet, as the server receives it (payload bytes from tcpdump), while
-    # pings give the path packets of some size.
+    # pings give the path packets of some size: a UDP length above 100 bytes picks a ping's
+    # packet, not an acknowledgement or keepalive (those are 40-60 bytes).
     lab.start_ping("bg", interval=0.02)
-    cap = lab.sh(lab.server_ns, f"timeout 3 tcpdump -n -i wan1 -c 1 -x 'udp dst port {port} and greater 100' 2>/dev/null",
+    cap = lab.sh(lab.server_ns, f"timeout 3 tcpdump -n -i wan1 -c 1 -x 'udp dst port {port} and udp[4:2] > 100' 2>/dev/null",
                  check=False, timeout=10).stdout
     hexdump = "".join(w for line in cap.splitlines()[1:] for w in line.split()[1:] if ":" not in w)
     lab.stop("bg", sig=signal.SIGINT)
