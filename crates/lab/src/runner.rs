@@ -665,8 +665,10 @@ struct Sampled {
 }
 
 /// What each path of an mpquic side says of itself now (`mpquic status --json`): its
-/// controller's view (RTTs, window, pacing rate), where its traffic goes and what it lost, so
-/// a second that went wrong in a run can be read against what the tunnel believed then.
+/// controller's view (RTTs, window, pacing rate), where its traffic goes, what it lost and
+/// what it dropped (per reason: a stall of an inner flow lines up with the tunnel's own drops
+/// or not), so a second that went wrong in a run can be read against what the tunnel believed
+/// then.
 fn path_states(socket: &Path) -> Value {
     let Some(status) = Command::new(mpquic_conf::mpquic_bin())
         .args(["status", "--json", "--socket"])
@@ -690,6 +692,8 @@ fn path_states(socket: &Path) -> Value {
         "quic_lost_packets",
         "flows",
         "flows_moved",
+        "playout_ms",
+        "drops",
     ];
     let paths: Vec<Value> = status["tunnels"]
         .as_array()
