@@ -23,7 +23,7 @@ counters).
 RTT, so labs do not do it): the emulator's column is then its own work, the receive threads'
 column the traffic's.
 
-MPQUIC_LAB_BIN=PATH runs another build (to compare two side by side in one session).
+MPQUIC_LAB_BIN=PATH runs another build (to compare two side by side).
 """
 
 import argparse
