@@ -20,6 +20,12 @@
 //!   the backlog the bound is for, and what holds it back is the pacer or the sender's own
 //!   thread not running, where a drop helps nothing (a ping lost to a 20 ms stall of a busy
 //!   host); the bound is there for a flood of new flows.
+//! - **an ECN-capable flow is marked before it is dropped**: a bulk packet that has waited
+//!   `mark_after` (`mark_after()`: a round trip of the path, at most half the drop bound) is
+//!   offered to the caller's `mark` (`pop_marking`: the writer sets "congestion experienced"
+//!   on a packet whose sender negotiated ECN, `packet::ecn`). Its sender slows down as for a
+//!   loss, without the round trip of nothing delivered that a loss costs it; a flow that does
+//!   not negotiate ECN meets the queue as before.
 //!
 //! Measured and not adopted (sixteen inner uploads over a replayed Starlink link, where each
 //! flow stalls over 200 ms at every loss: its inner RTT is 130-240 ms under the load, and a
@@ -41,6 +47,14 @@ pub const SPARSE_PACKETS: u32 = 2;
 
 /// How long a sparse flow's packet may wait, at least (`SendQueue::pop_from`).
 pub const SPARSE_MAX_WAIT: Duration = Duration::from_millis(200);
+
+/// How long a bulk packet waits before it may be marked (`SendQueue::pop_marking`), on a path
+/// with this smoothed RTT whose queue drops at `max_wait`: a round trip (the buffer one
+/// loss-based flow needs to keep the path busy; `reliable::queue_wait` lets three wait), and
+/// at most half the bound, so that a flow hears of the queue before it loses to it.
+pub fn mark_after(srtt: Duration, max_wait: Duration) -> Duration {
+    srtt.min(max_wait / 2)
+}
 
 /// Counters of `WaitingFlows`, shared by flows by their hash.
 const FLOW_BUCKETS: usize = 256;
@@ -225,6 +239,8 @@ pub struct SendQueue<T> {
     in_bulk: HashMap<u64, u32>,
     limit: usize,
     max_wait: Duration,
+    /// A bulk packet that waited longer may be marked (`pop_marking`); `max_wait / 2` until set.
+    mark_after: Option<Duration>,
     /// Packets that left through the sparse queue.
     pub sparse_sent: u64,
 }
@@ -238,6 +254,7 @@ impl<T> SendQueue<T> {
             in_bulk: HashMap::new(),
             limit,
             max_wait,
+            mark_after: None,
             sparse_sent: 0,
         }
     }
@@ -245,6 +262,11 @@ impl<T> SendQueue<T> {
     /// Change how long a packet may wait (follows the path's RTT).
     pub fn set_max_wait(&mut self, max_wait: Duration) {
         self.max_wait = max_wait;
+    }
+
+    /// Change how long a bulk packet waits before it may be marked (`mark_after()`).
+    pub fn set_mark_after(&mut self, after: Duration) {
+        self.mark_after = Some(after);
     }
 
     /// Change how many packets may wait (follows the path's rate). Packets already waiting
@@ -326,6 +348,17 @@ impl<T> SendQueue<T> {
 
     /// `pop`, saying whether the packet left through the sparse queue.
     pub fn pop_from(&mut self, now: Instant, stale: &mut impl FnMut(T)) -> Option<(T, bool)> {
+        self.pop_marking(now, stale, &mut |_| false)
+    }
+
+    /// `pop_from`, offering `mark` each bulk packet that leaves after waiting longer than
+    /// `mark_after` (it marks what it can: an ECN-capable packet).
+    pub fn pop_marking(
+        &mut self,
+        now: Instant,
+        stale: &mut impl FnMut(T),
+        mark: &mut impl FnMut(&mut T) -> bool,
+    ) -> Option<(T, bool)> {
         loop {
             let from_sparse = !self.sparse.is_empty();
             let queue = match from_sparse {
@@ -338,14 +371,18 @@ impl<T> SendQueue<T> {
                 true => self.max_wait.max(SPARSE_MAX_WAIT),
                 false => self.max_wait,
             };
-            if now.saturating_duration_since(e.at) > max_wait {
+            let waited = now.saturating_duration_since(e.at);
+            if waited > max_wait {
                 stale(e.item);
                 continue;
             }
+            let mut item = e.item;
             if from_sparse {
                 self.sparse_sent += 1;
+            } else if waited > self.mark_after.unwrap_or(self.max_wait / 2) {
+                mark(&mut item);
             }
-            return Some((e.item, from_sparse));
+            return Some((item, from_sparse));
         }
     }
 
@@ -368,6 +405,7 @@ pub struct RankedQueues<T> {
     queues: Vec<SendQueue<T>>,
     limit: usize,
     max_wait: Duration,
+    mark_after: Option<Duration>,
 }
 
 impl<T> RankedQueues<T> {
@@ -376,6 +414,7 @@ impl<T> RankedQueues<T> {
             queues: Vec::new(),
             limit,
             max_wait,
+            mark_after: None,
         }
     }
 
@@ -384,7 +423,9 @@ impl<T> RankedQueues<T> {
     pub fn push(&mut self, rank: u8, now: Instant, flow: Option<u64>, item: T) -> Result<(), T> {
         let r = usize::from(rank).min(crate::wire::MAX_LANES - 1);
         while self.queues.len() <= r {
-            self.queues.push(SendQueue::new(self.limit, self.max_wait));
+            let mut q = SendQueue::new(self.limit, self.max_wait);
+            q.mark_after = self.mark_after;
+            self.queues.push(q);
         }
         self.queues[r].push(now, flow, item)
     }
@@ -399,11 +440,28 @@ impl<T> RankedQueues<T> {
         self.queues.iter_mut().find_map(|q| q.pop_from(now, stale))
     }
 
+    /// `SendQueue::pop_marking` from the highest rank that has a packet.
+    pub fn pop_marking(
+        &mut self,
+        now: Instant,
+        stale: &mut impl FnMut(T),
+        mark: &mut impl FnMut(&mut T) -> bool,
+    ) -> Option<(T, bool)> {
+        self.queues
+            .iter_mut()
+            .find_map(|q| q.pop_marking(now, stale, mark))
+    }
+
     pub fn set_max_wait(&mut self, max_wait: Duration) {
         self.max_wait = max_wait;
         self.queues
             .iter_mut()
             .for_each(|q| q.set_max_wait(max_wait));
+    }
+
+    pub fn set_mark_after(&mut self, after: Duration) {
+        self.mark_after = Some(after);
+        self.queues.iter_mut().for_each(|q| q.set_mark_after(after));
     }
 
     pub fn len(&self) -> usize {
@@ -634,6 +692,56 @@ mod tests {
         q.push(later, Some(1), (1, 3)).unwrap();
         assert_eq!(q.pop(later, &mut |_| {}), Some((1, 3)));
         assert!(q.is_empty());
+    }
+
+    /// Bulk packets that waited over `mark_after` (a round trip, here 10 ms) are offered for a
+    /// mark, those that waited less and sparse ones are not; past the bound they are dropped.
+    #[test]
+    fn bulk_packets_that_waited_are_offered_for_a_mark() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut q = SendQueue::new(100, ms(30));
+        q.set_mark_after(mark_after(ms(10), ms(30)));
+        for i in 0..6 {
+            q.push(t0 + ms(u64::from(i) * 5), Some(1), (1, i)).unwrap();
+        }
+        let mut offered = Vec::new();
+        let mut stale = Vec::new();
+        // At 17 ms: (1, 0) and (1, 1) are sparse; (1, 2) waited 7 ms, (1, 3) 2 ms: none is
+        // offered. At 35 ms (1, 4) waited 15 ms (over 10): offered; (1, 5) waited 10: not.
+        type Item = (u64, u32);
+        let mut pop = |q: &mut SendQueue<Item>, at: Duration| {
+            q.pop_marking(t0 + at, &mut |x| stale.push(x), &mut |x: &mut Item| {
+                offered.push(*x);
+                true
+            })
+        };
+        for _ in 0..4 {
+            assert!(pop(&mut q, ms(17)).is_some());
+        }
+        assert!(pop(&mut q, ms(35)).is_some());
+        assert!(pop(&mut q, ms(35)).is_some());
+        assert_eq!(offered, [(1, 4)]);
+        // Past the bound: dropped, not offered.
+        q.push(t0, Some(1), (1, 9)).unwrap();
+        q.push(t0, Some(1), (1, 9)).unwrap();
+        q.push(t0, Some(1), (1, 9)).unwrap();
+        let mut no_mark = |_: &mut Item| -> bool { panic!("sparse or stale: not offered") };
+        let (item, _) = q
+            .pop_marking(t0 + ms(31), &mut |x| stale.push(x), &mut no_mark)
+            .unwrap();
+        assert_eq!(item, (1, 9), "a sparse one still goes");
+        assert!(q
+            .pop_marking(t0 + ms(31), &mut |x| stale.push(x), &mut no_mark)
+            .is_some());
+        assert!(q
+            .pop_marking(t0 + ms(31), &mut |x| stale.push(x), &mut no_mark)
+            .is_none());
+        assert_eq!(stale.len(), 1);
+        // A round trip, at most half the bound.
+        assert_eq!(mark_after(ms(10), ms(30)), ms(10));
+        assert_eq!(mark_after(ms(100), ms(200)), ms(100));
+        assert_eq!(mark_after(ms(150), ms(200)), ms(100));
     }
 
     /// A full queue of one bulk flow: a sparse packet displaces the bulk backlog's oldest, and

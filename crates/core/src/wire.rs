@@ -221,6 +221,12 @@ pub fn inner_packet(buf: &[u8]) -> Option<&[u8]> {
     }
 }
 
+/// Where `inner_packet` begins in `buf`, to rewrite it in place (an ECN mark): it is always
+/// the rest of `buf`.
+pub fn inner_packet_at(buf: &[u8]) -> Option<usize> {
+    inner_packet(buf).map(|p| buf.len() - p.len())
+}
+
 /// The header in front of an inner packet of `lane` (`CLASSED`); the first lane (0) has none.
 pub fn encode_classed(lane: u8) -> Option<[u8; CLASSED_HEADER]> {
     (lane > 0 && usize::from(lane) < MAX_LANES).then_some([CLASSED, lane])
@@ -348,7 +354,13 @@ mod tests {
         assert_eq!(inner_packet(&bonded), Some(&ip[..]));
         let classed = [&encode_classed(2).unwrap()[..], &bonded].concat();
         assert_eq!(inner_packet(&classed), Some(&ip[..]));
+        assert_eq!(
+            inner_packet_at(&classed),
+            Some(CLASSED_HEADER + BOND_HEADER)
+        );
+        assert_eq!(inner_packet_at(&ip), Some(0));
         assert_eq!(inner_packet(&encode_probe(PROBE, 1)), None);
+        assert_eq!(inner_packet_at(&encode_probe(PROBE, 1)), None);
         assert_eq!(inner_packet(&[]), None);
     }
 

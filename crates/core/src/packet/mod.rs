@@ -1,11 +1,13 @@
-//! Read-only views of inner IP packets and the one in-place rewrite the data path does
-//! (TCP MSS clamping). Everything here takes untrusted bytes: every accessor is bounds-checked
-//! and returns `None` instead of panicking.
+//! Read-only views of inner IP packets and the in-place rewrites the data path does (TCP MSS
+//! clamping here, ECN marks in `ecn`). Everything here takes untrusted bytes: every accessor is
+//! bounds-checked and returns `None` instead of panicking.
 //!
-//! Beside the parser: `coalesce` (GRO for the TUN writes), `icmp` ("packet too big" for inner
-//! senders), `mtu` (the tunnel's size arithmetic).
+//! Beside the parser: `coalesce` (GRO for the TUN writes), `ecn` (congestion marks for the
+//! sender's queue), `icmp` ("packet too big" for inner senders), `mtu` (the tunnel's size
+//! arithmetic).
 
 pub mod coalesce;
+pub mod ecn;
 pub mod icmp;
 pub mod mtu;
 
