@@ -199,6 +199,11 @@ pub struct PathStatus {
     /// priority, a primary, not metered) whatever it did.
     #[serde(default)]
     pub spare_copies: u64,
+    /// Inner packets its sender marked "congestion experienced" (ECN) after they had waited
+    /// in its queue, instead of dropping them later: flows that negotiated ECN slow down
+    /// without a loss.
+    #[serde(default)]
+    pub ce_marked: u64,
     /// Probes that met one of its reconfigurations on their way, and were not counted in
     /// `probe_loss_pct` or the round trip (`link: starlink`).
     #[serde(default)]
@@ -517,6 +522,12 @@ impl PathStatus {
             parts.push(format!(
                 "{} small packets copied to a spare path",
                 self.spare_copies
+            ));
+        }
+        if self.ce_marked > 0 {
+            parts.push(format!(
+                "{} packets marked congestion-experienced (ECN) instead of dropped",
+                self.ce_marked
             ));
         }
         if self.flows_moved > 0 {

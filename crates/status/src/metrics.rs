@@ -295,6 +295,11 @@ const PATH_METRICS: &[(&str, &str, PathValue)] = &[
         PathValue::Counter(|p| p.spare_copies),
     ),
     (
+        "mpquic_path_ce_marked",
+        "Inner packets the path's sender marked congestion-experienced (ECN) after a long wait in its queue, rather than dropping them later",
+        PathValue::Counter(|p| p.ce_marked),
+    ),
+    (
         "mpquic_path_flows_moved",
         "Bulk flows moved onto the path while they ran, from the best path that could not carry them all (failover)",
         PathValue::Counter(|p| p.flows_moved),

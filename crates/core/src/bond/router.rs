@@ -384,6 +384,9 @@ impl Router {
     pub fn drop_on(&mut self, id: PathId, reason: DropReason, n: u64) {
         self.paths.drop_on(id, reason, n);
     }
+    pub fn ce_marked(&mut self, id: PathId, n: u64) {
+        self.paths.ce_marked(id, n);
+    }
     pub fn unusable_for(&self, id: PathId, now: Instant) -> Option<Duration> {
         self.paths.unusable_for(id, now)
     }

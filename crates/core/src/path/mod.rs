@@ -90,6 +90,9 @@ pub struct PathCounters {
     pub loss_copies: u64,
     /// ... and copied to a spare path, whatever this one did (`bond::copies`).
     pub spare_copies: u64,
+    /// Inner packets the path's sender marked "congestion experienced" instead of letting them
+    /// wait on towards a drop (`packet::ecn`, `sendq`).
+    pub ce_marked: u64,
 }
 
 /// Why a packet routed to a path was copied to another (`bond::copies`), as its counters say.
@@ -778,6 +781,12 @@ impl PathSet {
         p.drops.add_n(reason, packets);
         p.counters.tx_packets = p.counters.tx_packets.saturating_sub(packets);
         p.counters.tx_bytes = p.counters.tx_bytes.saturating_sub(bytes);
+    }
+
+    /// `n` packets sent on `id` were marked "congestion experienced" by its sender's queue.
+    pub fn ce_marked(&mut self, id: PathId, n: u64) {
+        let c = &mut self.paths[id.index()].counters;
+        c.ce_marked = c.ce_marked.saturating_add(n);
     }
 
     /// A packet received on `id` (or meant for it) was refused (spoofed source, malformed, TUN

@@ -159,6 +159,9 @@ pub trait Sink: Send + Sync + 'static {
     /// Packets accepted by `send_batch` that the transport dropped after all (counted under
     /// `reason`): lost with a failed stream, or waited too long in its queue.
     fn on_send_dropped(&self, reason: DropReason, packets: u64, bytes: u64);
+    /// Packets the transport's sender marked "congestion experienced" (ECN) as they left a
+    /// queue they had waited in long (`sendq::SendQueue::pop_marking`).
+    fn on_ce_marked(&self, packets: u64);
     /// A packet that arrived for this path and was refused before it was a datagram (a stripe
     /// packet that failed authentication or the replay check, or was malformed).
     fn on_received_dropped(&self, reason: DropReason);

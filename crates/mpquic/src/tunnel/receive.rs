@@ -124,6 +124,10 @@ impl Sink for LinkSink {
         (self.tunnel.lock().core.router_mut()).drop_on(self.path, reason, 1);
     }
 
+    fn on_ce_marked(&self, packets: u64) {
+        (self.tunnel.lock().core.router_mut()).ce_marked(self.path, packets);
+    }
+
     fn on_closed(&self, peer_code: Option<u32>) {
         let prober = self.tunnel.watches_mtu();
         match peer_code {

@@ -44,6 +44,7 @@ impl Tunnel {
                     reconfig_copies: p.counters.reconfig_copies,
                     loss_copies: p.counters.loss_copies,
                     spare_copies: p.counters.spare_copies,
+                    ce_marked: p.counters.ce_marked,
                     rate_limit_mbit: p.spec.rate_limit.map(|r| r as f64 / 1e6),
                     budget: s.core.meter(id).map(|m| budget_status(m, wall)),
                     tx_bytes: p.counters.tx_bytes,

@@ -681,6 +681,9 @@ impl Sink for HttpDatagrams {
     fn on_received_dropped(&self, reason: DropReason) {
         self.inner.on_received_dropped(reason)
     }
+    fn on_ce_marked(&self, packets: u64) {
+        self.inner.on_ce_marked(packets)
+    }
     fn on_closed(&self, peer_code: Option<u32>) {
         self.inner.on_closed(peer_code)
     }

@@ -331,6 +331,8 @@ pub(super) async fn path_writer(w: Writer) {
     let mut queue = RankedQueues::new(WRITER_QUEUE, mpquic_core::reliable::HANDOFF_TIME);
     let mut pacer = Pacer::default();
     let mut stale = Dropped::default();
+    // Packets marked "congestion experienced" since the last report (`mark_ce`).
+    let mut ce_marked = 0u64;
     let mut refused = Dropped::default();
     let mut failed = (Dropped::default(), Dropped::default(), Dropped::default());
     let mut loss = mpquic_core::path::loss::LossEstimate::default();
@@ -413,7 +415,9 @@ pub(super) async fn path_writer(w: Writer) {
             cap,
         ));
         let now = Instant::now();
-        queue.set_max_wait(max_wait(stream, conn.rtt()));
+        let wait = max_wait(stream, conn.rtt());
+        queue.set_max_wait(wait);
+        queue.set_mark_after(mpquic_core::sendq::mark_after(conn.rtt(), wait));
         let at = pacer.ready_at(now, PACED_PACKET);
         if at > now {
             // What arrives meanwhile is queued, and a sparse packet leaves first.
@@ -454,10 +458,18 @@ pub(super) async fn path_writer(w: Writer) {
                     tcp,
                 },
                 left_sparse,
-            )) = queue.pop_from(now, &mut |f: Frame| {
-                flows.sub(f.flow);
-                stale.add(f.bytes.len() - STREAM_HEADER)
-            })
+            )) = queue.pop_marking(
+                now,
+                &mut |f: Frame| {
+                    flows.sub(f.flow);
+                    stale.add(f.bytes.len() - STREAM_HEADER)
+                },
+                &mut |f: &mut Frame| {
+                    let marked = mark_ce(&mut f.bytes);
+                    ce_marked += u64::from(marked);
+                    marked
+                },
+            )
             else {
                 break;
             };
@@ -516,6 +528,9 @@ pub(super) async fn path_writer(w: Writer) {
         // A frame that waited too long was dropped rather than added to the delay of
         // everything behind it (`max_wait`).
         gone(&mut stale, DropReason::QueueFull);
+        if ce_marked > 0 {
+            sink.on_ce_marked(std::mem::take(&mut ce_marked));
+        }
         failed.0.report(&*sink, DropReason::QueueFull);
         failed.1.report(&*sink, DropReason::Oversized);
         failed.2.report(&*sink, DropReason::SendFailed);
@@ -778,6 +793,22 @@ fn engine_room(conn: &quinn::Connection) -> usize {
     let limit = (rate.saturating_mul(ENGINE_QUEUE_TIME.as_micros() as u64) / 1_000_000)
         .max(ENGINE_QUEUE_MIN as u64) as usize;
     limit.saturating_sub(held)
+}
+
+/// Mark the inner packet of a queued frame "congestion experienced" if its sender takes ECN
+/// marks (`sendq::SendQueue::pop_marking`); whether it did. The frame is copied only then.
+fn mark_ce(frame: &mut Bytes) -> bool {
+    let body = &frame[STREAM_HEADER..];
+    let Some(at) = mpquic_core::wire::inner_packet_at(body) else {
+        return false;
+    };
+    if !mpquic_core::packet::ecn::is_ect(&body[at..]) {
+        return false;
+    }
+    let mut copy = BytesMut::from(&frame[..]);
+    let marked = mpquic_core::packet::ecn::mark_ce(&mut copy[STREAM_HEADER + at..]);
+    *frame = copy.freeze();
+    marked
 }
 
 /// How long a packet may wait in a path's writer queue: on the stream, `reliable::queue_wait`
