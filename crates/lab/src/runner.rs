@@ -857,6 +857,19 @@ fn sweep_ok(v: &Value) -> bool {
     v.get("error").is_none() && v["lost_percent"].as_f64().is_some_and(|l| l < 1.0)
 }
 
+/// `net.ipv4.tcp_ecn` in `ns`: its value before, after setting it to `set` (if any).
+fn tcp_ecn(ns: &str, set: Option<&str>) -> Option<String> {
+    let was = ns_cmd(ns, &["sysctl", "-n", "net.ipv4.tcp_ecn"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|v| !v.is_empty());
+    if let Some(v) = set {
+        let _ = ns_cmd(ns, &["sysctl", "-qw", &format!("net.ipv4.tcp_ecn={v}")]).status();
+    }
+    was
+}
+
 /// One iperf3 run of traffic item `i` at `rate` (iperf3 -b; UDP defaults to 100M).
 fn iperf3(
     t: &Traffic,
@@ -921,7 +934,13 @@ fn iperf3(
         let receiver = if t.reverse { from.ns } else { from.dst_ns };
         spawn_lab(receiver, &[], &["stalls", &port])
     });
+    // What the connecting host asked for while the item ran (results.json `ecn`).
+    let ecn_was = t.ecn.then(|| tcp_ecn(from.ns, Some("1")));
+    let ecn = t.ecn && tcp_ecn(from.ns, None).as_deref() == Some("1");
     let out = ns_cmd(from.ns, &args).output();
+    if let Some(Some(was)) = &ecn_was {
+        tcp_ecn(from.ns, Some(was.as_str()));
+    }
     let stalls = match watch {
         None => Value::Null,
         Some(w) => match w.map_err(anyhow::Error::from).and_then(lab_output) {
@@ -975,6 +994,7 @@ fn iperf3(
         // iperf3 names the sending side's algorithm at the end (null for UDP); the scenario's
         // `tcp_congestion` when an older iperf3 does not.
         "tcp_congestion": end["sender_tcp_congestion"].as_str().or(t.tcp_congestion.as_deref()),
+        "ecn": ecn,
         "start_s": start.as_secs_f64(),
         "mbit": recv["bits_per_second"].as_f64().unwrap_or(0.0) / 1e6,
         "retransmits": end["sum_sent"]["retransmits"],

@@ -204,6 +204,12 @@ pub struct Traffic {
     pub interval: String,
     /// Inner TCP congestion control (iperf3 -C), e.g. cubic; default: the kernel's (bbr here).
     pub tcp_congestion: Option<String>,
+    /// iperf3: the inner TCP flows negotiate ECN (RFC 3168): the namespace of the host that
+    /// connects asks for it (`net.ipv4.tcp_ecn=1`) while the item runs, and the other end
+    /// accepts it (the kernel's default). Other TCP connections that host opens meanwhile ask
+    /// for it too. Default: off, as Linux and Windows hosts have it.
+    #[serde(default)]
+    pub ecn: bool,
 }
 fn d_zero() -> String {
     "0s".into()
