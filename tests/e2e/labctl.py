@@ -382,8 +382,11 @@ class Lab:
         raise RuntimeError("iperf3 server did not start")
 
     def iperf(self, seconds=5, streams=1, reverse=False, udp_mbit=None, port=5201, c=0, length=None,
-              dst=None, timeout=None, src_ns=None, window=None, rate_mbit=None, interval=None):
+              dst=None, timeout=None, src_ns=None, window=None, rate_mbit=None, interval=None,
+              congestion=None):
         cmd = ["iperf3", "-c", dst or self.inet_addr, "-p", str(port), "-t", str(seconds), "-P", str(streams), "-J"]
+        if congestion:
+            cmd += ["-C", congestion]
         if interval:
             cmd += ["-i", str(interval)]
         if reverse:
