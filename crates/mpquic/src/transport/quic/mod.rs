@@ -582,6 +582,7 @@ impl PathTransport for QuicTransport {
             meter: self.meter.clone(),
             rate_cap: self.rate_cap.clone(),
             tunnel: self.tunnel.clone(),
+            prefix_len: self.prefix.len(),
         };
         tokio::spawn(path_writer(writer));
     }

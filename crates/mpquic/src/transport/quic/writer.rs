@@ -283,6 +283,9 @@ pub(super) struct Writer {
     /// The tunnel's paths' backlogs (`Transport::join_tunnel`): whether the traffic offers
     /// less than the paths take when this writer's queue empties.
     pub(super) tunnel: Arc<std::sync::OnceLock<TunnelBacklog>>,
+    /// Bytes of the CONNECT-IP prefix between each frame's header and its packet's headers
+    /// (`QuicTransport::prefix`; 0 on an mpquic connection).
+    pub(super) prefix_len: usize,
 }
 
 /// A path's send side, in every mode. Frames from `send_batch` wait in a `SendQueue` per lane
@@ -318,6 +321,7 @@ pub(super) async fn path_writer(w: Writer) {
         meter,
         rate_cap,
         tunnel,
+        prefix_len,
     } = w;
     let mut streams = LaneStreams::new(send);
     // What goes on the streams this turn, by stream (`LaneStreams::slot`: each lane's sparse
@@ -465,7 +469,7 @@ pub(super) async fn path_writer(w: Writer) {
                     stale.add(f.bytes.len() - STREAM_HEADER)
                 },
                 &mut |f: &mut Frame| {
-                    let marked = mark_ce(&mut f.bytes);
+                    let marked = mark_ce(&mut f.bytes, prefix_len);
                     ce_marked += u64::from(marked);
                     marked
                 },
@@ -796,9 +800,13 @@ fn engine_room(conn: &quinn::Connection) -> usize {
 }
 
 /// Mark the inner packet of a queued frame "congestion experienced" if its sender takes ECN
-/// marks (`sendq::SendQueue::pop_marking`); whether it did. The frame is copied only then.
-fn mark_ce(frame: &mut Bytes) -> bool {
-    let body = &frame[STREAM_HEADER..];
+/// marks (`sendq::SendQueue::pop_marking`); whether it did. The frame is its header, the
+/// CONNECT-IP prefix (`prefix_len` bytes, which no wire type describes), then the packet with
+/// the bond's headers in front. It is copied only when marked.
+fn mark_ce(frame: &mut Bytes, prefix_len: usize) -> bool {
+    let Some(body) = frame.get(STREAM_HEADER + prefix_len..) else {
+        return false;
+    };
     let Some(at) = mpquic_core::wire::inner_packet_at(body) else {
         return false;
     };
@@ -806,7 +814,7 @@ fn mark_ce(frame: &mut Bytes) -> bool {
         return false;
     }
     let mut copy = BytesMut::from(&frame[..]);
-    let marked = mpquic_core::packet::ecn::mark_ce(&mut copy[STREAM_HEADER + at..]);
+    let marked = mpquic_core::packet::ecn::mark_ce(&mut copy[STREAM_HEADER + prefix_len + at..]);
     *frame = copy.freeze();
     marked
 }
@@ -929,6 +937,65 @@ mod tests {
         );
         let send = conn.open_uni().await.unwrap();
         ([server, client], send, accepted, dir)
+    }
+
+    /// An ECN-capable packet is marked where it lies in its frame: past the bond's header, and
+    /// past a CONNECT-IP prefix, whose bytes would otherwise read as a wire type or as an IP
+    /// header of their own (a quarter stream id of 64 or more begins with 0x4_).
+    /// The Internet checksum of an IPv4 header (0 over one with a valid checksum).
+    fn ip_checksum(h: &[u8]) -> u16 {
+        let mut sum: u32 = h
+            .chunks(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum();
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        !(sum as u16)
+    }
+
+    #[test]
+    fn the_mark_finds_the_packet_past_the_prefix() {
+        let mut ip = vec![
+            0x45, 0x02, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+        ];
+        ip.resize(40, 0);
+        let c = ip_checksum(&ip[..20]);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        let bond = mpquic_core::wire::encode_bonded(3, 9);
+        for prefix in [vec![], mpquic_core::connect_ip::datagram::ip_prefix(4 * 70)] {
+            for with_bond in [false, true] {
+                let mut body = prefix.clone();
+                if with_bond {
+                    body.extend_from_slice(&bond);
+                }
+                let at = STREAM_HEADER + body.len();
+                body.extend_from_slice(&ip);
+                let mut frame = BytesMut::new();
+                frame.extend_from_slice(&stream_rx::header(body.len() as u16, 0));
+                frame.extend_from_slice(&body);
+                let mut frame = frame.freeze();
+                let before = frame.clone();
+                assert!(mark_ce(&mut frame, prefix.len()), "{prefix:?} {with_bond}");
+                assert_eq!(frame[at + 1] & 0b11, 0b11, "CE at the packet's TOS");
+                assert_eq!(ip_checksum(&frame[at..at + 20]), 0);
+                assert_eq!(
+                    frame[..at],
+                    before[..at],
+                    "header, prefix and bond untouched"
+                );
+                assert!(!mark_ce(&mut frame, prefix.len()), "marked once");
+            }
+        }
+        // Not ECN-capable, or not a packet: untouched.
+        let mut plain = BytesMut::new();
+        plain.extend_from_slice(&stream_rx::header(20, 0));
+        plain.extend_from_slice(&[0x45, 0x00]);
+        plain.resize(STREAM_HEADER + 20, 0);
+        let mut plain = plain.freeze();
+        assert!(!mark_ce(&mut plain, 0));
+        let mut short = Bytes::from_static(&[0, 1]);
+        assert!(!mark_ce(&mut short, 4));
     }
 
     /// A run of `n` frames of `len` bytes, numbered in their first bytes.
