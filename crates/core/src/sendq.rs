@@ -348,16 +348,16 @@ impl<T> SendQueue<T> {
 
     /// `pop`, saying whether the packet left through the sparse queue.
     pub fn pop_from(&mut self, now: Instant, stale: &mut impl FnMut(T)) -> Option<(T, bool)> {
-        self.pop_marking(now, stale, &mut |_| false)
+        self.pop_marking(now, stale, &mut |_| {})
     }
 
     /// `pop_from`, offering `mark` each bulk packet that leaves after waiting longer than
-    /// `mark_after` (it marks what it can: an ECN-capable packet).
+    /// `mark_after` (it marks what it can, an ECN-capable packet, and counts what it marked).
     pub fn pop_marking(
         &mut self,
         now: Instant,
         stale: &mut impl FnMut(T),
-        mark: &mut impl FnMut(&mut T) -> bool,
+        mark: &mut impl FnMut(&mut T),
     ) -> Option<(T, bool)> {
         loop {
             let from_sparse = !self.sparse.is_empty();
@@ -445,7 +445,7 @@ impl<T> RankedQueues<T> {
         &mut self,
         now: Instant,
         stale: &mut impl FnMut(T),
-        mark: &mut impl FnMut(&mut T) -> bool,
+        mark: &mut impl FnMut(&mut T),
     ) -> Option<(T, bool)> {
         self.queues
             .iter_mut()
@@ -712,8 +712,7 @@ mod tests {
         type Item = (u64, u32);
         let mut pop = |q: &mut SendQueue<Item>, at: Duration| {
             q.pop_marking(t0 + at, &mut |x| stale.push(x), &mut |x: &mut Item| {
-                offered.push(*x);
-                true
+                offered.push(*x)
             })
         };
         for _ in 0..4 {
@@ -726,7 +725,7 @@ mod tests {
         q.push(t0, Some(1), (1, 9)).unwrap();
         q.push(t0, Some(1), (1, 9)).unwrap();
         q.push(t0, Some(1), (1, 9)).unwrap();
-        let mut no_mark = |_: &mut Item| -> bool { panic!("sparse or stale: not offered") };
+        let mut no_mark = |_: &mut Item| panic!("sparse or stale: not offered");
         let (item, _) = q
             .pop_marking(t0 + ms(31), &mut |x| stale.push(x), &mut no_mark)
             .unwrap();

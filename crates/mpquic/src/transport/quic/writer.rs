@@ -468,11 +468,7 @@ pub(super) async fn path_writer(w: Writer) {
                     flows.sub(f.flow);
                     stale.add(f.bytes.len() - STREAM_HEADER)
                 },
-                &mut |f: &mut Frame| {
-                    let marked = mark_ce(&mut f.bytes, prefix_len);
-                    ce_marked += u64::from(marked);
-                    marked
-                },
+                &mut |f: &mut Frame| ce_marked += u64::from(mark_ce(&mut f.bytes, prefix_len)),
             )
             else {
                 break;
